@@ -1,0 +1,104 @@
+import { randomBytes } from 'node:crypto';
+import { hostname } from 'node:os';
+import { z } from 'zod';
+import { DEFAULT_PREFIX } from '@sluice/protocol';
+
+const int = (min: number) => z.coerce.number().int().min(min);
+
+/**
+ * Every setting of the gateway, read from the environment once at start. An invalid value stops the
+ * process with a message that names the variable.
+ */
+export const gatewayEnvSchema = z.object({
+  /** HTTP port. @defaultValue 8080 */
+  PORT: int(0).max(65535).default(8080),
+  /** HTTP listen address. @defaultValue 0.0.0.0 */
+  HOST: z.string().min(1).default('0.0.0.0'),
+  /** Redis for the queue, pub/sub and the worker registry. @defaultValue redis://127.0.0.1:6379 */
+  REDIS_URL: z.url({ protocol: /^rediss?$/ }).default('redis://127.0.0.1:6379'),
+  /** Prefix of every Sluice key and channel in Redis. @defaultValue sluice */
+  REDIS_PREFIX: z.string().min(1).default(DEFAULT_PREFIX),
+  /** This instance's id: its pub/sub channel name. Must be unique per running gateway. @defaultValue host-pid-random */
+  GATEWAY_ID: z.string().regex(/^[\w.-]+$/).optional(),
+  /** Max requests of this gateway waiting in the queue; beyond it, 429 with Retry-After. @defaultValue 1024 */
+  MAX_QUEUED_REQUESTS: int(1).default(1024),
+  /** Retry-After (seconds) sent with a 429 or 503. @defaultValue 1 */
+  RETRY_AFTER_S: int(0).default(1),
+  /** How long a streaming request waits for a worker's accept/reject before the 200 is sent anyway. @defaultValue 1000 */
+  HEADERS_WAIT_MS: int(0).default(1000),
+  /** SSE `: ping` comment after this long without any other write. @defaultValue 15000 */
+  HEARTBEAT_MS: int(10).default(15_000),
+  /** Deltas of one stream arriving within this window are written as one chunk (0 = each as it comes). @defaultValue 0 */
+  STREAM_INTERVAL_MS: int(0).default(0),
+  /** Max time a request waits in the queue for a worker. @defaultValue 60000 */
+  QUEUE_TIMEOUT_MS: int(1).default(60_000),
+  /** Max time without a delta once a worker accepted the request. @defaultValue 30000 */
+  IDLE_TIMEOUT_MS: int(1).default(30_000),
+  /** Max total time of a request, queue included. @defaultValue 600000 */
+  REQUEST_TIMEOUT_MS: int(1).default(600_000),
+  /** On SIGTERM: how long running streams may take to finish before they are ended with an error. @defaultValue 30000 */
+  DRAIN_TIMEOUT_MS: int(0).default(30_000),
+  /** How often the worker registry is read (model list, liveness of the workers serving streams). @defaultValue 1000 */
+  REGISTRY_POLL_MS: int(50).default(1000),
+  /** Max request body size in bytes (413 beyond). @defaultValue 4194304 */
+  MAX_BODY_BYTES: int(1024).default(4 * 1024 * 1024),
+  /** pino log level. @defaultValue info */
+  LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
+});
+
+export type GatewayEnv = z.infer<typeof gatewayEnvSchema>;
+
+export interface GatewayConfig {
+  port: number;
+  host: string;
+  redisUrl: string;
+  redisPrefix: string;
+  gatewayId: string;
+  maxQueuedRequests: number;
+  retryAfterS: number;
+  headersWaitMs: number;
+  heartbeatMs: number;
+  streamIntervalMs: number;
+  queueTimeoutMs: number;
+  idleTimeoutMs: number;
+  requestTimeoutMs: number;
+  drainTimeoutMs: number;
+  registryPollMs: number;
+  maxBodyBytes: number;
+  logLevel: GatewayEnv['LOG_LEVEL'];
+}
+
+/** Thrown for an invalid environment; the message names every bad variable. */
+export class ConfigError extends Error {
+  override name = 'ConfigError';
+}
+
+/** Reads and validates the environment. Empty strings count as unset. */
+export function loadGatewayConfig(env: NodeJS.ProcessEnv = process.env): GatewayConfig {
+  const input = Object.fromEntries(Object.entries(env).filter(([, value]) => value !== undefined && value !== ''));
+  const parsed = gatewayEnvSchema.safeParse(input);
+  if (!parsed.success) {
+    const lines = parsed.error.issues.map((issue) => `  ${issue.path.join('.')}: ${issue.message}`);
+    throw new ConfigError(`invalid gateway configuration:\n${lines.join('\n')}`);
+  }
+  const e = parsed.data;
+  return {
+    port: e.PORT,
+    host: e.HOST,
+    redisUrl: e.REDIS_URL,
+    redisPrefix: e.REDIS_PREFIX,
+    gatewayId: e.GATEWAY_ID ?? `${hostname().replace(/[^\w.-]/g, '-')}-${process.pid}-${randomBytes(3).toString('hex')}`,
+    maxQueuedRequests: e.MAX_QUEUED_REQUESTS,
+    retryAfterS: e.RETRY_AFTER_S,
+    headersWaitMs: e.HEADERS_WAIT_MS,
+    heartbeatMs: e.HEARTBEAT_MS,
+    streamIntervalMs: e.STREAM_INTERVAL_MS,
+    queueTimeoutMs: e.QUEUE_TIMEOUT_MS,
+    idleTimeoutMs: e.IDLE_TIMEOUT_MS,
+    requestTimeoutMs: e.REQUEST_TIMEOUT_MS,
+    drainTimeoutMs: e.DRAIN_TIMEOUT_MS,
+    registryPollMs: e.REGISTRY_POLL_MS,
+    maxBodyBytes: e.MAX_BODY_BYTES,
+    logLevel: e.LOG_LEVEL,
+  };
+}

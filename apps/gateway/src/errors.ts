@@ -1,0 +1,130 @@
+import type { WireError } from '@sluice/protocol';
+
+/** Every reason the gateway refuses or ends a request. */
+export type GatewayErrorCode =
+  | 'invalid_json'
+  | 'invalid_request'
+  | 'request_too_large'
+  | 'not_found'
+  | 'model_not_found'
+  | 'context_length_exceeded'
+  | 'queue_full'
+  | 'no_workers'
+  | 'shutting_down'
+  | 'queue_timeout'
+  | 'idle_timeout'
+  | 'deadline_exceeded'
+  | 'worker_lost'
+  | 'worker_shutdown'
+  | 'stream_interrupted'
+  | 'internal';
+
+interface CodeInfo {
+  status: number;
+  type: string;
+  message: string;
+  /** Send Retry-After with the HTTP reply. */
+  retry?: boolean;
+}
+
+const codes: Record<GatewayErrorCode, CodeInfo> = {
+  invalid_json: { status: 400, type: 'invalid_request_error', message: 'The request body is not valid JSON.' },
+  invalid_request: { status: 400, type: 'invalid_request_error', message: 'Invalid request.' },
+  request_too_large: { status: 413, type: 'invalid_request_error', message: 'The request body is too large.' },
+  not_found: { status: 404, type: 'invalid_request_error', message: 'Not found.' },
+  model_not_found: { status: 404, type: 'invalid_request_error', message: 'The model does not exist.' },
+  context_length_exceeded: {
+    status: 400,
+    type: 'invalid_request_error',
+    message: "The request does not fit the model's context length.",
+  },
+  queue_full: {
+    status: 429,
+    type: 'rate_limit_error',
+    message: 'Too many requests are waiting for a worker. Retry later.',
+    retry: true,
+  },
+  no_workers: { status: 503, type: 'server_error', message: 'No worker is available.', retry: true },
+  shutting_down: { status: 503, type: 'server_error', message: 'The gateway is shutting down.', retry: true },
+  queue_timeout: {
+    status: 503,
+    type: 'server_error',
+    message: 'The request waited too long for a worker.',
+    retry: true,
+  },
+  idle_timeout: { status: 504, type: 'server_error', message: 'The worker sent nothing for too long.' },
+  deadline_exceeded: { status: 504, type: 'server_error', message: 'The request exceeded its deadline.' },
+  worker_lost: { status: 502, type: 'server_error', message: 'The worker serving the request stopped.' },
+  worker_shutdown: { status: 503, type: 'server_error', message: 'The worker shut down before finishing.', retry: true },
+  stream_interrupted: {
+    status: 502,
+    type: 'server_error',
+    message: 'Part of the answer was lost between the worker and the gateway.',
+  },
+  internal: { status: 500, type: 'server_error', message: 'Internal error.' },
+};
+
+/** The gateway's one error type: a code, a client-safe message and the request field at fault. */
+export class GatewayError extends Error {
+  override name = 'GatewayError';
+  readonly status: number;
+  readonly type: string;
+  readonly param: string | null;
+  readonly retryAfter: boolean;
+
+  constructor(
+    readonly code: GatewayErrorCode,
+    options: { message?: string; param?: string | null; cause?: unknown } = {},
+  ) {
+    const info = codes[code];
+    super(options.message ?? info.message, options.cause === undefined ? undefined : { cause: options.cause });
+    this.status = info.status;
+    this.type = info.type;
+    this.param = options.param ?? null;
+    this.retryAfter = info.retry === true;
+  }
+}
+
+export interface OpenAIErrorBody {
+  error: { message: string; type: string; param: string | null; code: string };
+}
+
+/** The one mapping point: any thrown value → a GatewayError (internal details never reach a client). */
+export function toGatewayError(error: unknown): GatewayError {
+  return error instanceof GatewayError ? error : new GatewayError('internal', { cause: error });
+}
+
+/** OpenAI error body, used both for the HTTP reply and for the SSE error frame. */
+export function toErrorBody(error: GatewayError): OpenAIErrorBody {
+  return { error: { message: error.message, type: error.type, param: error.param, code: error.code } };
+}
+
+/** The SSE frames that end a stream that already sent its 200: the error, then `[DONE]`. */
+export function toSseErrorFrames(error: GatewayError): string {
+  return `data: ${JSON.stringify(toErrorBody(error))}\n\ndata: [DONE]\n\n`;
+}
+
+/** HTTP headers that go with an error reply. */
+export function errorHeaders(error: GatewayError, retryAfterS: number): Record<string, string> {
+  return error.retryAfter ? { 'Retry-After': String(retryAfterS) } : {};
+}
+
+/**
+ * Maps a worker's error to the gateway's. `param` is a logical field (`prompt`, `max_tokens`) that the
+ * endpoint renames to the field the client actually sent.
+ */
+export function fromWireError(error: WireError, renameParam: (param: string) => string): GatewayError {
+  const param = error.param === null ? null : renameParam(error.param);
+  switch (error.code) {
+    case 'context_length_exceeded':
+      return new GatewayError('context_length_exceeded', { message: error.message, param });
+    case 'invalid_request':
+      return new GatewayError('invalid_request', { message: error.message, param });
+    case 'worker_lost':
+      return new GatewayError('worker_lost');
+    case 'worker_shutdown':
+      return new GatewayError('worker_shutdown');
+    case 'internal':
+      return new GatewayError('internal');
+  }
+}

@@ -1,0 +1,138 @@
+import type { AddressInfo } from 'node:net';
+import { serve, type ServerType } from '@hono/node-server';
+import { Queue } from 'bullmq';
+import { Redis } from 'ioredis';
+import type { Logger } from 'pino';
+import { GENERATE_QUEUE, redisNames } from '@sluice/protocol';
+import { createApp } from './app.js';
+import type { GatewayConfig } from './config.js';
+import { GatewayError } from './errors.js';
+import type { GatewayHooks } from './hooks.js';
+import { RedisJobQueue } from './job-queue.js';
+import { Relay } from './relay.js';
+import { SessionManager } from './session-manager.js';
+import { HeartbeatTicker } from './sse-writer.js';
+import { WorkerRegistry } from './worker-registry.js';
+
+export interface RunningGateway {
+  /** `http://host:port` the server listens on. */
+  url: string;
+  /** Graceful stop: `/readyz` turns 503, streams get `drainTimeoutMs` to finish, the rest end with an error frame. */
+  drain(): Promise<void>;
+}
+
+export interface StartGatewayOptions {
+  /** Observability seams on the request path (metrics). */
+  hooks?: GatewayHooks;
+  /** Adds routes (e.g. `GET /metrics`) to the app before it serves. */
+  configureApp?: (app: ReturnType<typeof createApp>) => void;
+}
+
+/** Connects to Redis, subscribes to this gateway's channel, reads the registry once, then listens. */
+export async function startGateway(config: GatewayConfig, logger: Logger, options: StartGatewayOptions = {}): Promise<RunningGateway> {
+  const hooks = options.hooks ?? {};
+  const names = redisNames(config.redisPrefix);
+  const channel = names.gatewayChannel(config.gatewayId);
+  // Commands fail fast while Redis is away (the request gets a 503) instead of queueing forever.
+  const redis = new Redis(config.redisUrl, { maxRetriesPerRequest: 1, enableOfflineQueue: false, lazyConnect: true });
+  const subscriber = new Redis(config.redisUrl, { maxRetriesPerRequest: null, lazyConnect: true });
+  const queueConnection = new Redis(config.redisUrl, { maxRetriesPerRequest: 1, enableOfflineQueue: false, lazyConnect: true });
+  for (const [name, connection] of [['commands', redis], ['subscriber', subscriber], ['queue', queueConnection]] as const) {
+    connection.on('error', (err: Error) => logger.warn({ err: err.message, connection: name }, 'redis connection error'));
+  }
+  await Promise.all([redis.connect(), subscriber.connect(), queueConnection.connect()]);
+
+  const queue = new Queue(GENERATE_QUEUE, { connection: queueConnection, prefix: names.bullPrefix });
+  queue.on('error', (err: Error) => logger.warn({ err: err.message }, 'queue error'));
+  const jobs = new RedisJobQueue(queue, redis, names, logger);
+  const sessions = new SessionManager(
+    { queueTimeoutMs: config.queueTimeoutMs, idleTimeoutMs: config.idleTimeoutMs },
+    jobs,
+    logger,
+  );
+  const relay = new Relay(
+    subscriber,
+    channel,
+    (message) => sessions.dispatch(message),
+    () => sessions.failAll(new GatewayError('stream_interrupted'), 'stream_failed'),
+    logger,
+  );
+  await relay.start();
+  const registry = new WorkerRegistry(redis, names, config.registryPollMs, logger, (live, takenAt) =>
+    sessions.failLostWorkers(live, takenAt),
+  );
+  await registry.refresh();
+  registry.start();
+  const heartbeats = new HeartbeatTicker(config.heartbeatMs);
+
+  let draining = false;
+  const app = createApp({
+    config,
+    logger,
+    channel,
+    sessions,
+    jobs,
+    registry,
+    heartbeats,
+    hooks,
+    isDraining: () => draining,
+    checkRedis: async () => {
+      try {
+        return (await redis.ping()) === 'PONG';
+      } catch {
+        return false;
+      }
+    },
+  });
+
+  options.configureApp?.(app);
+  const server = await new Promise<ServerType>((resolve) => {
+    const s = serve({ fetch: app.fetch, port: config.port, hostname: config.host }, () => resolve(s));
+  });
+  const address = server.address() as AddressInfo;
+  const host = config.host === '0.0.0.0' || config.host === '::' ? '127.0.0.1' : config.host;
+  const url = `http://${host}:${address.port}`;
+  logger.info({ url, gatewayId: config.gatewayId, workers: registry.liveWorkerCount }, 'gateway listening');
+
+  const drain = async (): Promise<void> => {
+    if (draining) return;
+    draining = true;
+    logger.info({ open: sessions.size, drainTimeoutMs: config.drainTimeoutMs }, 'draining');
+    let timer: NodeJS.Timeout | undefined;
+    await Promise.race([
+      sessions.whenEmpty(),
+      new Promise<void>((resolve) => (timer = setTimeout(resolve, config.drainTimeoutMs))),
+    ]);
+    clearTimeout(timer);
+    if (sessions.size > 0) {
+      logger.warn({ open: sessions.size }, 'drain timeout: ending the remaining streams');
+      sessions.failAll(new GatewayError('shutting_down'), 'shutdown');
+    }
+    // Each cleanup runs even when another fails.
+    const steps: Array<[string, () => unknown]> = [
+      ['http server', () => new Promise<void>((resolve) => {
+        server.close(() => resolve());
+        if ('closeIdleConnections' in server) server.closeIdleConnections();
+      })],
+      ['registry', () => registry.stop()],
+      ['sessions', () => sessions.close()],
+      ['heartbeats', () => heartbeats.close()],
+      // Let the cancels of failed streams go out before the connections close.
+      ['cancels', () => new Promise((resolve) => setTimeout(resolve, 50))],
+      ['relay', () => relay.close()],
+      ['queue', () => queue.close()],
+      ['redis', () => redis.quit()],
+      ['queue connection', () => queueConnection.quit()],
+    ];
+    for (const [name, step] of steps) {
+      try {
+        await step();
+      } catch (error) {
+        logger.warn({ err: error, step: name }, 'shutdown step failed');
+      }
+    }
+    logger.info('gateway stopped');
+  };
+
+  return { url, drain };
+}

@@ -1,0 +1,45 @@
+import { pino } from 'pino';
+import { ConfigError, loadGatewayConfig } from './config.js';
+import { startGateway } from './gateway.js';
+
+/** Entry point: config → serve → drain on SIGTERM/SIGINT. */
+async function main(): Promise<void> {
+  let config;
+  try {
+    config = loadGatewayConfig();
+  } catch (error) {
+    if (error instanceof ConfigError) {
+      process.stderr.write(`${error.message}\n`);
+      process.exit(1);
+    }
+    throw error;
+  }
+  const logger = pino({ name: 'gateway', level: config.logLevel });
+  let gateway;
+  try {
+    gateway = await startGateway(config, logger);
+  } catch (error) {
+    logger.fatal({ err: error }, `gateway failed to start (REDIS_URL=${config.redisUrl})`);
+    process.exit(1);
+  }
+  let stopping = false;
+  const stop = (signal: string) => {
+    if (stopping) {
+      logger.warn({ signal }, 'second signal: exiting now');
+      process.exit(1);
+    }
+    stopping = true;
+    logger.info({ signal }, 'shutting down');
+    gateway.drain().then(
+      () => process.exit(0),
+      (error: unknown) => {
+        logger.error({ err: error }, 'drain failed');
+        process.exit(1);
+      },
+    );
+  };
+  process.on('SIGTERM', () => stop('SIGTERM'));
+  process.on('SIGINT', () => stop('SIGINT'));
+}
+
+await main();

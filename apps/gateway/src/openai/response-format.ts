@@ -1,0 +1,149 @@
+import type { TokenLogprobWire } from '@sluice/protocol';
+import type { Endpoint } from './request-schemas.js';
+
+/**
+ * Builds the OpenAI response JSON of one request: streamed chunks and the complete (non-stream)
+ * object. Chunks are assembled from pre-serialized pieces: this runs once per event per stream, the
+ * gateway's hot path, and a template is several times cheaper than JSON.stringify of a fresh object.
+ */
+
+export type FinishReason = 'stop' | 'length';
+
+export interface UsageNumbers {
+  promptTokens: number;
+  completionTokens: number;
+}
+
+export interface ChoiceResult {
+  index: number;
+  text: string;
+  logprobs: TokenLogprobWire[] | undefined;
+  finishReason: FinishReason | null;
+}
+
+function utf8Bytes(text: string): number[] {
+  return [...Buffer.from(text, 'utf8')];
+}
+
+function chatLogprobs(logprobs: readonly TokenLogprobWire[]) {
+  return {
+    content: logprobs.map((lp) => ({
+      token: lp.token,
+      logprob: lp.logprob,
+      bytes: lp.bytes ?? utf8Bytes(lp.token),
+      top_logprobs: (lp.top ?? []).map((t) => ({ token: t.token, logprob: t.logprob, bytes: t.bytes ?? utf8Bytes(t.token) })),
+    })),
+  };
+}
+
+function usageJson(usage: UsageNumbers) {
+  return {
+    prompt_tokens: usage.promptTokens,
+    completion_tokens: usage.completionTokens,
+    total_tokens: usage.promptTokens + usage.completionTokens,
+  };
+}
+
+export class ResponseFormat {
+  readonly id: string;
+  readonly created = Math.floor(Date.now() / 1000);
+  private readonly head: string;
+  private readonly tail: string;
+  private readonly deltaPrefixes: string[] = [];
+  private readonly deltaSuffix: string;
+  /** Completions logprobs carry each token's character offset in the choice's text. */
+  private readonly textOffsets = new Map<number, number>();
+
+  constructor(
+    readonly endpoint: Endpoint,
+    requestId: string,
+    readonly model: string,
+    private readonly includeUsage: boolean,
+  ) {
+    this.id = endpoint === 'chat' ? `chatcmpl-${requestId}` : `cmpl-${requestId}`;
+    const object = endpoint === 'chat' ? 'chat.completion.chunk' : 'text_completion';
+    // Each chunk is built whole as one SSE frame: `data: {json}\n\n`.
+    this.head = `data: {"id":${JSON.stringify(this.id)},"object":"${object}","created":${this.created},"model":${JSON.stringify(model)},"choices":[`;
+    this.tail = includeUsage ? '],"usage":null}\n\n' : ']}\n\n';
+    this.deltaSuffix = `${endpoint === 'chat' ? '}' : ''},"logprobs":null,"finish_reason":null}${this.tail}`;
+  }
+
+  /** The first chunk of a chat choice (`delta.role`); none for completions. Each method returns a whole SSE frame. */
+  roleChunk(index: number): string | undefined {
+    if (this.endpoint !== 'chat') return undefined;
+    return `${this.head}{"index":${index},"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}${this.tail}`;
+  }
+
+  deltaChunk(index: number, text: string, logprobs: readonly TokenLogprobWire[] | undefined): string {
+    if (logprobs === undefined) {
+      // The common case, once per token per stream: two cached pieces around the text.
+      const prefix = (this.deltaPrefixes[index] ??= this.endpoint === 'chat'
+        ? `${this.head}{"index":${index},"delta":{"content":`
+        : `${this.head}{"index":${index},"text":`);
+      return prefix + JSON.stringify(text) + this.deltaSuffix;
+    }
+    const lp = JSON.stringify(this.logprobsJson(index, logprobs));
+    if (this.endpoint === 'chat') {
+      return `${this.head}{"index":${index},"delta":{"content":${JSON.stringify(text)}},"logprobs":${lp},"finish_reason":null}${this.tail}`;
+    }
+    return `${this.head}{"index":${index},"text":${JSON.stringify(text)},"logprobs":${lp},"finish_reason":null}${this.tail}`;
+  }
+
+  finishChunk(index: number, finishReason: FinishReason): string {
+    if (this.endpoint === 'chat') {
+      return `${this.head}{"index":${index},"delta":{},"logprobs":null,"finish_reason":"${finishReason}"}${this.tail}`;
+    }
+    return `${this.head}{"index":${index},"text":"","logprobs":null,"finish_reason":"${finishReason}"}${this.tail}`;
+  }
+
+  /** The `stream_options.include_usage` chunk: no choices, the usage. */
+  usageChunk(usage: UsageNumbers): string {
+    return `${this.head}],"usage":${JSON.stringify(usageJson(usage))}}\n\n`;
+  }
+
+  /** The whole `stream: false` reply. */
+  complete(choices: readonly ChoiceResult[], usage: UsageNumbers): object {
+    const base = { id: this.id, created: this.created, model: this.model };
+    if (this.endpoint === 'chat') {
+      return {
+        ...base,
+        object: 'chat.completion',
+        choices: choices.map((c) => ({
+          index: c.index,
+          message: { role: 'assistant', content: c.text, refusal: null },
+          logprobs: c.logprobs === undefined ? null : chatLogprobs(c.logprobs),
+          finish_reason: c.finishReason,
+        })),
+        usage: usageJson(usage),
+      };
+    }
+    return {
+      ...base,
+      object: 'text_completion',
+      choices: choices.map((c) => ({
+        index: c.index,
+        text: c.text,
+        logprobs: c.logprobs === undefined ? null : this.logprobsJson(c.index, c.logprobs),
+        finish_reason: c.finishReason,
+      })),
+      usage: usageJson(usage),
+    };
+  }
+
+  private logprobsJson(index: number, logprobs: readonly TokenLogprobWire[]): object {
+    if (this.endpoint === 'chat') return chatLogprobs(logprobs);
+    let offset = this.textOffsets.get(index) ?? 0;
+    const textOffset: number[] = [];
+    for (const lp of logprobs) {
+      textOffset.push(offset);
+      offset += lp.token.length;
+    }
+    this.textOffsets.set(index, offset);
+    return {
+      tokens: logprobs.map((lp) => lp.token),
+      token_logprobs: logprobs.map((lp) => lp.logprob),
+      top_logprobs: logprobs.map((lp) => Object.fromEntries((lp.top ?? []).map((t) => [t.token, t.logprob]))),
+      text_offset: textOffset,
+    };
+  }
+}

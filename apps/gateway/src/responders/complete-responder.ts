@@ -1,0 +1,88 @@
+import { RESPONSE_ALREADY_SENT } from '@hono/node-server/utils/response';
+import type { TokenLogprobWire } from '@sluice/protocol';
+import { fromWireError, type GatewayError } from '../errors.js';
+import type { ChoiceResult } from '../openai/response-format.js';
+import type { SessionEvent } from '../request-session.js';
+import { errorResponse, Outcome, paramRenamer, type ResponderContext } from './responder-context.js';
+
+/** Collects a whole answer for `stream: false` and replies once, with the complete object or an error. */
+export class CompleteResponder {
+  readonly reply: Promise<Response>;
+  private resolveReply!: (response: Response) => void;
+  private finished = false;
+  private readonly choices: ChoiceResult[];
+  private readonly outcome: Outcome;
+
+  constructor(private readonly ctx: ResponderContext) {
+    this.outcome = new Outcome(ctx);
+    this.reply = new Promise((resolve) => (this.resolveReply = resolve));
+    this.choices = Array.from({ length: ctx.request.n }, (_, index) => ({
+      index,
+      text: '',
+      logprobs: ctx.request.logprobs ? ([] as TokenLogprobWire[]) : undefined,
+      finishReason: null,
+    }));
+  }
+
+  get done(): boolean {
+    return this.finished;
+  }
+
+  begin(): void {}
+
+  handle(event: SessionEvent): void {
+    if (this.finished) return;
+    switch (event.type) {
+      case 'accepted':
+        this.outcome.promptTokens = event.promptTokens;
+        this.ctx.hooks.requestAccepted?.({ requestId: this.ctx.requestId, queueMs: Date.now() - this.ctx.receivedAt });
+        return;
+      case 'text-delta': {
+        const choice = this.choices[event.index];
+        if (choice === undefined) return;
+        choice.text += event.text;
+        if (event.logprobs !== undefined) choice.logprobs?.push(...event.logprobs);
+        return;
+      }
+      case 'text-end': {
+        const choice = this.choices[event.index];
+        if (choice !== undefined) choice.finishReason = event.finishReason;
+        return;
+      }
+      case 'finish': {
+        this.finished = true;
+        this.outcome.promptTokens = event.usage.promptTokens;
+        this.outcome.completionTokens = event.usage.completionTokens;
+        const body = this.ctx.format.complete(this.choices, event.usage);
+        this.resolveReply(
+          new Response(JSON.stringify(body), {
+            status: 200,
+            headers: { 'Content-Type': 'application/json', 'X-Request-Id': this.ctx.requestId },
+          }),
+        );
+        this.outcome.report('ok', 200);
+        return;
+      }
+      case 'rejected':
+      case 'error':
+        this.fail(fromWireError(event.error, paramRenamer(this.ctx.request)));
+        return;
+      case 'failed':
+        this.fail(event.error);
+        return;
+    }
+  }
+
+  clientClosed(): void {
+    if (this.finished) return;
+    this.finished = true;
+    this.outcome.report('cancelled', 499);
+    this.resolveReply(RESPONSE_ALREADY_SENT);
+  }
+
+  private fail(error: GatewayError): void {
+    this.finished = true;
+    this.resolveReply(errorResponse(error, this.ctx.retryAfterS));
+    this.outcome.report('error', error.status, error);
+  }
+}

@@ -1,0 +1,97 @@
+import { randomUUID } from 'node:crypto';
+import type { IncomingMessage } from 'node:http';
+import type { Context } from 'hono';
+import type { HttpBindings } from '@hono/node-server';
+import type { GenerateJob } from '@sluice/protocol';
+import type { AppDeps } from '../app.js';
+import { GatewayError } from '../errors.js';
+import { parseChatRequest, parseCompletionRequest, type Endpoint } from '../openai/request-schemas.js';
+import { ResponseFormat } from '../openai/response-format.js';
+import { CompleteResponder } from '../responders/complete-responder.js';
+import type { ResponderContext } from '../responders/responder-context.js';
+import { StreamResponder } from '../responders/stream-responder.js';
+
+type Env = { Bindings: HttpBindings };
+
+/**
+ * Reads the body straight off the Node request (no web Request/ReadableStream on the hot path),
+ * refusing more than `maxBytes`.
+ */
+async function readJson(incoming: IncomingMessage, maxBytes: number): Promise<unknown> {
+  const declared = Number(incoming.headers['content-length'] ?? 0);
+  if (declared > maxBytes) throw new GatewayError('request_too_large');
+  const chunks: Buffer[] = [];
+  let size = 0;
+  for await (const chunk of incoming as AsyncIterable<Buffer>) {
+    size += chunk.length;
+    if (size > maxBytes) throw new GatewayError('request_too_large');
+    chunks.push(chunk);
+  }
+  try {
+    return JSON.parse(Buffer.concat(chunks, size).toString('utf8'));
+  } catch {
+    throw new GatewayError('invalid_json');
+  }
+}
+
+/**
+ * `POST /v1/chat/completions` and `POST /v1/completions`: validate, admit, enqueue, then let a
+ * responder turn the session's events into the reply. Every refusal before the 200 is thrown as a
+ * GatewayError and becomes an HTTP error in the app's error handler.
+ */
+export function generateHandler(deps: AppDeps, endpoint: Endpoint) {
+  const { config, sessions, jobs, registry, heartbeats, hooks, channel } = deps;
+  return async (c: Context<Env>): Promise<Response> => {
+    const receivedAt = Date.now();
+    const body = await readJson(c.env.incoming, config.maxBodyBytes);
+    const request = endpoint === 'chat' ? parseChatRequest(body) : parseCompletionRequest(body);
+    if (deps.isDraining()) throw new GatewayError('shutting_down');
+    registry.requireModel(request.model);
+    if (sessions.queuedCount >= config.maxQueuedRequests) throw new GatewayError('queue_full');
+
+    const requestId = randomUUID();
+    hooks.requestStarted?.({ requestId, endpoint, stream: request.stream });
+    const ctx: ResponderContext = {
+      requestId,
+      request,
+      format: new ResponseFormat(endpoint, requestId, request.model, request.includeUsage),
+      receivedAt,
+      retryAfterS: config.retryAfterS,
+      hooks,
+    };
+    const res = c.env.outgoing;
+    const responder = request.stream
+      ? new StreamResponder(ctx, res, heartbeats, {
+          headersWaitMs: config.headersWaitMs,
+          streamIntervalMs: config.streamIntervalMs,
+        })
+      : new CompleteResponder(ctx);
+    const deadlineAt = receivedAt + config.requestTimeoutMs;
+    const session = sessions.open(requestId, deadlineAt, (event) => responder.handle(event));
+    // The stream owns its cleanup: a client that leaves at any stage cancels the work.
+    res.once('close', () => {
+      if (responder.done) return;
+      responder.clientClosed();
+      sessions.cancel(session, 'client_closed');
+    });
+
+    const job: GenerateJob = {
+      requestId,
+      channel,
+      model: request.model,
+      input: request.input,
+      sampling: request.sampling,
+      defaultMaxTokens: request.defaultMaxTokens,
+      enqueuedAt: Date.now(),
+      deadlineAt,
+    };
+    try {
+      await jobs.submit(job);
+    } catch (error) {
+      sessions.release(session);
+      throw new GatewayError('no_workers', { message: 'The job queue is unavailable.', cause: error });
+    }
+    responder.begin();
+    return responder.reply;
+  };
+}

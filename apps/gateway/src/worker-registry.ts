@@ -1,0 +1,106 @@
+import type { Redis } from 'ioredis';
+import type { Logger } from 'pino';
+import { decodeWorkerRecord, type RedisNames, type WorkerRecord } from '@sluice/protocol';
+import { GatewayError } from './errors.js';
+
+export interface ServedModel {
+  id: string;
+  maxContextLength: number;
+  workers: number;
+}
+
+/** What the routes need to know about the workers. */
+export interface ModelCatalog {
+  readonly liveWorkerCount: number;
+  models(): ServedModel[];
+  /** Throws `model_not_found` (or `no_workers` when no worker is live at all). */
+  requireModel(id: string): ServedModel;
+}
+
+/** Index members whose key expired this long ago are dropped from the index. */
+const INDEX_GC_MS = 60_000;
+
+/**
+ * The gateway's view of the worker registry, re-read every `pollMs`. Each worker keeps a key with a
+ * TTL alive by heartbeat, indexed by a sorted set; a worker whose key expired is gone.
+ */
+export class WorkerRegistry implements ModelCatalog {
+  private workers = new Map<string, WorkerRecord>();
+  private byModel = new Map<string, ServedModel>();
+  private timer: NodeJS.Timeout | undefined;
+  private polling = false;
+
+  constructor(
+    private readonly redis: Redis,
+    private readonly names: RedisNames,
+    private readonly pollMs: number,
+    private readonly logger: Logger,
+    /** Called after each successful read with the live worker ids and when the read started. */
+    private readonly onSnapshot: (liveWorkerIds: ReadonlySet<string>, takenAt: number) => void,
+  ) {}
+
+  get liveWorkerCount(): number {
+    return this.workers.size;
+  }
+
+  start(): void {
+    this.timer = setInterval(() => void this.poll(), this.pollMs);
+    this.timer.unref();
+  }
+
+  stop(): void {
+    clearInterval(this.timer);
+  }
+
+  models(): ServedModel[] {
+    return [...this.byModel.values()];
+  }
+
+  requireModel(id: string): ServedModel {
+    const model = this.byModel.get(id);
+    if (model !== undefined) return model;
+    if (this.workers.size === 0) throw new GatewayError('no_workers');
+    throw new GatewayError('model_not_found', { message: `The model '${id}' does not exist.`, param: 'model' });
+  }
+
+  /** Reads the registry once; errors propagate (the caller decides whether they are fatal). */
+  async refresh(): Promise<void> {
+    const takenAt = Date.now();
+    const ids = await this.redis.zrange(this.names.workersIndexKey, '0', '-1');
+    const raws = ids.length === 0 ? [] : await this.redis.mget(ids.map((id) => this.names.workerKey(id)));
+    const workers = new Map<string, WorkerRecord>();
+    ids.forEach((id, i) => {
+      const raw = raws[i];
+      const record = raw === null || raw === undefined ? undefined : decodeWorkerRecord(raw);
+      if (record !== undefined) workers.set(id, record);
+    });
+    const byModel = new Map<string, ServedModel>();
+    for (const record of workers.values()) {
+      const model = byModel.get(record.modelId);
+      if (model === undefined) {
+        byModel.set(record.modelId, { id: record.modelId, maxContextLength: record.maxContextLength, workers: 1 });
+      } else {
+        model.workers++;
+        model.maxContextLength = Math.min(model.maxContextLength, record.maxContextLength);
+      }
+    }
+    this.workers = workers;
+    this.byModel = byModel;
+    this.onSnapshot(new Set(workers.keys()), takenAt);
+    if (ids.length > workers.size) {
+      await this.redis.zremrangebyscore(this.names.workersIndexKey, '-inf', String(takenAt - INDEX_GC_MS));
+    }
+  }
+
+  private async poll(): Promise<void> {
+    if (this.polling) return;
+    this.polling = true;
+    try {
+      await this.refresh();
+    } catch (error) {
+      this.logger.warn({ err: error }, 'reading the worker registry failed');
+    } finally {
+      this.polling = false;
+    }
+  }
+}

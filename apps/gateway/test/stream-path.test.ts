@@ -1,0 +1,262 @@
+import type { AddressInfo } from 'node:net';
+import { serve, type ServerType } from '@hono/node-server';
+import { pino } from 'pino';
+import { afterEach, describe, expect, it } from 'vitest';
+import type { CancelReason, GatewayEntryDraft, GenerateJob } from '@sluice/protocol';
+import { createApp } from '../src/app.js';
+import { loadGatewayConfig } from '../src/config.js';
+import type { RequestSession } from '../src/request-session.js';
+import { SessionManager } from '../src/session-manager.js';
+import { HeartbeatTicker } from '../src/sse-writer.js';
+
+/**
+ * The HTTP/SSE path in process: the real app, sessions and SSE writer; the worker is the test, which
+ * dispatches gateway-channel messages by hand.
+ */
+interface Harness {
+  url: string;
+  jobs: GenerateJob[];
+  cancels: Array<{ requestId: string; reason: CancelReason; wasQueued: boolean }>;
+  /** Dispatches entries for the latest job, numbering them from `seq` on unless told otherwise. */
+  send(entries: Array<Partial<{ seq: number }> & DistributiveOmit<GatewayEntryDraft, 'requestId'>>): void;
+  nextJob(): Promise<GenerateJob>;
+  close(): Promise<void>;
+}
+
+type DistributiveOmit<T, K extends PropertyKey> = T extends unknown ? Omit<T, K> : never;
+
+const harnesses: Harness[] = [];
+afterEach(async () => {
+  await Promise.all(harnesses.splice(0).map((h) => h.close()));
+});
+
+async function start(env: Record<string, string> = {}): Promise<Harness> {
+  const config = loadGatewayConfig({ HEADERS_WAIT_MS: '1000', ...env });
+  const logger = pino({ level: 'silent' });
+  const jobs: GenerateJob[] = [];
+  const cancels: Harness['cancels'] = [];
+  const jobWaiters: Array<(job: GenerateJob) => void> = [];
+  const sessions = new SessionManager(
+    { queueTimeoutMs: config.queueTimeoutMs, idleTimeoutMs: config.idleTimeoutMs },
+    { cancel: (session: RequestSession, reason, wasQueued) => cancels.push({ requestId: session.requestId, reason, wasQueued }) },
+    logger,
+  );
+  const heartbeats = new HeartbeatTicker(config.heartbeatMs);
+  const app = createApp({
+    config,
+    logger,
+    channel: 'test-channel',
+    sessions,
+    heartbeats,
+    hooks: {},
+    jobs: {
+      submit: async (job) => {
+        jobs.push(job);
+        jobWaiters.shift()?.(job);
+      },
+    },
+    registry: {
+      liveWorkerCount: 1,
+      models: () => [{ id: 'm', maxContextLength: 100, workers: 1 }],
+      requireModel: (id) => ({ id, maxContextLength: 100, workers: 1 }),
+    },
+    checkRedis: async () => true,
+    isDraining: () => false,
+  });
+  const server = await new Promise<ServerType>((resolve) => {
+    const s = serve({ fetch: app.fetch, port: 0, hostname: '127.0.0.1' }, () => resolve(s));
+  });
+  const seqs = new Map<string, number>();
+  const harness: Harness = {
+    url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`,
+    jobs,
+    cancels,
+    send(entries) {
+      const job = jobs.at(-1)!;
+      const drafts = entries.map((e) => {
+        const seq = e.seq ?? seqs.get(job.requestId) ?? 0;
+        seqs.set(job.requestId, seq + 1);
+        return { ...e, requestId: job.requestId, seq };
+      });
+      sessions.dispatch({ workerId: 'w1', entries: drafts as never });
+    },
+    nextJob: () => new Promise((resolve) => jobWaiters.push(resolve)),
+    close: async () => {
+      sessions.close();
+      heartbeats.close();
+      await new Promise<void>((resolve) => {
+        server.close(() => resolve());
+        if ('closeAllConnections' in server) server.closeAllConnections();
+      });
+    },
+  };
+  harnesses.push(harness);
+  return harness;
+}
+
+async function readAll(res: Response): Promise<string[]> {
+  const text = await res.text();
+  return text.split('\n\n').filter((frame) => frame !== '');
+}
+
+const chatBody = (extra: Record<string, unknown> = {}) =>
+  JSON.stringify({ model: 'm', messages: [{ role: 'user', content: 'hi' }], stream: true, ...extra });
+
+function post(h: Harness, path: string, body: string, signal?: AbortSignal) {
+  return fetch(`${h.url}${path}`, { method: 'POST', headers: { 'Content-Type': 'application/json' }, body, ...(signal ? { signal } : {}) });
+}
+
+describe('the SSE stream path', () => {
+  it('writes the role chunk, content chunks, finish chunk, usage chunk and [DONE]', async () => {
+    const h = await start();
+    const job = h.nextJob();
+    const reply = post(h, '/v1/chat/completions', chatBody({ stream_options: { include_usage: true } }));
+    expect((await job).channel).toBe('test-channel');
+    h.send([{ type: 'accepted', workerId: 'w1', promptTokens: 3 }]);
+    h.send([{ type: 'text-delta', index: 0, text: 'Hel', tokens: 1 }]);
+    h.send([
+      { type: 'text-delta', index: 0, text: 'lo', tokens: 1 },
+      { type: 'text-end', index: 0, finishReason: 'stop' },
+      { type: 'finish', usage: { promptTokens: 3, completionTokens: 2 } },
+    ]);
+    const res = await reply;
+    expect(res.headers.get('content-type')).toBe('text/event-stream; charset=utf-8');
+    const frames = await readAll(res);
+    expect(frames.at(-1)).toBe('data: [DONE]');
+    const chunks = frames.slice(0, -1).map((f) => JSON.parse(f.replace(/^data: /, '')) as Record<string, any>);
+    expect(chunks.map((c) => c.choices[0]?.delta ?? null)).toEqual([{ role: 'assistant', content: '' }, { content: 'Hel' }, { content: 'lo' }, {}, null]);
+    expect(chunks[3]!.choices[0].finish_reason).toBe('stop');
+    expect(chunks.slice(0, 4).every((c) => c.usage === null)).toBe(true);
+    expect(chunks[4]).toMatchObject({ choices: [], usage: { prompt_tokens: 3, completion_tokens: 2, total_tokens: 5 } });
+  });
+
+  it('ends the stream with an error frame when a sequence number is skipped', async () => {
+    const h = await start();
+    const job = h.nextJob();
+    const reply = post(h, '/v1/chat/completions', chatBody());
+    await job;
+    h.send([{ type: 'accepted', workerId: 'w1', promptTokens: 3 }]);
+    h.send([{ type: 'text-delta', index: 0, text: 'a', tokens: 1 }]);
+    h.send([{ seq: 3, type: 'text-delta', index: 0, text: 'c', tokens: 1 }]);
+    const frames = await readAll(await reply);
+    expect(frames.slice(-2)).toEqual([
+      expect.stringContaining('"code":"stream_interrupted"'),
+      'data: [DONE]',
+    ]);
+    expect(h.cancels).toEqual([{ requestId: (await job).requestId, reason: 'stream_failed', wasQueued: false }]);
+  });
+
+  it('writes deltas arriving within STREAM_INTERVAL_MS as one chunk', async () => {
+    const h = await start({ STREAM_INTERVAL_MS: '100' });
+    const job = h.nextJob();
+    const reply = post(h, '/v1/completions', JSON.stringify({ model: 'm', prompt: 'x', stream: true }));
+    await job;
+    h.send([{ type: 'accepted', workerId: 'w1', promptTokens: 1 }]);
+    for (const text of ['a', 'b', 'c', 'd']) h.send([{ type: 'text-delta', index: 0, text, tokens: 1 }]);
+    await new Promise((resolve) => setTimeout(resolve, 150));
+    h.send([{ type: 'text-delta', index: 0, text: 'e', tokens: 1 }, { type: 'text-end', index: 0, finishReason: 'length' }, { type: 'finish', usage: { promptTokens: 1, completionTokens: 5 } }]);
+    const frames = await readAll(await reply);
+    const texts = frames.slice(0, -1).map((f) => (JSON.parse(f.replace(/^data: /, '')) as { choices: Array<{ text: string }> }).choices[0]!.text);
+    // The first delta goes out at once, the next three together at the end of the window, then 'e', then the finish chunk.
+    expect(texts).toEqual(['a', 'bcd', 'e', '']);
+  });
+
+  it('sends ": ping" while nothing else is sent, before a worker accepts', async () => {
+    const h = await start({ HEARTBEAT_MS: '50', HEADERS_WAIT_MS: '0' });
+    const job = h.nextJob();
+    const controller = new AbortController();
+    const res = await post(h, '/v1/chat/completions', chatBody(), controller.signal);
+    expect(res.status).toBe(200);
+    await job;
+    const reader = res.body!.getReader();
+    let text = '';
+    const until = Date.now() + 400;
+    while (Date.now() < until) {
+      const { value } = await reader.read();
+      text += new TextDecoder().decode(value);
+    }
+    expect(text.split(': ping\n\n').length - 1).toBeGreaterThanOrEqual(4);
+    expect(text).not.toContain('data:');
+    controller.abort();
+    await new Promise((resolve) => setTimeout(resolve, 50));
+    expect(h.cancels).toEqual([{ requestId: (await job).requestId, reason: 'client_closed', wasQueued: true }]);
+  });
+
+  it('gives each of n choices its role chunk and finish chunk', async () => {
+    const h = await start();
+    const job = h.nextJob();
+    const reply = post(h, '/v1/chat/completions', chatBody({ n: 2 }));
+    await job;
+    h.send([{ type: 'accepted', workerId: 'w1', promptTokens: 1 }]);
+    h.send([
+      { type: 'text-delta', index: 0, text: 'x', tokens: 1 },
+      { type: 'text-delta', index: 1, text: 'y', tokens: 1 },
+    ]);
+    h.send([
+      { type: 'text-end', index: 0, finishReason: 'length' },
+      { type: 'text-end', index: 1, finishReason: 'length' },
+      { type: 'finish', usage: { promptTokens: 1, completionTokens: 2 } },
+    ]);
+    const frames = await readAll(await reply);
+    const choices = frames.slice(0, -1).map((f) => (JSON.parse(f.replace(/^data: /, '')) as { choices: unknown[] }).choices[0]);
+    expect(choices).toEqual([
+      { index: 0, delta: { role: 'assistant', content: '' }, logprobs: null, finish_reason: null },
+      { index: 1, delta: { role: 'assistant', content: '' }, logprobs: null, finish_reason: null },
+      { index: 0, delta: { content: 'x' }, logprobs: null, finish_reason: null },
+      { index: 1, delta: { content: 'y' }, logprobs: null, finish_reason: null },
+      { index: 0, delta: {}, logprobs: null, finish_reason: 'length' },
+      { index: 1, delta: {}, logprobs: null, finish_reason: 'length' },
+    ]);
+  });
+
+  it('formats chat logprobs the OpenAI way', async () => {
+    const h = await start();
+    const job = h.nextJob();
+    const reply = post(h, '/v1/chat/completions', chatBody({ stream: false, logprobs: true, top_logprobs: 1 }));
+    expect((await job).sampling).toMatchObject({ logprobs: true, topLogprobs: 1 });
+    h.send([{ type: 'accepted', workerId: 'w1', promptTokens: 1 }]);
+    h.send([
+      { type: 'text-delta', index: 0, text: 'é', tokens: 1, logprobs: [{ token: 'é', logprob: -0.5, top: [{ token: 'é', logprob: -0.5 }] }] },
+      { type: 'text-end', index: 0, finishReason: 'stop' },
+      { type: 'finish', usage: { promptTokens: 1, completionTokens: 1 } },
+    ]);
+    const body = (await (await reply).json()) as { choices: Array<{ logprobs: unknown; message: unknown }> };
+    expect(body.choices[0]).toMatchObject({
+      message: { role: 'assistant', content: 'é' },
+      logprobs: { content: [{ token: 'é', logprob: -0.5, bytes: [195, 169], top_logprobs: [{ token: 'é', logprob: -0.5, bytes: [195, 169] }] }] },
+    });
+  });
+
+  it('turns a rejection before the 200 into an HTTP error naming the field the client sent', async () => {
+    const h = await start();
+    const job = h.nextJob();
+    const reply = post(h, '/v1/chat/completions', chatBody({ max_completion_tokens: 500 }));
+    await job;
+    h.send([{ type: 'rejected', error: { code: 'context_length_exceeded', message: 'too long', param: 'max_tokens' } }]);
+    const res = await reply;
+    expect(res.status).toBe(400);
+    expect(await res.json()).toEqual({
+      error: { message: 'too long', type: 'invalid_request_error', param: 'max_completion_tokens', code: 'context_length_exceeded' },
+    });
+  });
+
+  it('after an early 200, a rejection becomes an error frame', async () => {
+    const h = await start({ HEADERS_WAIT_MS: '0' });
+    const job = h.nextJob();
+    const reply = post(h, '/v1/chat/completions', chatBody());
+    await job;
+    const res = await reply;
+    expect(res.status).toBe(200);
+    h.send([{ type: 'rejected', error: { code: 'context_length_exceeded', message: 'too long', param: 'prompt' } }]);
+    const frames = await readAll(res);
+    expect(frames).toEqual([expect.stringContaining('"param":"messages","code":"context_length_exceeded"'), 'data: [DONE]']);
+  });
+
+  it('refuses a body over MAX_BODY_BYTES with 413', async () => {
+    const h = await start({ MAX_BODY_BYTES: '1024' });
+    const res = await post(h, '/v1/chat/completions', chatBody({ messages: [{ role: 'user', content: 'x'.repeat(2000) }] }));
+    expect(res.status).toBe(413);
+    expect(((await res.json()) as { error: { code: string } }).error.code).toBe('request_too_large');
+    expect(h.jobs).toEqual([]);
+  });
+});

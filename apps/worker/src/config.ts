@@ -1,0 +1,109 @@
+import { randomBytes } from 'node:crypto';
+import { hostname } from 'node:os';
+import { z } from 'zod';
+import { DEFAULT_PREFIX } from '@sluice/protocol';
+
+const int = (min: number) => z.coerce.number().int().min(min);
+
+/** Every setting of the worker, read from the environment once at start (errors name the variable). */
+export const workerEnvSchema = z.object({
+  /** Redis for the queue, pub/sub and the registry. @defaultValue redis://127.0.0.1:6379 */
+  REDIS_URL: z.url({ protocol: /^rediss?$/ }).default('redis://127.0.0.1:6379'),
+  /** Prefix of every Sluice key and channel in Redis. @defaultValue sluice */
+  REDIS_PREFIX: z.string().min(1).default(DEFAULT_PREFIX),
+  /** Model directory (Hugging Face / Optimum ONNX layout). @defaultValue the built-in tiny model */
+  MODEL_DIR: z.string().min(1).optional(),
+  /** Model id served under `/v1/models`. @defaultValue the model directory's id */
+  MODEL_ID: z.string().min(1).optional(),
+  /** Max sequences decoded together. @defaultValue 32 */
+  MAX_BATCH_SIZE: int(1).default(32),
+  /** Max tokens fed to the model in one step (prefill chunk + decodes). @defaultValue 512 */
+  MAX_STEP_TOKENS: int(1).default(512),
+  /** Cap on tokens in the KV cache over all sequences. @defaultValue MAX_BATCH_SIZE × context length */
+  MAX_CACHED_TOKENS: int(1).optional(),
+  /** onnxruntime execution provider. @defaultValue cpu */
+  EXECUTION_PROVIDER: z.enum(['cpu', 'cuda', 'webgpu']).default('cpu'),
+  /** onnxruntime intra-op threads (0 = its default). @defaultValue 0 */
+  INTRA_OP_THREADS: int(0).default(0),
+  /** onnxruntime inter-op threads (0 = its default). @defaultValue 0 */
+  INTER_OP_THREADS: int(0).default(0),
+  /** Jobs taken from the queue at once. @defaultValue MAX_BATCH_SIZE */
+  WORKER_CONCURRENCY: int(1).optional(),
+  /** This worker's id in the registry. @defaultValue host-pid-random */
+  WORKER_ID: z.string().regex(/^[\w.-]+$/).optional(),
+  /** How often the registry record is refreshed. @defaultValue 1000 */
+  WORKER_HEARTBEAT_MS: int(50).default(1000),
+  /** Registry record TTL: gateways fail this worker's streams this long after its last heartbeat. @defaultValue 5000 */
+  WORKER_TTL_MS: int(100).default(5000),
+  /** On SIGTERM: how long running sequences may take to finish before they are ended. @defaultValue 30000 */
+  DRAIN_TIMEOUT_MS: int(0).default(30_000),
+  /** BullMQ job lock duration; a job whose worker died is retried this long after (stalled check). @defaultValue 30000 */
+  LOCK_DURATION_MS: int(1000).default(30_000),
+  /** Port of the worker's HTTP endpoint (`/healthz`); 0 picks a free port. @defaultValue 9464 */
+  METRICS_PORT: int(0).max(65535).default(9464),
+  /** Listen address of that endpoint. @defaultValue 0.0.0.0 */
+  METRICS_HOST: z.string().min(1).default('0.0.0.0'),
+  /** pino log level. @defaultValue info */
+  LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
+});
+
+export interface WorkerConfig {
+  redisUrl: string;
+  redisPrefix: string;
+  modelDir: string | undefined;
+  modelId: string | undefined;
+  maxBatchSize: number;
+  maxStepTokens: number;
+  maxCachedTokens: number | undefined;
+  executionProvider: 'cpu' | 'cuda' | 'webgpu';
+  intraOpThreads: number;
+  interOpThreads: number;
+  concurrency: number;
+  workerId: string;
+  heartbeatMs: number;
+  ttlMs: number;
+  drainTimeoutMs: number;
+  lockDurationMs: number;
+  metricsPort: number;
+  metricsHost: string;
+  logLevel: z.infer<typeof workerEnvSchema>['LOG_LEVEL'];
+}
+
+export class ConfigError extends Error {
+  override name = 'ConfigError';
+}
+
+/** Reads and validates the environment. Empty strings count as unset. */
+export function loadWorkerConfig(env: NodeJS.ProcessEnv = process.env): WorkerConfig {
+  const input = Object.fromEntries(Object.entries(env).filter(([, value]) => value !== undefined && value !== ''));
+  const parsed = workerEnvSchema.safeParse(input);
+  if (!parsed.success) {
+    const lines = parsed.error.issues.map((issue) => `  ${issue.path.join('.')}: ${issue.message}`);
+    throw new ConfigError(`invalid worker configuration:\n${lines.join('\n')}`);
+  }
+  const e = parsed.data;
+  if (e.WORKER_TTL_MS <= e.WORKER_HEARTBEAT_MS) {
+    throw new ConfigError('invalid worker configuration:\n  WORKER_TTL_MS: must be greater than WORKER_HEARTBEAT_MS');
+  }
+  return {
+    redisUrl: e.REDIS_URL,
+    redisPrefix: e.REDIS_PREFIX,
+    modelDir: e.MODEL_DIR,
+    modelId: e.MODEL_ID,
+    maxBatchSize: e.MAX_BATCH_SIZE,
+    maxStepTokens: e.MAX_STEP_TOKENS,
+    maxCachedTokens: e.MAX_CACHED_TOKENS,
+    executionProvider: e.EXECUTION_PROVIDER,
+    intraOpThreads: e.INTRA_OP_THREADS,
+    interOpThreads: e.INTER_OP_THREADS,
+    concurrency: e.WORKER_CONCURRENCY ?? e.MAX_BATCH_SIZE,
+    workerId: e.WORKER_ID ?? `${hostname().replace(/[^\w.-]/g, '-')}-${process.pid}-${randomBytes(3).toString('hex')}`,
+    heartbeatMs: e.WORKER_HEARTBEAT_MS,
+    ttlMs: e.WORKER_TTL_MS,
+    drainTimeoutMs: e.DRAIN_TIMEOUT_MS,
+    lockDurationMs: e.LOCK_DURATION_MS,
+    metricsPort: e.METRICS_PORT,
+    metricsHost: e.METRICS_HOST,
+    logLevel: e.LOG_LEVEL,
+  };
+}

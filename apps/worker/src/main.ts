@@ -1,0 +1,60 @@
+import { pino } from 'pino';
+import { createEngine } from '@sluice/engine';
+import { ensureBuiltinModel, loadModelDir } from '@sluice/model';
+import { ConfigError, loadWorkerConfig } from './config.js';
+import { createPromptEncoder } from './prompt-encoder.js';
+import { startWorker } from './worker.js';
+
+/** Entry point: config → model → engine → worker; SIGTERM/SIGINT drain and exit 0. */
+async function main(): Promise<void> {
+  let config;
+  try {
+    config = loadWorkerConfig();
+  } catch (error) {
+    if (error instanceof ConfigError) {
+      process.stderr.write(`${error.message}\n`);
+      process.exit(1);
+    }
+    throw error;
+  }
+  const logger = pino({ name: 'worker', level: config.logLevel });
+  let worker;
+  try {
+    const modelDir = config.modelDir ?? (await ensureBuiltinModel('tiny'));
+    const model = await loadModelDir(modelDir);
+    const engine = await createEngine({
+      modelDir,
+      maxBatchSize: config.maxBatchSize,
+      maxStepTokens: config.maxStepTokens,
+      ...(config.maxCachedTokens === undefined ? {} : { maxCachedTokens: config.maxCachedTokens }),
+      executionProvider: config.executionProvider,
+      intraOpThreads: config.intraOpThreads,
+      interOpThreads: config.interOpThreads,
+    });
+    const modelId = config.modelId ?? model.id;
+    worker = await startWorker(config, { engine, prompts: createPromptEncoder(model), modelId, logger });
+  } catch (error) {
+    logger.fatal({ err: error }, `worker failed to start (MODEL_DIR=${config.modelDir ?? 'built-in tiny'}, REDIS_URL=${config.redisUrl})`);
+    process.exit(1);
+  }
+  let stopping = false;
+  const stop = (signal: string) => {
+    if (stopping) {
+      logger.warn({ signal }, 'second signal: exiting now');
+      process.exit(1);
+    }
+    stopping = true;
+    logger.info({ signal }, 'shutting down');
+    worker.drain().then(
+      () => process.exit(0),
+      (error: unknown) => {
+        logger.error({ err: error }, 'drain failed');
+        process.exit(1);
+      },
+    );
+  };
+  process.on('SIGTERM', () => stop('SIGTERM'));
+  process.on('SIGINT', () => stop('SIGINT'));
+}
+
+await main();

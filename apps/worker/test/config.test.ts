@@ -1,0 +1,14 @@
+import { describe, expect, it } from 'vitest';
+import { ConfigError, loadWorkerConfig } from '../src/config.js';
+
+describe('worker configuration', () => {
+  it('covers the engine batch with the BullMQ concurrency by default', () => {
+    expect(loadWorkerConfig({ MAX_BATCH_SIZE: '12' })).toMatchObject({ maxBatchSize: 12, concurrency: 12, modelDir: undefined });
+  });
+
+  it('names the invalid variable', () => {
+    expect(() => loadWorkerConfig({ MAX_BATCH_SIZE: '0' })).toThrow(/MAX_BATCH_SIZE/);
+    expect(() => loadWorkerConfig({ EXECUTION_PROVIDER: 'tpu' })).toThrow(/EXECUTION_PROVIDER/);
+    expect(() => loadWorkerConfig({ WORKER_TTL_MS: '500', WORKER_HEARTBEAT_MS: '1000' })).toThrow(ConfigError);
+  });
+});

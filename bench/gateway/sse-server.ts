@@ -1,0 +1,147 @@
+/**
+ * One side of the SSE write-path benchmark, run as its own process:
+ *
+ * - `baseline`: a minimal `node:http` SSE writer, `res.write('data: …\n\n')` per event.
+ * - `gateway`: the gateway's real HTTP path — Hono app, routes, request validation, sessions, the
+ *   demultiplexer's decode + dispatch, chunk formatting and the SSE writer — fed in process by a driver
+ *   that plays the worker: per step it encodes ONE gateway-channel message carrying a delta for every
+ *   stream, which the gateway decodes and dispatches exactly as its relay does (no Redis socket).
+ *
+ * Both start producing when `streams` clients are connected, then emit `events` steps as fast as the
+ * event loop allows (one event per stream per step), and end each stream with `[DONE]`.
+ * Usage: sse-server.ts <baseline|gateway> <streams> <events>; prints `port <n>` when listening.
+ */
+import { randomUUID } from 'node:crypto';
+import { createServer, type ServerResponse } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { serve, type ServerType } from '@hono/node-server';
+import { pino } from 'pino';
+import { decodeGatewayMessage, encodeGatewayMessage, type GatewayEntry } from '@sluice/protocol';
+import { createApp } from '../../apps/gateway/dist/app.js';
+import { loadGatewayConfig } from '../../apps/gateway/dist/config.js';
+import { SessionManager } from '../../apps/gateway/dist/session-manager.js';
+import { HeartbeatTicker } from '../../apps/gateway/dist/sse-writer.js';
+
+const [mode, streamsArg, eventsArg] = process.argv.slice(2);
+const streams = Number(streamsArg);
+const events = Number(eventsArg);
+const TOKEN = ' token';
+const tick = () => new Promise<void>((resolve) => setImmediate(resolve));
+
+/**
+ * CPU time of this process from the first produced event until every stream is closed: wall-clock
+ * rates on a shared machine move with the neighbours' load, CPU time per event much less.
+ */
+let open = 0;
+let cpuStart: NodeJS.CpuUsage | undefined;
+let wallStart = 0;
+function track(res: ServerResponse): void {
+  open++;
+  res.once('close', () => {
+    if (--open > 0 || cpuStart === undefined) return;
+    const cpu = process.cpuUsage(cpuStart);
+    process.stdout.write(`cpu ${cpu.user + cpu.system} wall ${Math.round((performance.now() - wallStart) * 1000)}\n`);
+  });
+}
+function productionStarts(): void {
+  cpuStart = process.cpuUsage();
+  wallStart = performance.now();
+}
+
+async function baseline(): Promise<number> {
+  const streamsOpen: Array<{ res: ServerResponse; head: string }> = [];
+  let started = false;
+  const created = Math.floor(Date.now() / 1000);
+  const server = createServer((req, res) => {
+    req.resume();
+    res.writeHead(200, { 'Content-Type': 'text/event-stream', 'Cache-Control': 'no-cache', 'X-Accel-Buffering': 'no' });
+    res.flushHeaders();
+    // The same bytes per event as the gateway's chunks (a conservative baseline: no per-event JSON.stringify of an object).
+    const head = `{"id":"chatcmpl-${randomUUID()}","object":"chat.completion.chunk","created":${created},"model":"bench","choices":[{"index":0,"delta":{"content":`;
+    track(res);
+    streamsOpen.push({ res, head });
+    if (streamsOpen.length === streams && !started) {
+      started = true;
+      void produce();
+    }
+  });
+  const produce = async () => {
+    productionStarts();
+    for (let step = 0; step < events; step++) {
+      for (const { res, head } of streamsOpen) res.write(`data: ${head}${JSON.stringify(TOKEN)}},"logprobs":null,"finish_reason":null}]}\n\n`);
+      await tick();
+    }
+    for (const { res } of streamsOpen) res.end('data: [DONE]\n\n');
+  };
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  return (server.address() as AddressInfo).port;
+}
+
+async function gateway(): Promise<number> {
+  const config = loadGatewayConfig({ HEADERS_WAIT_MS: '60000', IDLE_TIMEOUT_MS: '600000', QUEUE_TIMEOUT_MS: '600000', MAX_QUEUED_REQUESTS: String(streams + 10) });
+  const logger = pino({ level: 'warn' });
+  const sessions = new SessionManager({ queueTimeoutMs: config.queueTimeoutMs, idleTimeoutMs: config.idleTimeoutMs }, { cancel: () => undefined }, logger);
+  const submitted: string[] = [];
+  // What the relay does with every message from Redis: decode (JSON + validation), then dispatch.
+  const relay = (entries: GatewayEntry[]) => relayRaw(encodeGatewayMessage({ workerId: 'bench', entries }));
+  const relayRaw = (raw: string) => sessions.dispatch(decodeGatewayMessage(raw));
+  const produce = async () => {
+    // The worker's side (encoding each step's message) is done before the clock starts: the
+    // measured process should spend its time on the gateway's side only.
+    const steps: string[] = [];
+    for (let step = 0; step < events; step++) {
+      let raw = '{"workerId":"bench","entries":[';
+      for (let i = 0; i < submitted.length; i++) {
+        raw += `${i === 0 ? '' : ','}{"requestId":"${submitted[i]}","seq":${step + 1},"type":"text-delta","index":0,"text":${JSON.stringify(TOKEN)},"tokens":1}`;
+      }
+      steps.push(`${raw}]}`);
+    }
+    productionStarts();
+    relay(submitted.map((requestId) => ({ requestId, seq: 0, type: 'accepted', workerId: 'bench', promptTokens: 4 })));
+    for (const raw of steps) {
+      relayRaw(raw);
+      await tick();
+    }
+    relay(
+      submitted.flatMap((requestId): GatewayEntry[] => [
+        { requestId, seq: events + 1, type: 'text-end', index: 0, finishReason: 'length' },
+        { requestId, seq: events + 2, type: 'finish', usage: { promptTokens: 4, completionTokens: events } },
+      ]),
+    );
+  };
+  const app = createApp({
+    config,
+    logger,
+    channel: 'bench',
+    sessions,
+    heartbeats: new HeartbeatTicker(config.heartbeatMs),
+    hooks: {},
+    jobs: {
+      submit: async (job) => {
+        submitted.push(job.requestId);
+        if (submitted.length === streams) setImmediate(() => void produce());
+      },
+    },
+    registry: { liveWorkerCount: 1, models: () => [], requireModel: (id) => ({ id, maxContextLength: 4096, workers: 1 }) },
+    checkRedis: async () => true,
+    isDraining: () => false,
+  });
+  const server = await new Promise<ServerType>((resolve) => {
+    const s = serve(
+      {
+        fetch: (req, env) => {
+          track(env.outgoing as ServerResponse);
+          return app.fetch(req, env as never);
+        },
+        port: 0,
+        hostname: '127.0.0.1',
+      },
+      () => resolve(s),
+    );
+  });
+  return (server.address() as AddressInfo).port;
+}
+
+const port = mode === 'gateway' ? await gateway() : await baseline();
+process.stdout.write(`port ${port}\n`);
+process.on('SIGTERM', () => process.exit(0));

@@ -1,0 +1,180 @@
+import { Worker } from 'node:worker_threads';
+import { EngineError } from './engine-error.js';
+import type { EngineThreadData, HostMessage, ThreadMessage, ThreadReady } from './engine-protocol.js';
+import { RequestStream } from './request-stream.js';
+import { resolveRequest, type RequestLimits } from './resolve-request.js';
+import type { Engine, EngineEvent, EngineInfo, EngineOptions, GenerateRequest, StepStats } from './types.js';
+
+/**
+ * Starts an engine: the model loads and runs in its own worker thread, so the calling thread stays
+ * free for I/O during steps. Rejects with EngineError('provider_unavailable') when the execution
+ * provider cannot be created.
+ */
+export async function createEngine(options: EngineOptions): Promise<Engine> {
+  checkOptions(options);
+  const worker = startEngineThread({ options });
+  let settle: { resolve: (ready: ThreadReady) => void; reject: (error: EngineError) => void } | undefined;
+  const onMessage = (message: ThreadMessage): void => {
+    if (message.type === 'ready') settle?.resolve(message);
+    else if (message.type === 'init-error') settle?.reject(new EngineError(message.code, message.message));
+  };
+  const onError = (cause: Error): void =>
+    settle?.reject(new EngineError('internal', `The engine thread failed to start: ${cause.message}`, { cause }));
+  const onExit = (code: number): void =>
+    settle?.reject(new EngineError('internal', `The engine thread exited during start (code ${code}).`));
+  worker.on('message', onMessage).on('error', onError).on('exit', onExit);
+  try {
+    const ready = await new Promise<ThreadReady>((resolve, reject) => (settle = { resolve, reject }));
+    return new ThreadEngine(worker, ready);
+  } catch (error) {
+    await worker.terminate();
+    throw error;
+  } finally {
+    // Only ours: a Worker keeps internal listeners of its own (removeAllListeners breaks its messages).
+    worker.off('message', onMessage).off('error', onError).off('exit', onExit);
+  }
+}
+
+function checkOptions(options: EngineOptions): void {
+  const positive = ['maxBatchSize', 'maxStepTokens', 'maxCachedTokens'] as const;
+  for (const field of positive) {
+    const value = options[field];
+    if (value !== undefined && !(Number.isInteger(value) && value >= 1)) {
+      throw new EngineError('invalid_request', `EngineOptions.${field} must be an integer ≥ 1, got ${String(value)}.`);
+    }
+  }
+  for (const field of ['intraOpThreads', 'interOpThreads'] as const) {
+    const value = options[field];
+    if (value !== undefined && !(Number.isInteger(value) && value >= 0)) {
+      throw new EngineError('invalid_request', `EngineOptions.${field} must be an integer ≥ 0, got ${String(value)}.`);
+    }
+  }
+  if ((options.maxStepTokens ?? 512) < (options.maxBatchSize ?? 32)) {
+    // Otherwise a full batch's decode tokens alone would exceed the step budget.
+    throw new EngineError('invalid_request', 'EngineOptions.maxStepTokens must be ≥ maxBatchSize.');
+  }
+  const provider = options.executionProvider ?? 'cpu';
+  if (!['cpu', 'cuda', 'webgpu'].includes(provider)) {
+    throw new EngineError('invalid_request', `EngineOptions.executionProvider must be cpu, cuda or webgpu, got ${String(provider)}.`);
+  }
+}
+
+/**
+ * The engine thread's script next to this file: the compiled `.js` in a build. When this module
+ * itself runs from TypeScript sources (vitest, tsx), the thread loads `engine-thread.ts` through
+ * tsx's loader, registered inside the thread: Node 20 ignores `--import` in a worker's execArgv.
+ */
+function startEngineThread(data: EngineThreadData): Worker {
+  if (!import.meta.url.endsWith('.ts')) return new Worker(new URL('./engine-thread.js', import.meta.url), { workerData: data });
+  const script = new URL('./engine-thread.ts', import.meta.url).href;
+  const bootstrap = `import('tsx/esm/api').then((tsx) => { tsx.register(); return import(${JSON.stringify(script)}); })`;
+  return new Worker(bootstrap, { eval: true, workerData: data });
+}
+
+class ThreadEngine implements Engine {
+  readonly info: EngineInfo;
+  readonly #worker: Worker;
+  readonly #limits: RequestLimits;
+  readonly #requests = new Map<number, { stream: RequestStream; release: () => void }>();
+  readonly #stepListeners = new Set<(stats: StepStats) => void>();
+  #nextKey = 1;
+  #closed: Promise<void> | undefined;
+  #dead = false;
+
+  constructor(worker: Worker, ready: ThreadReady) {
+    this.#worker = worker;
+    this.info = ready.info;
+    this.#limits = {
+      vocabSize: ready.vocabSize,
+      maxContextLength: ready.info.maxContextLength,
+      maxBatchSize: ready.info.maxBatchSize,
+      maxCachedTokens: ready.maxCachedTokens,
+    };
+    worker.on('message', (message: ThreadMessage) => this.#onMessage(message));
+    worker.on('error', (cause) => this.#onDeath(`The engine thread failed: ${cause.message}`));
+    worker.on('exit', (code) => this.#onDeath(`The engine thread exited (code ${code}).`));
+  }
+
+  generate(request: GenerateRequest, signal?: AbortSignal): AsyncIterable<EngineEvent> {
+    if (this.#closed !== undefined || this.#dead) throw new EngineError('engine_closed', 'The engine is closed.');
+    const resolved = resolveRequest(request, this.#limits);
+    const key = this.#nextKey++;
+    const submittedAt = performance.timeOrigin + performance.now();
+    const onAbort = (): void => this.#post({ type: 'abort', key });
+    const stream = new RequestStream({
+      n: resolved.sampling.n,
+      promptTokens: resolved.promptTokenIds.length,
+      submittedAt,
+      cancel: onAbort,
+    });
+    if (signal?.aborted) {
+      stream.endHere('abort');
+      return stream;
+    }
+    signal?.addEventListener('abort', onAbort, { once: true });
+    this.#requests.set(key, { stream, release: () => signal?.removeEventListener('abort', onAbort) });
+    this.#post({ type: 'add', key, request: resolved, submittedAt });
+    return stream;
+  }
+
+  onStep(listener: (stats: StepStats) => void): () => void {
+    this.#stepListeners.add(listener);
+    return () => this.#stepListeners.delete(listener);
+  }
+
+  close(): Promise<void> {
+    this.#closed ??= this.#close();
+    return this.#closed;
+  }
+
+  async #close(): Promise<void> {
+    if (this.#dead) return;
+    const closed = new Promise<void>((resolve) => {
+      this.#worker.on('message', (message: ThreadMessage) => {
+        if (message.type === 'closed') resolve();
+      });
+      this.#worker.once('exit', () => resolve());
+    });
+    this.#post({ type: 'close' });
+    await closed;
+    this.#dead = true;
+    await this.#worker.terminate();
+  }
+
+  #post(message: HostMessage): void {
+    if (!this.#dead) this.#worker.postMessage(message);
+  }
+
+  #onMessage(message: ThreadMessage): void {
+    if (message.type !== 'step') return;
+    for (const [key, event] of message.events) {
+      const request = this.#requests.get(key);
+      if (request === undefined) continue;
+      request.stream.push(event);
+      if (event.type === 'finish') {
+        this.#requests.delete(key);
+        request.release();
+      }
+    }
+    if (message.stats !== undefined) {
+      for (const listener of this.#stepListeners) {
+        try {
+          listener(message.stats);
+        } catch {
+          // A failing metrics listener must not break the stream path.
+        }
+      }
+    }
+  }
+
+  /** The thread is gone: every open request ends with an error instead of hanging. */
+  #onDeath(message: string): void {
+    if (this.#dead) return;
+    this.#dead = true;
+    for (const { stream, release } of this.#requests.values()) {
+      stream.endHere('error', { code: this.#closed === undefined ? 'internal' : 'engine_closed', message });
+      release();
+    }
+    this.#requests.clear();
+  }
+}

@@ -1,0 +1,377 @@
+import { TextStreamer, type ModelDir } from '@sluice/model';
+import { EngineError } from './engine-error.js';
+import { KvBatch, type KvRowSource } from './kv-batch.js';
+import type { OnnxSession } from './onnx-session.js';
+import { packInputs, type RowInput } from './pack-inputs.js';
+import { exactLengthLanes, planLanes } from './plan-lanes.js';
+import { RequestGroup, type Sequence } from './request-group.js';
+import type { ResolvedRequest } from './resolve-request.js';
+import { Scheduler, type PrefillChunk, type SchedulerLimits } from './scheduler.js';
+import { SeededRandom } from './seeded-random.js';
+import { TokenSampler, type SampledToken } from './token-sampler.js';
+import type { EngineErrorCode, EngineEvent, FinishReason, StepStats, TokenLogprob } from './types.js';
+
+/** Absolute milliseconds, comparable between threads. */
+export function now(): number {
+  return performance.timeOrigin + performance.now();
+}
+
+export interface EngineCoreOptions extends SchedulerLimits {
+  /** Fixed cost of one model call in padded KV slots (see {@link planLanes}). */
+  laneCost: number;
+  /** Batch only rows of equal length (graphs with GroupQueryAttention cannot express padding). */
+  exactLengthBatches: boolean;
+}
+
+export interface StepOutput {
+  events: Array<[key: number, event: EngineEvent]>;
+  stats?: StepStats;
+}
+
+/**
+ * The engine's step loop without the thread: requests in, one batch of events out per `step()`.
+ *
+ * A step: end aborted requests; plan (scheduler); repack the lanes if rows left or joined; one
+ * decode call per lane (every running row gets one token); one call per prompt chunk (newcomers and
+ * long prompts being prefilled); sample each row with its own sampler; detokenize; check stops.
+ * Prompts that finished prefill join a lane at the next step's repack. Prefill and decode run as
+ * separate calls rather than one ragged call: see docs/engine.md for the measurement.
+ */
+export class EngineCore {
+  readonly #session: OnnxSession;
+  readonly #model: ModelDir;
+  readonly #limits: SchedulerLimits;
+  readonly #scheduler: Scheduler<RequestGroup>;
+  readonly #groups = new Map<number, RequestGroup>();
+  readonly #aborts = new Set<number>();
+  readonly #eos: ReadonlySet<number>;
+  readonly #padTokenId: number;
+  readonly #tokenText = new Map<number, string>();
+  /** The decode rows, split into lanes of similar length (one model call each). */
+  #lanes: Lane[] = [];
+  readonly #laneCost: number;
+  readonly #exactLengthBatches: boolean;
+  /** Sequences whose prompt finished prefill, with the cache row they will copy in. */
+  #joining: Array<{ sequence: Sequence; source: KvRowSource }> = [];
+  #events: Array<[number, EngineEvent]> = [];
+
+  constructor(session: OnnxSession, model: ModelDir, limits: EngineCoreOptions) {
+    this.#session = session;
+    this.#model = model;
+    this.#limits = limits;
+    this.#scheduler = new Scheduler(limits);
+    this.#eos = new Set(model.generation.eosTokenIds);
+    this.#padTokenId = model.generation.padTokenId ?? model.generation.eosTokenIds[0] ?? 0;
+    this.#laneCost = limits.laneCost;
+    this.#exactLengthBatches = limits.exactLengthBatches;
+  }
+
+  /** True when there is nothing to run. */
+  get idle(): boolean {
+    return this.#groups.size === 0;
+  }
+
+  /** KV slots held now, padding included. */
+  get cachedTokens(): number {
+    let slots = 0;
+    for (const lane of this.#lanes) slots += lane.batch.slotCount;
+    for (const group of this.#groups.values()) slots += group.prefillKv?.slotCount ?? 0;
+    return slots;
+  }
+
+  add(key: number, request: ResolvedRequest, submittedAt: number): void {
+    const group = new RequestGroup(key, request, submittedAt);
+    this.#groups.set(key, group);
+    this.#scheduler.enqueue(group);
+  }
+
+  /** Ends the request at the next step boundary with finish reason 'abort'. */
+  abort(key: number): void {
+    if (this.#groups.has(key)) this.#aborts.add(key);
+  }
+
+  /** Ends every request (engine closing) and returns their last events. */
+  failAll(code: EngineErrorCode, message: string): StepOutput {
+    for (const group of [...this.#groups.values()]) this.#failGroup(group, code, message);
+    this.#lanes = [];
+    this.#joining = [];
+    return { events: this.#takeEvents() };
+  }
+
+  async step(): Promise<StepOutput> {
+    const startedAt = now();
+    for (const key of this.#aborts) {
+      const group = this.#groups.get(key);
+      if (group !== undefined) this.#endGroup(group, 'abort');
+    }
+    this.#aborts.clear();
+
+    const plan = this.#scheduler.plan();
+    for (const group of plan.admitted) group.scheduledAt = startedAt;
+    this.#repack();
+
+    let modelMs = 0;
+    let generationTokens = 0;
+    let decodeRows = 0;
+    for (const lane of this.#lanes) {
+      decodeRows += lane.rows.length;
+      const runStart = now();
+      try {
+        generationTokens += await this.#decode(lane);
+      } catch (cause) {
+        for (const sequence of lane.rows) this.#failGroup(sequence.group, 'internal', `Decode step failed: ${errorText(cause)}`);
+      }
+      modelMs += now() - runStart;
+    }
+
+    let promptTokens = 0;
+    for (const chunk of plan.prefill) {
+      if (chunk.group.finished) continue;
+      const runStart = now();
+      try {
+        generationTokens += await this.#prefill(chunk);
+        promptTokens += chunk.length;
+      } catch (cause) {
+        this.#failGroup(chunk.group, 'internal', `Prefill failed: ${errorText(cause)}`);
+      }
+      modelMs += now() - runStart;
+    }
+
+    // A lane with no live row left frees its memory now, not at the next step (which may never come).
+    this.#lanes = this.#lanes.filter((lane) => lane.rows.some((sequence) => sequence.finishReason === undefined));
+
+    const ranModel = decodeRows > 0 || plan.prefill.length > 0;
+    const output: StepOutput = { events: this.#takeEvents() };
+    if (ranModel || output.events.length > 0) {
+      output.stats = {
+        // A step that only ended aborted requests ran no model: it reports batchSize 0 as 'decode'.
+        phase: decodeRows === 0 && plan.prefill.length > 0 ? 'prefill' : plan.prefill.length === 0 ? 'decode' : 'mixed',
+        batchSize: decodeRows + plan.prefill.length,
+        stepTokens: decodeRows + promptTokens,
+        stepMs: now() - startedAt,
+        modelMs,
+        // Requests, as vLLM counts them (a prompt being prefilled is running).
+        running: this.#scheduler.prefilling.length + this.#scheduler.running.length,
+        waiting: this.#scheduler.waiting.length,
+        cachedTokens: this.cachedTokens,
+        maxCachedTokens: this.#limits.maxCachedTokens,
+        promptTokens,
+        generationTokens,
+      };
+    }
+    return output;
+  }
+
+  /** One decode token for every row of a lane; the lane's present tensors become its next past. */
+  async #decode(lane: Lane): Promise<number> {
+    const { rows } = lane;
+    const inputs = packInputs(
+      lane.batch.pastLength,
+      rows.map((sequence, row) => ({ cachedLength: lane.batch.lengths[row]!, tokens: [lastToken(sequence)] })),
+      this.#padTokenId,
+    );
+    const output = await this.#session.run(inputs, lane.batch);
+    lane.batch = lane.batch.appended(output.present, 1, rows.map(() => 1));
+    rows.forEach((sequence, row) => {
+      const offset = (row * output.positions + output.positions - 1) * output.vocabSize;
+      this.#accept(sequence, sequence.sampler.sample(output.logits, offset, output.vocabSize));
+    });
+    return rows.length;
+  }
+
+  /** Feeds one prompt chunk; when it completes the prompt, samples each sibling's first token. */
+  async #prefill(chunk: PrefillChunk<RequestGroup>): Promise<number> {
+    const { group, start, length } = chunk;
+    const prompt = group.request.promptTokenIds;
+    const past = group.prefillKv ?? KvBatch.empty(this.#session.io.kv, 1);
+    const row: RowInput = { cachedLength: group.prefilled, tokens: prompt.slice(start, start + length) };
+    const inputs = packInputs(past.pastLength, [row], this.#padTokenId);
+    const output = await this.#session.run(inputs, past);
+    group.prefillKv = past.appended(output.present, length, [length]);
+    group.prefilled += length;
+    if (group.prefilled < group.promptLength) return 0;
+
+    group.prefilledAt = now();
+    this.#scheduler.markPrefilled(group);
+    const { sampling } = group.request;
+    const promptTokens = new Set(prompt);
+    const seed = sampling.seed ?? crypto.getRandomValues(new Uint32Array(1))[0]!;
+    const offset = (output.positions - 1) * output.vocabSize;
+    const source = group.prefillKv.rowSource(0);
+    for (let index = 0; index < sampling.n; index++) {
+      const sequence: Sequence = {
+        group,
+        index,
+        sampler: new TokenSampler(sampling, promptTokens, new SeededRandom(seed, index)),
+        streamer: new TextStreamer(this.#model.tokenizer, { stop: sampling.stop }),
+        outputTokenIds: [],
+        finishReason: undefined,
+      };
+      group.sequences.push(sequence);
+      this.#accept(sequence, sequence.sampler.sample(output.logits, offset, output.vocabSize));
+      if (sequence.finishReason === undefined) this.#joining.push({ sequence, source });
+    }
+    return sampling.n;
+  }
+
+  /** Records a sampled token: detokenize, emit, and end the sequence if a stop condition holds. */
+  #accept(sequence: Sequence, sampled: SampledToken): void {
+    const { group } = sequence;
+    const { sampling } = group.request;
+    const tokenId = sampled.tokenId;
+    sequence.outputTokenIds.push(tokenId);
+    group.firstTokenAt ??= now();
+
+    const delta = sequence.streamer.push(tokenId);
+    let text = delta.text;
+    let finishReason: FinishReason | undefined = delta.finishReason;
+    if (finishReason === undefined) {
+      const produced = sequence.outputTokenIds.length;
+      if (sampling.stopTokenIds.includes(tokenId) || (!sampling.ignoreEos && this.#eos.has(tokenId))) {
+        finishReason = 'stop';
+      } else if (
+        produced >= sampling.maxTokens ||
+        group.promptLength + produced >= this.#model.generation.maxContextLength
+      ) {
+        finishReason = 'length';
+      }
+      if (finishReason !== undefined) text += sequence.streamer.finish().text;
+    }
+    const event: EngineEvent = { type: 'text-delta', index: sequence.index, tokenIds: [tokenId], text };
+    if (sampling.logprobs) event.logprobs = [this.#logprob(sampled)];
+    this.#events.push([group.key, event]);
+    if (finishReason !== undefined) this.#endSequence(sequence, finishReason);
+  }
+
+  #logprob(sampled: SampledToken): TokenLogprob {
+    const logprob: TokenLogprob = {
+      tokenId: sampled.tokenId,
+      token: this.#text(sampled.tokenId),
+      logprob: sampled.logprob ?? 0,
+    };
+    if (sampled.topLogprobs !== undefined) {
+      logprob.topLogprobs = sampled.topLogprobs.map((top) => ({ ...top, token: this.#text(top.tokenId) }));
+    }
+    return logprob;
+  }
+
+  #text(tokenId: number): string {
+    let text = this.#tokenText.get(tokenId);
+    if (text === undefined) {
+      text = this.#model.tokenizer.decode([tokenId], { skipSpecialTokens: false });
+      this.#tokenText.set(tokenId, text);
+    }
+    return text;
+  }
+
+  #endSequence(sequence: Sequence, reason: FinishReason, error?: { code: EngineErrorCode; message: string }): void {
+    if (sequence.finishReason !== undefined) return;
+    sequence.finishReason = reason;
+    const { group } = sequence;
+    this.#events.push([group.key, { type: 'text-end', index: sequence.index, finishReason: reason }]);
+    if (group.sequences.every((sibling) => sibling.finishReason !== undefined)) this.#finishGroup(group, error);
+  }
+
+  /** Ends every live choice of the group (also those not started yet) with `reason`. */
+  #endGroup(group: RequestGroup, reason: FinishReason, error?: { code: EngineErrorCode; message: string }): void {
+    if (group.finished) return;
+    if (group.sequences.length === 0) {
+      for (let index = 0; index < group.request.sampling.n; index++) {
+        this.#events.push([group.key, { type: 'text-end', index, finishReason: reason }]);
+      }
+      this.#finishGroup(group, error);
+      return;
+    }
+    for (const sequence of group.sequences) this.#endSequence(sequence, reason, error);
+  }
+
+  #failGroup(group: RequestGroup, code: EngineErrorCode, message: string): void {
+    this.#endGroup(group, 'error', { code, message });
+  }
+
+  #finishGroup(group: RequestGroup, error?: { code: EngineErrorCode; message: string }): void {
+    group.finished = true;
+    group.prefillKv = undefined;
+    this.#groups.delete(group.key);
+    this.#scheduler.remove(group);
+    const finish: EngineEvent = {
+      type: 'finish',
+      usage: { promptTokens: group.promptLength, completionTokens: group.completionTokens },
+      timings: group.timings(now()),
+    };
+    if (error !== undefined) finish.error = error;
+    this.#events.push([group.key, finish]);
+  }
+
+  /**
+   * Drops finished rows, brings joiners in and re-splits the rows into lanes by length
+   * ({@link planLanes}). Nothing is copied when no row left or joined; a lane whose rows are
+   * unchanged is kept as it is; every other lane is gathered (one copy of its rows).
+   */
+  #repack(): void {
+    const joining = this.#joining.filter(({ sequence }) => sequence.finishReason === undefined);
+    this.#joining = [];
+    const isLive = (sequence: Sequence): boolean => sequence.finishReason === undefined;
+    if (joining.length === 0 && this.#lanes.every((lane) => lane.rows.every(isLive))) return;
+
+    const entries: LaneEntry[] = [];
+    for (const lane of this.#lanes) {
+      lane.rows.forEach((sequence, row) => {
+        if (isLive(sequence)) entries.push({ sequence, length: lane.batch.lengths[row]!, source: lane.batch.rowSource(row), lane });
+      });
+    }
+    for (const { sequence, source } of joining) {
+      entries.push({ sequence, length: source.segments.reduce((sum, [, length]) => sum + length, 0), source, lane: undefined });
+    }
+    entries.sort((a, b) => a.length - b.length);
+    const lengths = entries.map((entry) => entry.length);
+    const sizes = this.#exactLengthBatches ? exactLengthLanes(lengths) : planLanes(lengths, this.#laneCost);
+
+    const lanes: Lane[] = [];
+    let at = 0;
+    for (const size of sizes) {
+      const group = entries.slice(at, at + size);
+      at += size;
+      const old = group[0]!.lane;
+      if (old !== undefined && old.rows.length === size && group.every((entry) => entry.lane === old)) {
+        lanes.push(old);
+      } else {
+        lanes.push({
+          rows: group.map((entry) => entry.sequence),
+          batch: KvBatch.gather(this.#session.io.kv, group.map((entry) => entry.source)),
+        });
+      }
+    }
+    this.#lanes = lanes;
+    for (const { sequence } of joining) sequence.group.prefillKv = undefined;
+  }
+
+  #takeEvents(): Array<[number, EngineEvent]> {
+    const events = this.#events;
+    this.#events = [];
+    return events;
+  }
+}
+
+/** Rows decoded together in one model call, and their cache. */
+interface Lane {
+  rows: Sequence[];
+  batch: KvBatch;
+}
+
+interface LaneEntry {
+  sequence: Sequence;
+  length: number;
+  source: KvRowSource;
+  lane: Lane | undefined;
+}
+
+function lastToken(sequence: Sequence): number {
+  const token = sequence.outputTokenIds[sequence.outputTokenIds.length - 1];
+  if (token === undefined) throw new EngineError('internal', 'A decoding sequence has no token yet.');
+  return token;
+}
+
+function errorText(cause: unknown): string {
+  return cause instanceof Error ? cause.message : String(cause);
+}

@@ -1,0 +1,3 @@
+export type * from './types.js';
+export { createEngine } from './create-engine.js';
+export { EngineError } from './engine-error.js';

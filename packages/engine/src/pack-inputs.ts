@@ -1,0 +1,54 @@
+/** One row of a model call: what it has cached and the new tokens it feeds. */
+export interface RowInput {
+  cachedLength: number;
+  tokens: readonly number[];
+}
+
+/** int64 inputs of one model call over a left-padded batch. */
+export interface PackedInputs {
+  rows: number;
+  /** Slot-axis length of `past_key_values` (the batch's longest cached row). */
+  pastLength: number;
+  /** New slots per row: the longest row's token count; shorter rows are left-padded. */
+  newTokens: number;
+  /** [rows, newTokens] */
+  inputIds: BigInt64Array;
+  /** [rows, pastLength + newTokens]: 1 on real slots (cached and new), 0 on padding. */
+  attentionMask: BigInt64Array;
+  /** [rows, newTokens]: each row's true positions, counted from its own first token. */
+  positionIds: BigInt64Array;
+}
+
+/**
+ * Builds input_ids, attention_mask and position_ids for rows whose cache is right-aligned in
+ * `pastLength` slots and whose new tokens are right-aligned in the new slots, so every row's last
+ * token sits in the last column (the logits read there). Padded slots are masked, so a row's
+ * result does not depend on how much padding the other rows forced on it.
+ */
+export function packInputs(pastLength: number, rows: readonly RowInput[], padTokenId: number): PackedInputs {
+  const newTokens = Math.max(0, ...rows.map((row) => row.tokens.length));
+  const total = pastLength + newTokens;
+  const inputIds = new BigInt64Array(rows.length * newTokens);
+  const attentionMask = new BigInt64Array(rows.length * total);
+  const positionIds = new BigInt64Array(rows.length * newTokens);
+  // Writing int64 through an int32 view (low word, sign word) avoids a BigInt per element.
+  const ids32 = new Int32Array(inputIds.buffer);
+  const mask32 = new Int32Array(attentionMask.buffer);
+  const positions32 = new Int32Array(positionIds.buffer);
+  rows.forEach((row, r) => {
+    const count = row.tokens.length;
+    const pad = newTokens - count;
+    for (let j = 0; j < newTokens; j++) {
+      const at = (r * newTokens + j) * 2;
+      if (j < pad) {
+        ids32[at] = padTokenId;
+      } else {
+        ids32[at] = row.tokens[j - pad]!;
+        positions32[at] = row.cachedLength + j - pad;
+      }
+    }
+    for (let s = pastLength - row.cachedLength; s < pastLength; s++) mask32[(r * total + s) * 2] = 1;
+    for (let s = pastLength + pad; s < total; s++) mask32[(r * total + s) * 2] = 1;
+  });
+  return { rows: rows.length, pastLength, newTokens, inputIds, attentionMask, positionIds };
+}

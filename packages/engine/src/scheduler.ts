@@ -1,0 +1,122 @@
+/** What the scheduler needs to know about a request (a group of n sibling sequences). */
+export interface SchedulableGroup {
+  readonly promptLength: number;
+  /** Prompt tokens already in the KV cache. */
+  readonly prefilled: number;
+  /** Batch rows the group holds: n until its prompt is prefilled, then its live siblings. */
+  readonly rows: number;
+  /** The most KV slots one of its rows can reach: prompt + max_tokens. */
+  readonly reservedLength: number;
+}
+
+export interface SchedulerLimits {
+  maxBatchSize: number;
+  maxStepTokens: number;
+  maxCachedTokens: number;
+}
+
+/** One prompt chunk to prefill this step: tokens [start, start + length) of the group's prompt. */
+export interface PrefillChunk<G> {
+  group: G;
+  start: number;
+  length: number;
+}
+
+export interface StepPlan<G> {
+  /** Groups admitted from the waiting queue this step (they also appear in `prefill`). */
+  admitted: G[];
+  prefill: Array<PrefillChunk<G>>;
+  /** Rows that decode one token this step. */
+  decodeRows: number;
+}
+
+/**
+ * Iteration-level scheduling: which requests run this step, and how many prompt tokens each gets.
+ *
+ * Every running row decodes one token per step; what is left of the step's token budget goes to
+ * prompt chunks, first to prompts already being prefilled (oldest first), then to newcomers in
+ * arrival order. A newcomer is admitted only while the batch has a free row and the KV cache can
+ * hold the worst case of every admitted request: the batch is left-padded to its longest row, so
+ * the worst case is rows × the longest reservation. The queue is strictly FIFO (no request jumps
+ * an older one that does not fit), so a large request cannot starve. No running request is ever
+ * preempted: what was admitted always fits.
+ */
+export class Scheduler<G extends SchedulableGroup> {
+  readonly #limits: SchedulerLimits;
+  readonly #waiting: G[] = [];
+  readonly #prefilling: G[] = [];
+  readonly #running: G[] = [];
+
+  constructor(limits: SchedulerLimits) {
+    this.#limits = limits;
+  }
+
+  get waiting(): readonly G[] {
+    return this.#waiting;
+  }
+
+  get prefilling(): readonly G[] {
+    return this.#prefilling;
+  }
+
+  get running(): readonly G[] {
+    return this.#running;
+  }
+
+  enqueue(group: G): void {
+    this.#waiting.push(group);
+  }
+
+  /** Moves a group whose prompt is fully prefilled to the decoding set. */
+  markPrefilled(group: G): void {
+    if (remove(this.#prefilling, group)) this.#running.push(group);
+  }
+
+  /** Forgets a finished or aborted group, wherever it is. */
+  remove(group: G): void {
+    remove(this.#waiting, group) || remove(this.#prefilling, group) || remove(this.#running, group);
+  }
+
+  plan(): StepPlan<G> {
+    const { maxBatchSize, maxStepTokens, maxCachedTokens } = this.#limits;
+    let decodeRows = 0;
+    for (const group of this.#running) decodeRows += group.rows;
+    let budget = maxStepTokens - decodeRows;
+    const prefill: Array<PrefillChunk<G>> = [];
+    for (const group of this.#prefilling) {
+      if (budget <= 0) break;
+      const length = Math.min(group.promptLength - group.prefilled, budget);
+      prefill.push({ group, start: group.prefilled, length });
+      budget -= length;
+    }
+
+    let rows = decodeRows;
+    let longest = 0;
+    for (const group of this.#prefilling) rows += group.rows;
+    for (const group of [...this.#running, ...this.#prefilling]) longest = Math.max(longest, group.reservedLength);
+    const admitted: G[] = [];
+    while (budget > 0) {
+      const next = this.#waiting[0];
+      if (next === undefined) break;
+      const nextRows = rows + next.rows;
+      const nextLongest = Math.max(longest, next.reservedLength);
+      if (nextRows > maxBatchSize || nextRows * nextLongest > maxCachedTokens) break;
+      this.#waiting.shift();
+      this.#prefilling.push(next);
+      admitted.push(next);
+      rows = nextRows;
+      longest = nextLongest;
+      const length = Math.min(next.promptLength, budget);
+      prefill.push({ group: next, start: 0, length });
+      budget -= length;
+    }
+    return { admitted, prefill, decodeRows };
+  }
+}
+
+function remove<T>(list: T[], item: T): boolean {
+  const at = list.indexOf(item);
+  if (at < 0) return false;
+  list.splice(at, 1);
+  return true;
+}

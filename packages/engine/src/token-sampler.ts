@@ -1,0 +1,192 @@
+import type { ResolvedSampling } from './resolve-request.js';
+import type { SeededRandom } from './seeded-random.js';
+
+/** One chosen token, with its logprob under the model's raw distribution when asked for. */
+export interface SampledToken {
+  tokenId: number;
+  logprob?: number;
+  topLogprobs?: Array<{ tokenId: number; logprob: number }>;
+}
+
+/** Temperatures below this are greedy (vLLM's threshold). */
+const GREEDY_TEMPERATURE = 1e-5;
+
+// Sampling runs synchronously, one sequence at a time, so these buffers are shared by all samplers.
+let scores = new Float32Array(0);
+let weights = new Float64Array(0);
+let candidates = new Int32Array(0);
+
+/**
+ * Picks the next token of ONE sequence from its logits row. Everything it reads is the sequence's
+ * own: its row, its output token counts, its generator; so its choice does not depend on the
+ * other sequences of the batch.
+ *
+ * Order (vLLM's): repetition penalty (prompt + output tokens), frequency and presence penalties
+ * (output tokens), then greedy argmax, or temperature → min_p → top_k → top_p → draw.
+ * Logprobs are those of the raw model distribution (before penalties and temperature), as vLLM
+ * reports them by default.
+ */
+export class TokenSampler {
+  readonly #params: ResolvedSampling;
+  readonly #promptTokens: ReadonlySet<number>;
+  readonly #random: SeededRandom;
+  readonly #outputCounts = new Map<number, number>();
+  readonly #penalized: boolean;
+
+  /**
+   * @param promptTokens distinct prompt token ids (shared by siblings; only read)
+   */
+  constructor(params: ResolvedSampling, promptTokens: ReadonlySet<number>, random: SeededRandom) {
+    this.#params = params;
+    this.#promptTokens = promptTokens;
+    this.#random = random;
+    this.#penalized =
+      params.repetitionPenalty !== 1 || params.frequencyPenalty !== 0 || params.presencePenalty !== 0;
+  }
+
+  sample(logits: Float32Array, offset: number, vocabSize: number): SampledToken {
+    const row = logits.subarray(offset, offset + vocabSize);
+    const p = this.#params;
+    let source: Float32Array = row;
+    if (this.#penalized) {
+      source = this.#penalize(row);
+    }
+    const tokenId = p.temperature < GREEDY_TEMPERATURE ? argmax(source) : this.#draw(source);
+    this.#outputCounts.set(tokenId, (this.#outputCounts.get(tokenId) ?? 0) + 1);
+
+    if (!p.logprobs) return { tokenId };
+    const lse = logSumExp(row);
+    const sampled: SampledToken = { tokenId, logprob: row[tokenId]! - lse };
+    if (p.topLogprobs > 0) {
+      sampled.topLogprobs = topIndices(row, p.topLogprobs).map((id) => ({ tokenId: id, logprob: row[id]! - lse }));
+    }
+    return sampled;
+  }
+
+  #penalize(row: Float32Array): Float32Array {
+    if (scores.length < row.length) scores = new Float32Array(row.length);
+    const out = scores.subarray(0, row.length);
+    out.set(row);
+    const { repetitionPenalty, frequencyPenalty, presencePenalty } = this.#params;
+    if (repetitionPenalty !== 1) {
+      const apply = (id: number): void => {
+        const value = out[id]!;
+        out[id] = value > 0 ? value / repetitionPenalty : value * repetitionPenalty;
+      };
+      for (const id of this.#promptTokens) apply(id);
+      for (const id of this.#outputCounts.keys()) if (!this.#promptTokens.has(id)) apply(id);
+    }
+    if (frequencyPenalty !== 0 || presencePenalty !== 0) {
+      for (const [id, count] of this.#outputCounts) {
+        out[id] = out[id]! - frequencyPenalty * count - presencePenalty;
+      }
+    }
+    return out;
+  }
+
+  #draw(source: Float32Array): number {
+    const { temperature, minP, topK, topP } = this.#params;
+    const size = source.length;
+    if (weights.length < size) {
+      weights = new Float64Array(size);
+      candidates = new Int32Array(size);
+    }
+    let max = -Infinity;
+    for (let i = 0; i < size; i++) if (source[i]! > max) max = source[i]!;
+    if (max === -Infinity || Number.isNaN(max)) return argmax(source);
+
+    // Unnormalized probabilities: the best token weighs 1, so min_p compares weights directly.
+    const invTemperature = 1 / temperature;
+    let count = 0;
+    let total = 0;
+    for (let i = 0; i < size; i++) {
+      const w = Math.exp((source[i]! - max) * invTemperature);
+      weights[i] = w;
+      if (w > 0 && w >= minP) {
+        candidates[count++] = i;
+        total += w;
+      }
+    }
+    if (topP < 1 && topK <= 0) {
+      // Candidates below this floor weigh less than (1 - top_p) of the total together, so the
+      // nucleus lies among the others: dropping them first only shrinks what must be sorted.
+      const floor = ((1 - topP) * total) / count;
+      let kept = 0;
+      for (let j = 0; j < count; j++) {
+        const id = candidates[j]!;
+        if (weights[id]! >= floor) candidates[kept++] = id;
+      }
+      count = kept;
+    }
+
+    let chosen = candidates.subarray(0, count);
+    if ((topK > 0 && topK < count) || topP < 1) {
+      const ordered = Array.from(chosen).sort((a, b) => weights[b]! - weights[a]! || a - b);
+      if (topK > 0 && topK < ordered.length) ordered.length = topK;
+      if (topP < 1) {
+        let kept = 0;
+        for (const id of ordered) kept += weights[id]!;
+        const target = topP * kept;
+        let cumulative = 0;
+        let keep = 0;
+        while (keep < ordered.length) {
+          cumulative += weights[ordered[keep]!]!;
+          keep++;
+          if (cumulative >= target) break;
+        }
+        ordered.length = keep;
+      }
+      chosen = Int32Array.from(ordered);
+    }
+
+    let sum = 0;
+    for (const id of chosen) sum += weights[id]!;
+    const u = this.#random.next() * sum;
+    let cumulative = 0;
+    for (const id of chosen) {
+      cumulative += weights[id]!;
+      if (cumulative > u) return id;
+    }
+    return chosen[chosen.length - 1] ?? argmax(source);
+  }
+}
+
+/** Index of the largest value; the lowest index wins ties; NaN never wins. */
+export function argmax(values: Float32Array): number {
+  let best = 0;
+  let bestValue = -Infinity;
+  for (let i = 0; i < values.length; i++) {
+    const value = values[i]!;
+    if (value > bestValue) {
+      bestValue = value;
+      best = i;
+    }
+  }
+  return best;
+}
+
+/** log Σ exp(values), computed in float64. */
+export function logSumExp(values: Float32Array): number {
+  let max = -Infinity;
+  for (let i = 0; i < values.length; i++) if (values[i]! > max) max = values[i]!;
+  if (max === -Infinity) return -Infinity;
+  let sum = 0;
+  for (let i = 0; i < values.length; i++) sum += Math.exp(values[i]! - max);
+  return max + Math.log(sum);
+}
+
+/** Indices of the k largest values, largest first (lower index first on ties). */
+export function topIndices(values: Float32Array, k: number): number[] {
+  const ids: number[] = [];
+  for (let i = 0; i < values.length; i++) {
+    const value = values[i]!;
+    if (ids.length === k) {
+      if (!(value > values[ids[k - 1]!]!)) continue;
+      ids.pop();
+    }
+    let at = ids.length;
+    while (at > 0 && value > values[ids[at - 1]!]!) at--;
+    ids.splice(at, 0, i);
+  }
+  return ids;
+}

@@ -1,0 +1,144 @@
+/**
+ * Public types of the engine: one model, many concurrent requests, continuous batching.
+ * The engine imports no Redis, BullMQ, HTTP or prom-client code: it yields numbers, callers record them.
+ */
+
+export type ExecutionProvider = 'cpu' | 'cuda' | 'webgpu';
+
+/** Options of {@link createEngine}. */
+export interface EngineOptions {
+  /** Model directory (Hugging Face / Optimum layout). */
+  modelDir: string;
+  /** Max sequences decoded together in one step. @defaultValue 32 */
+  maxBatchSize?: number;
+  /** Max tokens (prefill chunk tokens + one per decoding sequence) fed to the model in one step. @defaultValue 512 */
+  maxStepTokens?: number;
+  /** Cap on tokens held in the KV cache over all sequences; requests that do not fit wait. @defaultValue maxBatchSize × context length */
+  maxCachedTokens?: number;
+  /** onnxruntime execution provider. @defaultValue 'cpu' */
+  executionProvider?: ExecutionProvider;
+  /** onnxruntime intra-op threads (0 = onnxruntime's default). @defaultValue 0 */
+  intraOpThreads?: number;
+  /** onnxruntime inter-op threads (0 = onnxruntime's default). @defaultValue 0 */
+  interOpThreads?: number;
+}
+
+/** Sampling and stopping parameters of one request (OpenAI / vLLM semantics). */
+export interface SamplingParams {
+  /** @defaultValue 16 */
+  maxTokens?: number;
+  /** 0 means greedy. @defaultValue 1 */
+  temperature?: number;
+  /** @defaultValue 1 */
+  topP?: number;
+  /** 0 or -1 disables. @defaultValue 0 */
+  topK?: number;
+  /** @defaultValue 0 */
+  minP?: number;
+  /** @defaultValue 0 */
+  presencePenalty?: number;
+  /** @defaultValue 0 */
+  frequencyPenalty?: number;
+  /** @defaultValue 1 */
+  repetitionPenalty?: number;
+  /** Per-request generator seed: the same seed gives the same tokens whatever else is in the batch. */
+  seed?: number;
+  /** Return the sampled token's logprob. */
+  logprobs?: boolean;
+  /** Also return this many most likely alternatives per position (0–20). */
+  topLogprobs?: number;
+  stop?: string[];
+  stopTokenIds?: number[];
+  ignoreEos?: boolean;
+  /** Sibling sequences sharing the prompt's prefill. @defaultValue 1 */
+  n?: number;
+}
+
+export interface GenerateRequest {
+  /** Caller's request id, echoed in errors and logs. */
+  id: string;
+  /** Prompt token ids (the caller applies the chat template and tokenizes). */
+  promptTokenIds: number[];
+  sampling: SamplingParams;
+}
+
+export interface TokenLogprob {
+  tokenId: number;
+  token: string;
+  logprob: number;
+  topLogprobs?: Array<{ tokenId: number; token: string; logprob: number }>;
+}
+
+export type FinishReason = 'stop' | 'length' | 'abort' | 'error';
+
+export interface Usage {
+  promptTokens: number;
+  completionTokens: number;
+}
+
+export interface RequestTimings {
+  /** Submitted → first scheduled. */
+  queueMs: number;
+  /** First scheduled → prompt fully prefilled. */
+  prefillMs: number;
+  /** Submitted → first token sampled. */
+  firstTokenMs: number;
+}
+
+/** Events of one request, in order. All events of one engine step are delivered in the same macrotask. */
+export type EngineEvent =
+  | {
+      type: 'text-delta';
+      /** Choice index (0..n-1). */
+      index: number;
+      tokenIds: number[];
+      text: string;
+      logprobs?: TokenLogprob[];
+    }
+  | { type: 'text-end'; index: number; finishReason: FinishReason }
+  | { type: 'finish'; usage: Usage; timings: RequestTimings; error?: { code: EngineErrorCode; message: string } };
+
+export type EngineErrorCode =
+  | 'context_length_exceeded'
+  | 'invalid_request'
+  | 'provider_unavailable'
+  | 'engine_closed'
+  | 'internal';
+
+/** Numbers about one engine step, for the caller's metrics. */
+export interface StepStats {
+  phase: 'prefill' | 'decode' | 'mixed';
+  batchSize: number;
+  /** Tokens fed to the model this step. */
+  stepTokens: number;
+  /** Whole step wall time (schedule + pack + run + sample + detokenize). */
+  stepMs: number;
+  /** Time inside session.run(). */
+  modelMs: number;
+  running: number;
+  waiting: number;
+  cachedTokens: number;
+  maxCachedTokens: number;
+  promptTokens: number;
+  generationTokens: number;
+}
+
+export interface EngineInfo {
+  modelId: string;
+  maxContextLength: number;
+  maxBatchSize: number;
+  executionProvider: ExecutionProvider;
+}
+
+export interface Engine {
+  readonly info: EngineInfo;
+  /**
+   * Streams one request's events. Throws EngineError at once for a request that can never fit
+   * (prompt + max_tokens beyond the context length) or has invalid parameters. Aborting the signal
+   * removes the request at the next step boundary; the stream then ends with finish reason 'abort'.
+   */
+  generate(request: GenerateRequest, signal?: AbortSignal): AsyncIterable<EngineEvent>;
+  /** Called after every step with its numbers. Returns an unsubscribe function. */
+  onStep(listener: (stats: StepStats) => void): () => void;
+  close(): Promise<void>;
+}

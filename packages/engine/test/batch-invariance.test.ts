@@ -1,0 +1,132 @@
+import { ensureBuiltinModel } from '@sluice/model';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { createEngine, type Engine, type GenerateRequest, type SamplingParams, type StepStats } from '../src/index.js';
+import { collect, type Collected } from './support/collect.js';
+
+/**
+ * The core property: a request's tokens do not depend on what else shares its batch. Dozens of
+ * requests arrive staggered into an engine with a small batch, a small step budget (long prompts
+ * are prefilled in chunks while others decode) and a small KV cap (requests wait); each one's
+ * greedy and seeded-sampled tokens must equal what it gets running alone on an engine that
+ * prefills every prompt in one call.
+ */
+
+interface Case {
+  request: GenerateRequest;
+  arrivalMs: number;
+  /** Abort after this many tokens. */
+  cancelAfter?: number;
+}
+
+let batched: Engine;
+let alone: Engine;
+
+beforeAll(async () => {
+  const modelDir = await ensureBuiltinModel('tiny');
+  [batched, alone] = await Promise.all([
+    createEngine({ modelDir, maxBatchSize: 8, maxStepTokens: 40, maxCachedTokens: 1200, intraOpThreads: 1 }),
+    createEngine({ modelDir, maxBatchSize: 8, maxStepTokens: 2048, intraOpThreads: 1 }),
+  ]);
+});
+
+afterAll(async () => {
+  await Promise.all([batched?.close(), alone?.close()]);
+});
+
+function random(seed: number): () => number {
+  let a = seed >>> 0;
+  return () => {
+    a = (a + 0x6d2b79f5) | 0;
+    let t = Math.imul(a ^ (a >>> 15), 1 | a);
+    t = (t + Math.imul(t ^ (t >>> 7), 61 | t)) ^ t;
+    return ((t ^ (t >>> 14)) >>> 0) / 4_294_967_296;
+  };
+}
+
+function makeCases(count: number): Case[] {
+  const rand = random(2024);
+  const pick = (min: number, max: number) => min + Math.floor(rand() * (max - min + 1));
+  return Array.from({ length: count }, (_, i) => {
+    const promptLength = i % 6 === 0 ? pick(90, 200) : pick(2, 40);
+    const promptTokenIds = Array.from({ length: promptLength }, () => pick(3, 1023));
+    const kind = i % 4;
+    const sampling: SamplingParams = { maxTokens: pick(4, 48), ignoreEos: i % 5 !== 0 };
+    if (kind === 0 || kind === 1) {
+      sampling.temperature = 0;
+    } else {
+      Object.assign(sampling, {
+        temperature: 0.6 + rand(),
+        topP: kind === 2 ? 0.9 : 1,
+        topK: kind === 3 ? 40 : 0,
+        minP: kind === 3 ? 0.02 : 0,
+        seed: pick(0, 1e9),
+        presencePenalty: kind === 2 ? 0.5 : 0,
+        frequencyPenalty: kind === 3 ? 0.3 : 0,
+        repetitionPenalty: kind === 2 ? 1.2 : 1,
+        n: i % 7 === 3 ? 2 : 1,
+      });
+    }
+    if (i % 9 === 4) sampling.logprobs = true;
+    const entry: Case = { request: { id: `case-${i}`, promptTokenIds, sampling }, arrivalMs: Math.floor(rand() * 250) };
+    if (i % 8 === 5) entry.cancelAfter = pick(1, 6);
+    return entry;
+  });
+}
+
+/** Adds stop strings / stop token ids taken from each request's own free-running output, so they fire. */
+async function addStops(cases: Case[]): Promise<void> {
+  for (const [i, entry] of cases.entries()) {
+    if (i % 5 !== 2 && i % 5 !== 3) continue;
+    const free = await collect(alone.generate(entry.request));
+    const tokens = free.tokens[0]!;
+    const text = free.texts[0]!;
+    if (i % 5 === 2 && text.length > 8) entry.request.sampling.stop = [text.slice(text.length / 2, text.length / 2 + 2), 'zzzz'];
+    if (i % 5 === 3 && tokens.length > 3) entry.request.sampling.stopTokenIds = [tokens[Math.floor(tokens.length / 2)]!];
+  }
+}
+
+describe('batch invariance', () => {
+  it('gives every request, batched with staggered others, the tokens it gets alone (greedy, seeded sampling, stops, cancels, n = 2)', async () => {
+    const cases = makeCases(40);
+    await addStops(cases);
+
+    const reference: Collected[] = [];
+    for (const { request } of cases) reference.push(await collect(alone.generate(request)));
+
+    const steps: StepStats[] = [];
+    const off = batched.onStep((stats) => steps.push(stats));
+    const results = await Promise.all(
+      cases.map(async ({ request, arrivalMs, cancelAfter }) => {
+        await new Promise((resolve) => setTimeout(resolve, arrivalMs));
+        const controller = new AbortController();
+        return collect(batched.generate(request, controller.signal), (count) => {
+          if (count === cancelAfter) controller.abort();
+        });
+      }),
+    );
+    off();
+
+    for (const [i, { request, cancelAfter }] of cases.entries()) {
+      const got = results[i]!;
+      const want = reference[i]!;
+      if (cancelAfter !== undefined && got.endReasons.includes('abort')) {
+        got.tokens.forEach((tokens, index) => expect(tokens, request.id).toEqual(want.tokens[index]!.slice(0, tokens.length)));
+        continue;
+      }
+      expect(got.tokens, request.id).toEqual(want.tokens);
+      expect(got.texts, request.id).toEqual(want.texts);
+      expect(got.endReasons, request.id).toEqual(want.endReasons);
+      if (request.sampling.logprobs === true) {
+        got.logprobs[0]!.forEach((entry, t) => expect(entry.logprob).toBeCloseTo(want.logprobs[0]![t]!.logprob, 3));
+      }
+    }
+
+    // The run exercised what it claims to: concurrency, chunked prefill next to decode, waiting, stops, cancels.
+    expect(Math.max(...steps.map((stats) => stats.batchSize))).toBeGreaterThanOrEqual(6);
+    expect(steps.some((stats) => stats.phase === 'mixed')).toBe(true);
+    expect(steps.some((stats) => stats.waiting > 0)).toBe(true);
+    expect(results.filter((result) => result.endReasons.includes('abort')).length).toBeGreaterThanOrEqual(3);
+    expect(results.filter((result) => result.endReasons.includes('stop')).length).toBeGreaterThanOrEqual(6);
+    expect(steps.at(-1)?.cachedTokens).toBe(0);
+  });
+});

@@ -1,0 +1,31 @@
+import { ensureBuiltinModel } from '@sluice/model';
+import { describe, expect, it } from 'vitest';
+import { createEngine, type StepStats } from '../src/index.js';
+import { collect } from './support/collect.js';
+
+describe('the engine thread', () => {
+  it('keeps the host thread free: a timer keeps firing while long steps run', async () => {
+    // The bench model prefilling a long prompt in one step: a step far longer than the timer period.
+    // One onnxruntime thread leaves the second core to the host (and to whatever else shares this machine).
+    const engine = await createEngine({ modelDir: await ensureBuiltinModel('bench'), maxStepTokens: 1024, intraOpThreads: 1 });
+    try {
+      const steps: StepStats[] = [];
+      engine.onStep((stats) => steps.push(stats));
+      const ticks: number[] = [];
+      const timer = setInterval(() => ticks.push(performance.now()), 5);
+      const promptTokenIds = Array.from({ length: 600 }, (_, i) => 3 + ((i * 7919) % 4000));
+      const result = await collect(engine.generate({ id: 'long', promptTokenIds, sampling: { maxTokens: 2, temperature: 0 } }));
+      clearInterval(timer);
+
+      expect(result.finish.usage.completionTokens).toBe(2);
+      const longest = Math.max(...steps.map((stats) => stats.stepMs));
+      const gaps = ticks.slice(1).map((tick, i) => tick - ticks[i]!);
+      // Had the step run on this thread, one gap would be as long as the step.
+      expect(longest).toBeGreaterThan(300);
+      expect(Math.max(...gaps)).toBeLessThan(longest / 4);
+      expect(ticks.length).toBeGreaterThan(longest / 5 / 4);
+    } finally {
+      await engine.close();
+    }
+  });
+});

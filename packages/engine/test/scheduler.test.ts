@@ -1,0 +1,123 @@
+import { describe, expect, it } from 'vitest';
+import { Scheduler, type SchedulableGroup } from '../src/scheduler.js';
+
+class Group implements SchedulableGroup {
+  prefilled = 0;
+  rows: number;
+  constructor(
+    readonly name: string,
+    readonly promptLength: number,
+    maxTokens: number,
+    n = 1,
+  ) {
+    this.rows = n;
+    this.reservedLength = promptLength + maxTokens;
+  }
+  readonly reservedLength: number;
+}
+
+/** Applies a plan the way the engine does: chunks advance prefill; complete prompts start decoding. */
+function runStep(scheduler: Scheduler<Group>) {
+  const plan = scheduler.plan();
+  for (const chunk of plan.prefill) {
+    chunk.group.prefilled += chunk.length;
+    if (chunk.group.prefilled === chunk.group.promptLength) scheduler.markPrefilled(chunk.group);
+  }
+  return plan;
+}
+
+const limits = { maxBatchSize: 4, maxStepTokens: 16, maxCachedTokens: 10_000 };
+
+describe('Scheduler', () => {
+  it('admits newcomers in arrival order while the step budget lasts', () => {
+    const scheduler = new Scheduler<Group>(limits);
+    const [a, b, c] = [new Group('a', 5, 4), new Group('b', 5, 4), new Group('c', 10, 4)];
+    for (const group of [a, b, c]) scheduler.enqueue(group);
+    const plan = runStep(scheduler);
+    expect(plan.admitted.map((g) => g.name)).toEqual(['a', 'b', 'c']);
+    expect(plan.prefill.map((chunk) => [chunk.group.name, chunk.start, chunk.length])).toEqual([
+      ['a', 0, 5],
+      ['b', 0, 5],
+      ['c', 0, 6],
+    ]);
+    expect(plan.decodeRows).toBe(0);
+  });
+
+  it('gives running rows one decode token each and the rest of the budget to prompt chunks', () => {
+    const scheduler = new Scheduler<Group>(limits);
+    const short = new Group('short', 3, 8);
+    scheduler.enqueue(short);
+    runStep(scheduler);
+    const long = new Group('long', 40, 8);
+    scheduler.enqueue(long);
+    const chunks: number[] = [];
+    for (let step = 0; step < 3; step++) {
+      const plan = runStep(scheduler);
+      expect(plan.decodeRows).toBe(1); // the short request keeps decoding during the long prefill
+      chunks.push(...plan.prefill.map((chunk) => chunk.length));
+    }
+    expect(chunks).toEqual([15, 15, 10]);
+    expect(scheduler.running).toEqual([short, long]);
+  });
+
+  it('starts a newcomer at the next step even when others are mid-generation', () => {
+    const scheduler = new Scheduler<Group>(limits);
+    const first = new Group('first', 4, 100);
+    scheduler.enqueue(first);
+    runStep(scheduler);
+    runStep(scheduler);
+    const late = new Group('late', 4, 4);
+    scheduler.enqueue(late);
+    const plan = runStep(scheduler);
+    expect(plan.admitted).toEqual([late]);
+    expect(scheduler.running).toEqual([first, late]);
+  });
+
+  it('keeps a request waiting while the batch has no free row, and admits it when one frees', () => {
+    const scheduler = new Scheduler<Group>({ ...limits, maxBatchSize: 3 });
+    const pair = new Group('pair', 2, 4, 2);
+    const one = new Group('one', 2, 4);
+    const next = new Group('next', 2, 4);
+    for (const group of [pair, one, next]) scheduler.enqueue(group);
+    expect(runStep(scheduler).admitted).toEqual([pair, one]);
+    expect(runStep(scheduler).admitted).toEqual([]);
+    scheduler.remove(one);
+    expect(runStep(scheduler).admitted).toEqual([next]);
+  });
+
+  it('admits only what the KV cap holds in the worst case (rows × longest reservation)', () => {
+    const scheduler = new Scheduler<Group>({ ...limits, maxCachedTokens: 100 });
+    const a = new Group('a', 10, 30); // 40 slots
+    const b = new Group('b', 5, 5); // alone 10, but the batch pads it to 40: 2 × 40 = 80
+    const c = new Group('c', 5, 5); // 3 × 40 = 120 > 100: waits
+    for (const group of [a, b, c]) scheduler.enqueue(group);
+    expect(runStep(scheduler).admitted).toEqual([a, b]);
+    expect(scheduler.waiting).toEqual([c]);
+    scheduler.remove(a);
+    expect(runStep(scheduler).admitted).toEqual([c]);
+  });
+
+  it('never lets a later request overtake the head of the queue', () => {
+    const scheduler = new Scheduler<Group>({ ...limits, maxCachedTokens: 100 });
+    const running = new Group('running', 10, 40);
+    scheduler.enqueue(running);
+    runStep(scheduler);
+    const big = new Group('big', 10, 50); // 2 × 60 > 100
+    const small = new Group('small', 1, 1); // would fit, but must not pass big
+    scheduler.enqueue(big);
+    scheduler.enqueue(small);
+    expect(runStep(scheduler).admitted).toEqual([]);
+  });
+
+  it('forgets removed groups wherever they are', () => {
+    const scheduler = new Scheduler<Group>(limits);
+    const [a, b, c] = [new Group('a', 30, 1), new Group('b', 2, 1), new Group('c', 2, 1)];
+    scheduler.enqueue(a);
+    scheduler.enqueue(b);
+    runStep(scheduler); // the whole budget goes to a: b still waits
+    scheduler.enqueue(c);
+    scheduler.remove(a);
+    scheduler.remove(c);
+    expect([...scheduler.waiting, ...scheduler.prefilling, ...scheduler.running]).toEqual([b]);
+  });
+});

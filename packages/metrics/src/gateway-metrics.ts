@@ -1,0 +1,216 @@
+import { Counter, Gauge, Histogram, Registry } from 'prom-client';
+import {
+  E2E_REQUEST_LATENCY_BUCKETS,
+  INTER_TOKEN_LATENCY_BUCKETS,
+  QUEUE_TIME_BUCKETS,
+  TIME_TO_FIRST_TOKEN_BUCKETS,
+} from './buckets.js';
+import { ensureDefaultMetrics } from './default-metrics.js';
+import { RequestTracker, type RequestOutcome, type RequestStage } from './request-tracker.js';
+
+/** Kinds of SSE frames, counted apart so heartbeats do not hide in the content traffic. */
+export type SseEventKind = 'chunk' | 'heartbeat' | 'error' | 'done';
+
+const SSE_EVENT_KINDS: readonly SseEventKind[] = ['chunk', 'heartbeat', 'error', 'done'];
+const REQUEST_STAGES: readonly RequestStage[] = ['queued', 'prefill', 'decode'];
+const REQUEST_OUTCOMES: readonly RequestOutcome[] = ['stop', 'length', 'disconnect', 'timeout', 'error'];
+
+export interface GatewayMetricsOptions {
+  /** Monotonic clock in milliseconds, for tests. @defaultValue performance.now */
+  now?: () => number;
+}
+
+export interface TrackRequestOptions {
+  /** Whether the client asked for an SSE stream. Only streams count as active streams and get TTFT/ITL. */
+  stream: boolean;
+  /**
+   * When the request reached the gateway, on the `now` clock. Take it before reading and validating the
+   * body, so that TTFT and end-to-end latency include them. @defaultValue now()
+   */
+  receivedAt?: number;
+}
+
+/** Metrics of one gateway process. Create one per process and serve `registry` on `GET /metrics`. */
+export interface GatewayMetrics {
+  readonly registry: Registry;
+  readonly requests: Counter<'route' | 'status'>;
+  readonly activeStreams: Gauge;
+  readonly timeToFirstToken: Histogram;
+  readonly interTokenLatency: Histogram;
+  readonly e2eRequestLatency: Histogram;
+  readonly requestQueueTime: Histogram;
+  readonly requestOutcomes: Counter<'outcome'>;
+  readonly disconnects: Counter<'stage'>;
+  readonly timeouts: Counter<'kind'>;
+  readonly streamErrors: Counter<'code'>;
+  readonly streamGaps: Counter;
+  readonly streamTokens: Counter;
+  readonly sseEvents: Counter<'kind'>;
+  readonly sseBytes: Counter<'kind'>;
+  readonly rejected: Counter<'reason'>;
+  /**
+   * Counts one HTTP response. `route` is the route pattern (`/v1/chat/completions`), never the raw
+   * path, so that the label stays low-cardinality.
+   */
+  countRequest(route: string, status: number): void;
+  /** Counts one SSE frame of `bytes` bytes (UTF-8 length of the whole frame, `\n\n` included). */
+  sseWritten(kind: SseEventKind, bytes: number): void;
+  /**
+   * Starts timing one accepted completion request (after validation and admission; a rejected request
+   * is counted with `rejected` instead). The tracker records queue time, TTFT, inter-token latency,
+   * end-to-end latency, tokens written and how the request ended.
+   */
+  trackRequest(options: TrackRequestOptions): RequestTracker;
+}
+
+/**
+ * Creates the gateway's metrics in `registry` (a fresh one by default), with Node's default process
+ * metrics (added once per registry). Nothing is registered until this is called.
+ */
+export function createGatewayMetrics(
+  registry: Registry = new Registry(),
+  options: GatewayMetricsOptions = {},
+): GatewayMetrics {
+  ensureDefaultMetrics(registry);
+  const registers = [registry];
+  const now = options.now ?? (() => performance.now());
+
+  const requests = new Counter({
+    name: 'sluice_gateway_requests_total',
+    help: 'HTTP responses of the gateway, by route pattern and status code.',
+    labelNames: ['route', 'status'] as const,
+    registers,
+  });
+  const activeStreams = new Gauge({
+    name: 'sluice_gateway_active_streams',
+    help: 'SSE streams currently open to clients.',
+    registers,
+  });
+  const timeToFirstToken = new Histogram({
+    name: 'sluice_time_to_first_token_seconds',
+    help: 'Time to first token as the client sees it: request received to the first content chunk written (streams only).',
+    buckets: [...TIME_TO_FIRST_TOKEN_BUCKETS],
+    registers,
+  });
+  const interTokenLatency = new Histogram({
+    name: 'sluice_inter_token_latency_seconds',
+    help: 'Time between two consecutive content chunks written to one client stream (one observation per chunk after the first).',
+    buckets: [...INTER_TOKEN_LATENCY_BUCKETS],
+    registers,
+  });
+  const e2eRequestLatency = new Histogram({
+    name: 'sluice_e2e_request_latency_seconds',
+    help: 'End-to-end latency of requests that finished with stop or length: request received to the last byte written.',
+    buckets: [...E2E_REQUEST_LATENCY_BUCKETS],
+    registers,
+  });
+  const requestQueueTime = new Histogram({
+    name: 'sluice_request_queue_time_seconds',
+    help: 'Time from a request being received to a worker starting it (queue wait plus engine wait, as the gateway learns it).',
+    buckets: [...QUEUE_TIME_BUCKETS],
+    registers,
+  });
+  const requestOutcomes = new Counter({
+    name: 'sluice_gateway_request_outcomes_total',
+    help: 'Accepted completion requests by how they ended: stop, length, disconnect, timeout or error.',
+    labelNames: ['outcome'] as const,
+    registers,
+  });
+  const disconnects = new Counter({
+    name: 'sluice_gateway_disconnects_total',
+    help: 'Clients that went away before their request ended, by the stage it was in: queued, prefill or decode.',
+    labelNames: ['stage'] as const,
+    registers,
+  });
+  const timeouts = new Counter({
+    name: 'sluice_gateway_timeouts_total',
+    help: 'Requests the gateway ended because a deadline passed, by kind: queue, idle or deadline.',
+    labelNames: ['kind'] as const,
+    registers,
+  });
+  const streamErrors = new Counter({
+    name: 'sluice_gateway_stream_errors_total',
+    help: 'Accepted requests that ended in an error other than a timeout (an error frame after the 200, or an error reply), by error code.',
+    labelNames: ['code'] as const,
+    registers,
+  });
+  const streamGaps = new Counter({
+    name: 'sluice_gateway_stream_gaps_total',
+    help: 'Missing sequence numbers detected in the delta messages of a request (lost pub/sub messages).',
+    registers,
+  });
+  const streamTokens = new Counter({
+    name: 'sluice_gateway_stream_tokens_total',
+    help: 'Completion tokens written to clients, streaming and non-streaming, all choices.',
+    registers,
+  });
+  const sseEvents = new Counter({
+    name: 'sluice_gateway_sse_events_total',
+    help: 'SSE frames written to clients, by kind: chunk, heartbeat, error or done.',
+    labelNames: ['kind'] as const,
+    registers,
+  });
+  const sseBytes = new Counter({
+    name: 'sluice_gateway_sse_bytes_total',
+    help: 'Bytes of SSE frames written to clients, by kind of frame.',
+    labelNames: ['kind'] as const,
+    registers,
+  });
+  const rejected = new Counter({
+    name: 'sluice_gateway_rejected_total',
+    help: 'Requests refused before any work started, by reason (the gateway error code; queue_full is the 429).',
+    labelNames: ['reason'] as const,
+    registers,
+  });
+
+  // Series that exist from the first scrape, so rate() and increase() see their first increment.
+  for (const stage of REQUEST_STAGES) disconnects.labels(stage).inc(0);
+  for (const outcome of REQUEST_OUTCOMES) requestOutcomes.labels(outcome).inc(0);
+  // The SSE write path runs per chunk per client: bind the children once instead of hashing labels.
+  const sseEventsByKind = new Map(SSE_EVENT_KINDS.map((kind) => [kind, sseEvents.labels(kind)]));
+  const sseBytesByKind = new Map(SSE_EVENT_KINDS.map((kind) => [kind, sseBytes.labels(kind)]));
+  for (const child of sseEventsByKind.values()) child.inc(0);
+  for (const child of sseBytesByKind.values()) child.inc(0);
+
+  const instruments = {
+    activeStreams,
+    timeToFirstToken,
+    interTokenLatency,
+    e2eRequestLatency,
+    requestQueueTime,
+    requestOutcomes,
+    disconnects,
+    timeouts,
+    streamErrors,
+    streamTokens,
+  };
+
+  return {
+    registry,
+    requests,
+    activeStreams,
+    timeToFirstToken,
+    interTokenLatency,
+    e2eRequestLatency,
+    requestQueueTime,
+    requestOutcomes,
+    disconnects,
+    timeouts,
+    streamErrors,
+    streamGaps,
+    streamTokens,
+    sseEvents,
+    sseBytes,
+    rejected,
+    countRequest(route, status) {
+      requests.labels(route, String(status)).inc();
+    },
+    sseWritten(kind, bytes) {
+      sseEventsByKind.get(kind)?.inc();
+      sseBytesByKind.get(kind)?.inc(bytes);
+    },
+    trackRequest({ stream, receivedAt }) {
+      return new RequestTracker(instruments, now, stream, receivedAt ?? now());
+    },
+  };
+}

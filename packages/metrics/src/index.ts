@@ -1,0 +1,21 @@
+export * from './buckets.js';
+export {
+  createGatewayMetrics,
+  type GatewayMetrics,
+  type GatewayMetricsOptions,
+  type SseEventKind,
+  type TrackRequestOptions,
+} from './gateway-metrics.js';
+export { RequestTracker, type RequestOutcome, type RequestStage } from './request-tracker.js';
+export {
+  QUEUE_JOB_STATES,
+  createWorkerMetrics,
+  type EngineStepStats,
+  type FinishReason,
+  type FinishedRequestStats,
+  type QueueDepth,
+  type QueueJobState,
+  type StepPhase,
+  type WorkerMetrics,
+} from './worker-metrics.js';
+export { Registry } from 'prom-client';

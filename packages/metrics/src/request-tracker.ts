@@ -1,0 +1,130 @@
+import type { Counter, Gauge, Histogram } from 'prom-client';
+
+/** Where a request is when the client leaves: waiting for a worker, prefilling, or decoding. */
+export type RequestStage = 'queued' | 'prefill' | 'decode';
+
+/** How an accepted request ended, as `sluice_gateway_request_outcomes_total{outcome}` counts it. */
+export type RequestOutcome = 'stop' | 'length' | 'disconnect' | 'timeout' | 'error';
+
+/** The gateway instruments a tracker writes to. */
+export interface RequestInstruments {
+  activeStreams: Gauge;
+  timeToFirstToken: Histogram;
+  interTokenLatency: Histogram;
+  e2eRequestLatency: Histogram;
+  requestQueueTime: Histogram;
+  requestOutcomes: Counter<'outcome'>;
+  disconnects: Counter<'stage'>;
+  timeouts: Counter<'kind'>;
+  streamErrors: Counter<'code'>;
+  streamTokens: Counter;
+}
+
+/**
+ * Times one accepted request through the gateway. Made by `GatewayMetrics.trackRequest()`.
+ *
+ * The first of `finish`, `disconnect`, `timeout` and `fail` ends the request; later calls are ignored,
+ * so an abort handler that fires after the final frame cannot count the request twice.
+ */
+export class RequestTracker {
+  readonly #instruments: RequestInstruments;
+  readonly #now: () => number;
+  #stage: RequestStage = 'queued';
+  #lastContentAt: number | undefined;
+  #ended = false;
+
+  constructor(
+    instruments: RequestInstruments,
+    now: () => number,
+    /** Whether the client asked for an SSE stream. */
+    readonly stream: boolean,
+    /** When the request was received, on the `now` clock (ms). */
+    readonly receivedAt: number,
+  ) {
+    this.#instruments = instruments;
+    this.#now = now;
+    if (stream) instruments.activeStreams.inc();
+  }
+
+  get stage(): RequestStage {
+    return this.#stage;
+  }
+
+  get ended(): boolean {
+    return this.#ended;
+  }
+
+  /**
+   * A worker began the request (the gateway saw its first message for it). Records the queue time.
+   * If content arrives without this call, the request still moves on, but no queue time is recorded:
+   * a guess would mix prefill into it.
+   */
+  started(): void {
+    if (this.#ended || this.#stage !== 'queued') return;
+    this.#stage = 'prefill';
+    this.#instruments.requestQueueTime.observe(this.#secondsSince(this.receivedAt));
+  }
+
+  /**
+   * Content carrying `tokens` completion tokens was written to the client. Call it once per delta
+   * message (all the chunks one engine step produced for this request), so that inter-token latency
+   * counts steps, as vLLM's does, and n > 1 choices do not add zero gaps. The first call records the
+   * time to first token; later ones the inter-token latency. Calls with no tokens (the role-only first
+   * chunk) are ignored: they are not content.
+   */
+  contentWritten(tokens: number): void {
+    if (this.#ended || tokens <= 0) return;
+    const at = this.#now();
+    this.#instruments.streamTokens.inc(tokens);
+    if (this.stream) {
+      if (this.#lastContentAt === undefined) {
+        this.#instruments.timeToFirstToken.observe(toSeconds(at - this.receivedAt));
+      } else {
+        this.#instruments.interTokenLatency.observe(toSeconds(at - this.#lastContentAt));
+      }
+    }
+    this.#lastContentAt = at;
+    this.#stage = 'decode';
+  }
+
+  /** The answer is complete (finish reason `stop` or `length`) and its last byte was written. */
+  finish(reason: 'stop' | 'length'): void {
+    if (!this.#end(reason)) return;
+    this.#instruments.e2eRequestLatency.observe(this.#secondsSince(this.receivedAt));
+  }
+
+  /** The client went away before the request ended. Counted by the stage the request was in. */
+  disconnect(): void {
+    const stage = this.#stage;
+    if (!this.#end('disconnect')) return;
+    this.#instruments.disconnects.labels(stage).inc();
+  }
+
+  /** The gateway ended the request because a deadline of this `kind` passed: `queue`, `idle` or `deadline`. */
+  timeout(kind: string): void {
+    if (!this.#end('timeout')) return;
+    this.#instruments.timeouts.labels(kind).inc();
+  }
+
+  /** The request ended in an error other than a timeout, with this code (`worker_lost`, `stream_interrupted`, ...). */
+  fail(code: string): void {
+    if (!this.#end('error')) return;
+    this.#instruments.streamErrors.labels(code).inc();
+  }
+
+  #end(outcome: RequestOutcome): boolean {
+    if (this.#ended) return false;
+    this.#ended = true;
+    this.#instruments.requestOutcomes.labels(outcome).inc();
+    if (this.stream) this.#instruments.activeStreams.dec();
+    return true;
+  }
+
+  #secondsSince(start: number): number {
+    return toSeconds(this.#now() - start);
+  }
+}
+
+function toSeconds(ms: number): number {
+  return Math.max(0, ms) / 1000;
+}

@@ -1,0 +1,78 @@
+#!/usr/bin/env node
+/**
+ * `npm run model:generate -- --preset tiny|bench --out <dir> [--seed <n>]`
+ *
+ * Writes a built-in random Llama model directory (config, tokenizer, onnx/model.onnx).
+ */
+import { stat } from 'node:fs/promises';
+import { join, resolve } from 'node:path';
+import { parseArgs } from 'node:util';
+import { buildTinyModelFiles, DEFAULT_SEED, writeTinyModelFiles } from '../tiny-model/generate-tiny-model.js';
+import { isTinyModelPreset, TINY_MODEL_PRESETS } from '../tiny-model/presets.js';
+
+const USAGE = `Usage: npm run model:generate -- --preset <${Object.keys(TINY_MODEL_PRESETS).join('|')}> --out <dir> [--seed <n>]`;
+
+class UsageError extends Error {}
+
+function parse(argv: string[]): { preset: keyof typeof TINY_MODEL_PRESETS; out: string; seed: number } | 'help' {
+  let values;
+  try {
+    ({ values } = parseArgs({
+      args: argv,
+      options: {
+        preset: { type: 'string' },
+        out: { type: 'string' },
+        seed: { type: 'string' },
+        help: { type: 'boolean', short: 'h' },
+      },
+      strict: true,
+      allowPositionals: false,
+    }));
+  } catch (error) {
+    throw new UsageError((error as Error).message);
+  }
+  if (values.help === true) return 'help';
+  const presetNames = Object.keys(TINY_MODEL_PRESETS).join(', ');
+  if (values.preset === undefined) throw new UsageError(`--preset is required (one of: ${presetNames})`);
+  if (!isTinyModelPreset(values.preset)) {
+    throw new UsageError(`--preset must be one of: ${presetNames} (got ${JSON.stringify(values.preset)})`);
+  }
+  if (values.out === undefined || values.out === '') throw new UsageError('--out is required: the directory to write the model into');
+  let seed = DEFAULT_SEED;
+  if (values.seed !== undefined) {
+    seed = Number(values.seed);
+    if (!/^\d+$/.test(values.seed) || !Number.isSafeInteger(seed) || seed > 0xffff_ffff) {
+      throw new UsageError(`--seed must be an integer from 0 to 4294967295 (got ${JSON.stringify(values.seed)})`);
+    }
+  }
+  return { preset: values.preset, out: resolve(values.out), seed };
+}
+
+async function main(): Promise<void> {
+  let args;
+  try {
+    args = parse(process.argv.slice(2));
+  } catch (error) {
+    if (!(error instanceof UsageError)) throw error;
+    process.stderr.write(`model:generate: ${error.message}\n${USAGE}\n`);
+    process.exitCode = 2;
+    return;
+  }
+  if (args === 'help') {
+    process.stdout.write(`${USAGE}\n`);
+    return;
+  }
+
+  const started = performance.now();
+  const { files, parameters, architecture } = buildTinyModelFiles(args.preset, args.seed);
+  await writeTinyModelFiles(files, args.out);
+  const seconds = (performance.now() - started) / 1000;
+  const onnxBytes = (await stat(join(args.out, 'onnx', 'model.onnx'))).size;
+  process.stdout.write(
+    `Wrote the ${args.preset} model to ${args.out} in ${seconds.toFixed(1)} s: ` +
+      `${parameters.toLocaleString('en-US')} parameters, ${architecture.numLayers} layers, ` +
+      `vocab ${architecture.vocabSize}, onnx/model.onnx ${(onnxBytes / 2 ** 20).toFixed(1)} MiB\n`,
+  );
+}
+
+await main();

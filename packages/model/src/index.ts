@@ -1,0 +1,8 @@
+export type * from './types.js';
+export { loadModelDir, ModelDirError, type LoadModelDirOptions } from './model-dir.js';
+export { loadTokenizer } from './tokenizer.js';
+export { createChatTemplate, ChatTemplateError } from './chat-template.js';
+export { readOnnxIo } from './onnx-io.js';
+export { TextStreamer, type TextStreamerOptions } from './text-streamer.js';
+export { generateTinyModel, type GenerateTinyModelOptions } from './tiny-model/generate-tiny-model.js';
+export { ensureBuiltinModel, defaultModelsRoot } from './tiny-model/ensure-builtin-model.js';

@@ -1,0 +1,269 @@
+import { closeSync, fstatSync, openSync, readSync } from 'node:fs';
+import onnxProto from 'onnx-proto';
+import { ModelDirError } from './model-dir-error.js';
+import type { OnnxIo } from './types.js';
+
+const { onnx } = onnxProto;
+
+/** A graph input or output as the model file declares it. */
+interface ValueInfo {
+  name: string;
+  /** ONNX TensorProto.DataType (1 float32, 7 int64, 10 float16, 16 bfloat16, ...). */
+  elemType: number;
+  /** A fixed size, or the symbolic name of a dynamic one. */
+  dims: Array<number | string>;
+}
+
+const ELEM_TYPE_NAMES: Readonly<Record<number, string>> = { 1: 'float32', 6: 'int32', 7: 'int64', 10: 'float16', 16: 'bfloat16' };
+const PAST_KEY = /^past_key_values\.(\d+)\.key$/;
+
+/**
+ * Reads what an ONNX decoder graph declares: inputs, outputs, KV-cache geometry and the features
+ * the engine must feed or work around. No onnxruntime needed (the engine is the only place that
+ * loads one). Only the graph's inputs, outputs and node op types are read; weights are skipped by
+ * seeking past them, so a 500 MB single-file model costs a few reads, not a full decode.
+ *
+ * @throws ModelDirError naming the file when it is missing, not ONNX, or not a decoder with a KV
+ *   cache (`input_ids`, `past_key_values.{i}.key|value` in, `logits`, `present.{i}.key|value` out).
+ */
+export async function readOnnxIo(onnxPath: string): Promise<OnnxIo> {
+  return readOnnxIoSync(onnxPath, onnxPath);
+}
+
+/** {@link readOnnxIo}, with errors naming the file as `displayName` (e.g. `onnx/model.onnx`). */
+export function readOnnxIoSync(onnxPath: string, displayName: string): OnnxIo {
+  let fd: number;
+  try {
+    fd = openSync(onnxPath, 'r');
+  } catch (cause) {
+    throw new ModelDirError(displayName, 'file not found', { cause });
+  }
+  try {
+    const graph = scanModel(new FileReader(fd, fstatSync(fd).size, displayName));
+    return describeDecoder(graph, displayName);
+  } finally {
+    closeSync(fd);
+  }
+}
+
+function describeDecoder(graph: ScannedGraph, file: string): OnnxIo {
+  const fail = (problem: string): never => {
+    throw new ModelDirError(file, problem);
+  };
+  const inputs = new Map(graph.inputs.map((input) => [input.name, input]));
+  const outputNames = graph.outputs.map((output) => output.name);
+  if (!inputs.has('input_ids')) fail('graph has no input_ids input (not a decoder-only language model?)');
+  if (!outputNames.includes('logits')) fail('graph has no logits output (not a language model head?)');
+
+  const layers = [...inputs.keys()].flatMap((name) => {
+    const match = PAST_KEY.exec(name);
+    return match ? [Number(match[1])] : [];
+  });
+  if (layers.length === 0) {
+    fail('graph has no past_key_values.{i}.key inputs: export it with a KV cache (Optimum task text-generation-with-past)');
+  }
+  const numLayers = layers.length;
+  let shape: { numKvHeads: number; headDim: number; elemType: number } | undefined;
+  for (let layer = 0; layer < numLayers; layer++) {
+    for (const kind of ['key', 'value']) {
+      const pastName = `past_key_values.${layer}.${kind}`;
+      const past = inputs.get(pastName) ?? fail(`graph lacks input ${pastName} (layers must be numbered 0..${numLayers - 1})`);
+      if (!outputNames.includes(`present.${layer}.${kind}`)) fail(`graph lacks output present.${layer}.${kind}`);
+      const [, heads, , headDim] = past.dims;
+      if (past.dims.length !== 4 || !isPositive(heads) || !isPositive(headDim)) {
+        fail(`${pastName} must have shape [batch, num_kv_heads, past_sequence_length, head_dim] with fixed heads and head size, got [${past.dims.join(', ')}]`);
+      }
+      const current = { numKvHeads: heads as number, headDim: headDim as number, elemType: past.elemType };
+      shape ??= current;
+      if (current.numKvHeads !== shape.numKvHeads || current.headDim !== shape.headDim || current.elemType !== shape.elemType) {
+        fail(`${pastName} differs in shape or type from past_key_values.0.key`);
+      }
+    }
+  }
+  const { numKvHeads, headDim, elemType } = shape!;
+  const kvDtype = elemType === 1 ? 'float32' : elemType === 10 ? 'float16' : undefined;
+  if (kvDtype === undefined) {
+    fail(`past_key_values element type ${ELEM_TYPE_NAMES[elemType] ?? elemType} is not supported (float32 or float16)`);
+  }
+  return {
+    inputNames: graph.inputs.map((input) => input.name),
+    outputNames,
+    numLayers,
+    numKvHeads,
+    headDim,
+    kvDtype: kvDtype!,
+    hasPositionIds: inputs.has('position_ids'),
+    hasUseCacheBranch: inputs.has('use_cache_branch'),
+    hasNumLogitsToKeep: inputs.has('num_logits_to_keep'),
+    usesGroupQueryAttention: graph.opTypes.has('GroupQueryAttention'),
+  };
+}
+
+function isPositive(dim: number | string | undefined): boolean {
+  return typeof dim === 'number' && Number.isInteger(dim) && dim > 0;
+}
+
+// --- Reading protobuf fields straight from the file -------------------------------------------
+
+interface ScannedGraph {
+  inputs: ValueInfo[];
+  outputs: ValueInfo[];
+  /** Op types of all nodes, subgraphs (If / Loop branches) included. */
+  opTypes: Set<string>;
+}
+
+/** Field numbers from onnx.proto. */
+const MODEL_GRAPH = 7;
+const GRAPH = { node: 1, initializer: 5, input: 11, output: 12 } as const;
+const NODE = { attribute: 5, opType: 4 } as const;
+const ATTRIBUTE = { g: 6, graphs: 11 } as const;
+const TENSOR_NAME = 8;
+const WIRE = { varint: 0, fixed64: 1, bytes: 2, fixed32: 5 } as const;
+
+interface Field {
+  number: number;
+  wireType: number;
+  /** Payload span: for length-delimited fields the bytes, otherwise the encoded value. */
+  start: number;
+  end: number;
+}
+
+function scanModel(reader: FileReader): ScannedGraph {
+  let graph: Field | undefined;
+  for (const field of reader.fields(0, reader.size)) {
+    if (field.number === MODEL_GRAPH && field.wireType === WIRE.bytes) graph = field;
+  }
+  if (graph === undefined) reader.malformed('no graph in the model');
+  const scanned: ScannedGraph = { inputs: [], outputs: [], opTypes: new Set() };
+  const initializers = new Set<string>();
+  for (const field of reader.fields(graph!.start, graph!.end)) {
+    if (field.wireType !== WIRE.bytes) continue;
+    if (field.number === GRAPH.input || field.number === GRAPH.output) {
+      const info = decodeValueInfo(reader.bytes(field.start, field.end - field.start));
+      (field.number === GRAPH.input ? scanned.inputs : scanned.outputs).push(info);
+    } else if (field.number === GRAPH.node) {
+      scanNode(reader, field, scanned.opTypes);
+    } else if (field.number === GRAPH.initializer) {
+      const name = initializerName(reader, field);
+      if (name !== undefined) initializers.add(name);
+    }
+  }
+  // Old exports (IR < 4) also list every weight as a graph input; those are not fed by callers.
+  scanned.inputs = scanned.inputs.filter((input) => !initializers.has(input.name));
+  return scanned;
+}
+
+function scanNode(reader: FileReader, node: Field, opTypes: Set<string>): void {
+  for (const field of reader.fields(node.start, node.end)) {
+    if (field.wireType !== WIRE.bytes) continue;
+    if (field.number === NODE.opType) {
+      opTypes.add(reader.string(field));
+    } else if (field.number === NODE.attribute) {
+      for (const attribute of reader.fields(field.start, field.end)) {
+        if (attribute.wireType === WIRE.bytes && (attribute.number === ATTRIBUTE.g || attribute.number === ATTRIBUTE.graphs)) {
+          for (const inner of reader.fields(attribute.start, attribute.end)) {
+            if (inner.number === GRAPH.node && inner.wireType === WIRE.bytes) scanNode(reader, inner, opTypes);
+          }
+        }
+      }
+    }
+  }
+}
+
+function initializerName(reader: FileReader, tensor: Field): string | undefined {
+  for (const field of reader.fields(tensor.start, tensor.end)) {
+    if (field.number === TENSOR_NAME && field.wireType === WIRE.bytes) return reader.string(field);
+  }
+  return undefined;
+}
+
+function decodeValueInfo(bytes: Uint8Array): ValueInfo {
+  const info = onnx.ValueInfoProto.decode(bytes);
+  const tensor = info.type?.tensorType;
+  return {
+    name: info.name ?? '',
+    elemType: tensor?.elemType ?? 0,
+    dims: (tensor?.shape?.dim ?? []).map((dim) =>
+      dim.dimParam ? dim.dimParam : dim.dimValue != null ? Number(dim.dimValue) : '?',
+    ),
+  };
+}
+
+const CHUNK_BYTES = 1 << 20;
+const textDecoder = new TextDecoder();
+
+/** Random access to a protobuf file through a small read buffer. */
+class FileReader {
+  #chunk = Buffer.alloc(0);
+  #chunkStart = 0;
+
+  constructor(
+    readonly fd: number,
+    readonly size: number,
+    readonly file: string,
+  ) {}
+
+  malformed(problem: string): never {
+    throw new ModelDirError(this.file, `not a valid ONNX model: ${problem}`);
+  }
+
+  bytes(position: number, length: number): Uint8Array {
+    if (position < 0 || position + length > this.size) this.malformed('truncated');
+    const offset = position - this.#chunkStart;
+    if (offset < 0 || offset + length > this.#chunk.length) {
+      this.#chunk = Buffer.allocUnsafe(Math.min(Math.max(length, CHUNK_BYTES), this.size - position));
+      this.#chunkStart = position;
+      let filled = 0;
+      while (filled < this.#chunk.length) {
+        const read = readSync(this.fd, this.#chunk, filled, this.#chunk.length - filled, position + filled);
+        if (read === 0) this.malformed('truncated');
+        filled += read;
+      }
+      return this.#chunk.subarray(0, length);
+    }
+    return this.#chunk.subarray(offset, offset + length);
+  }
+
+  string(field: Field): string {
+    return textDecoder.decode(this.bytes(field.start, field.end - field.start));
+  }
+
+  /** Reads a base-128 varint; numbers stay exact up to 2^53. */
+  varint(position: number): [value: number, next: number] {
+    const bytes = this.bytes(position, Math.min(10, this.size - position));
+    let value = 0;
+    let scale = 1;
+    for (let i = 0; i < bytes.length; i++) {
+      const byte = bytes[i]!;
+      value += (byte & 0x7f) * scale;
+      if (byte < 0x80) return [value, position + i + 1];
+      scale *= 128;
+    }
+    return this.malformed('bad varint');
+  }
+
+  *fields(start: number, end: number): Generator<Field> {
+    let position = start;
+    while (position < end) {
+      const [key, afterKey] = this.varint(position);
+      const number = Math.floor(key / 8);
+      const wireType = key % 8;
+      let field: Field;
+      if (wireType === WIRE.varint) {
+        field = { number, wireType, start: afterKey, end: this.varint(afterKey)[1] };
+      } else if (wireType === WIRE.fixed64) {
+        field = { number, wireType, start: afterKey, end: afterKey + 8 };
+      } else if (wireType === WIRE.fixed32) {
+        field = { number, wireType, start: afterKey, end: afterKey + 4 };
+      } else if (wireType === WIRE.bytes) {
+        const [length, afterLength] = this.varint(afterKey);
+        field = { number, wireType, start: afterLength, end: afterLength + length };
+      } else {
+        return this.malformed(`unsupported wire type ${wireType}`);
+      }
+      if (number === 0 || field.end > end) this.malformed('truncated or corrupt message');
+      yield field;
+      position = field.end;
+    }
+  }
+}

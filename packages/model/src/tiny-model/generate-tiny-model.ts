@@ -1,0 +1,139 @@
+import { mkdir, writeFile } from 'node:fs/promises';
+import { dirname, join } from 'node:path';
+import type { TinyModelPreset } from '../types.js';
+import { trainByteLevelBpe } from './bpe-trainer.js';
+import { CORPUS } from './corpus.js';
+import { buildLlamaGraph } from './llama-graph.js';
+import { countParameters, initLlamaWeights } from './llama-weights.js';
+import { TINY_MODEL_PRESETS, type LlamaArchitecture } from './presets.js';
+import { buildTokenizerFiles, SPECIAL_IDS, SPECIAL_TOKENS } from './tokenizer-files.js';
+
+/**
+ * Version of the generator's output. Bump it whenever the generated files change (weights, graph,
+ * tokenizer, corpus, configs): {@link ensureBuiltinModel} regenerates directories stamped with
+ * another version.
+ */
+export const GENERATOR_VERSION = 3;
+
+/** Seed of the built-in models. */
+export const DEFAULT_SEED = 42;
+
+/** Name of the stamp file that marks a directory written by this generator. */
+export const GENERATOR_STAMP_FILE = '.sluice-generator';
+
+export interface GenerateTinyModelOptions {
+  preset: TinyModelPreset;
+  /** Directory to write; created when missing, files in it are overwritten. */
+  outDir: string;
+  /** Seed of the random weights. @defaultValue 42 */
+  seed?: number;
+}
+
+/** The generated files, by path relative to the model directory, plus what they hold. */
+export interface TinyModelFiles {
+  files: Map<string, Uint8Array>;
+  architecture: LlamaArchitecture;
+  parameters: number;
+}
+
+/** The stamp written into every generated directory; equal stamps mean identical files. */
+export function generatorStamp(preset: TinyModelPreset, seed = DEFAULT_SEED): string {
+  return `${JSON.stringify({ generator: '@sluice/model tiny-model', version: GENERATOR_VERSION, preset, seed })}\n`;
+}
+
+const json = (value: unknown): Uint8Array => new TextEncoder().encode(`${JSON.stringify(value, null, 2)}\n`);
+
+/** Ids of the byte tokens for control bytes (except tab and newline) and non-ASCII bytes. */
+function quietByteIds(): number[] {
+  const ids: number[] = [];
+  for (let byte = 0; byte < 256; byte++) {
+    const quiet = (byte < 0x20 && byte !== 0x09 && byte !== 0x0a) || byte >= 0x7f;
+    if (quiet) ids.push(SPECIAL_TOKENS.length + byte);
+  }
+  return ids;
+}
+
+/**
+ * Builds every file of a generated model in memory, deterministically: the same preset and seed
+ * give byte-identical files on every run.
+ */
+export function buildTinyModelFiles(preset: TinyModelPreset, seed = DEFAULT_SEED): TinyModelFiles {
+  const arch = TINY_MODEL_PRESETS[preset];
+  const bpe = trainByteLevelBpe(CORPUS, arch.vocabSize - SPECIAL_TOKENS.length);
+  const tokenizer = buildTokenizerFiles(bpe, arch.maxPositionEmbeddings);
+  const weights = initLlamaWeights(arch, seed, {
+    eos: SPECIAL_IDS.imEnd,
+    quiet: [SPECIAL_IDS.endOfText, SPECIAL_IDS.imStart, ...quietByteIds()],
+  });
+
+  const config = {
+    architectures: ['LlamaForCausalLM'],
+    attention_bias: false,
+    attention_dropout: 0,
+    bos_token_id: SPECIAL_IDS.imStart,
+    eos_token_id: SPECIAL_IDS.imEnd,
+    pad_token_id: SPECIAL_IDS.endOfText,
+    head_dim: arch.headDim,
+    hidden_act: 'silu',
+    hidden_size: arch.hiddenSize,
+    initializer_range: 0.02,
+    intermediate_size: arch.intermediateSize,
+    max_position_embeddings: arch.maxPositionEmbeddings,
+    mlp_bias: false,
+    model_type: 'llama',
+    num_attention_heads: arch.numHeads,
+    num_hidden_layers: arch.numLayers,
+    num_key_value_heads: arch.numKvHeads,
+    pretraining_tp: 1,
+    rms_norm_eps: arch.rmsNormEps,
+    rope_scaling: null,
+    rope_theta: arch.ropeTheta,
+    tie_word_embeddings: true,
+    torch_dtype: 'float32',
+    transformers_version: '4.46.0',
+    use_cache: true,
+    vocab_size: arch.vocabSize,
+  };
+  const generationConfig = {
+    bos_token_id: SPECIAL_IDS.imStart,
+    eos_token_id: SPECIAL_IDS.imEnd,
+    pad_token_id: SPECIAL_IDS.endOfText,
+    transformers_version: '4.46.0',
+  };
+  const onnx = buildLlamaGraph(arch, weights, {
+    producerName: '@sluice/model tiny-model',
+    producerVersion: String(GENERATOR_VERSION),
+    metadata: { preset, seed: String(seed) },
+  });
+
+  const files = new Map<string, Uint8Array>([
+    ['config.json', json(config)],
+    ['generation_config.json', json(generationConfig)],
+    ['tokenizer.json', json(tokenizer.tokenizer)],
+    ['tokenizer_config.json', json(tokenizer.tokenizerConfig)],
+    ['special_tokens_map.json', json(tokenizer.specialTokensMap)],
+    ['onnx/model.onnx', onnx],
+    [GENERATOR_STAMP_FILE, new TextEncoder().encode(generatorStamp(preset, seed))],
+  ]);
+  return { files, architecture: arch, parameters: countParameters(weights) };
+}
+
+/**
+ * Writes a complete Hugging Face / Optimum / transformers.js model directory: a random Llama
+ * decoder (`onnx/model.onnx`, opset 17) with a byte-level BPE tokenizer learned from a built-in
+ * English corpus and a ChatML chat template.
+ */
+export async function generateTinyModel(options: GenerateTinyModelOptions): Promise<void> {
+  const { files } = buildTinyModelFiles(options.preset, options.seed ?? DEFAULT_SEED);
+  await writeTinyModelFiles(files, options.outDir);
+}
+
+/** Writes files built by {@link buildTinyModelFiles}; the stamp goes last, once the rest is complete. */
+export async function writeTinyModelFiles(files: Map<string, Uint8Array>, outDir: string): Promise<void> {
+  const entries = [...files].sort(([a], [b]) => Number(a === GENERATOR_STAMP_FILE) - Number(b === GENERATOR_STAMP_FILE));
+  for (const [path, bytes] of entries) {
+    const target = join(outDir, path);
+    await mkdir(dirname(target), { recursive: true });
+    await writeFile(target, bytes);
+  }
+}

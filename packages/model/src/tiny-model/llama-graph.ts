@@ -1,0 +1,166 @@
+import { OnnxGraphBuilder, type ModelInfo } from './onnx-graph-builder.js';
+import type { LlamaArchitecture } from './presets.js';
+import type { LlamaWeights } from './llama-weights.js';
+
+/**
+ * Symbolic dimension names of Optimum-style Llama exports. The attention-mask / present length is
+ * `total_sequence_length` (Optimum's own exporter writes `past_sequence_length + sequence_length`;
+ * other exporters use this name). ORT and transformers.js go by shapes, not by these names.
+ */
+export const DIM = {
+  batch: 'batch_size',
+  sequence: 'sequence_length',
+  past: 'past_sequence_length',
+  total: 'total_sequence_length',
+} as const;
+
+/**
+ * Finite "minus infinity" added to masked attention scores (float32's lowest value, as HF does).
+ * A row whose keys are all masked (a padding query) becomes a uniform softmax, never NaN.
+ */
+export const MASK_VALUE = -3.4028234663852886e38;
+
+/**
+ * Builds the ONNX graph of a Llama decoder with a KV cache, from standard opset-17 operators only.
+ *
+ * Inputs and outputs follow Optimum's `text-generation-with-past` export, so the graph can be run
+ * by anything that runs those (our engine, transformers.js):
+ * `input_ids`, `attention_mask`, `position_ids`, `past_key_values.{i}.key|value` →
+ * `logits`, `present.{i}.key|value`.
+ *
+ * The attention mask is causal on cache slots (query slot `past + s` sees key slots `<= past + s`)
+ * AND the caller's `attention_mask[b, key]`, so left-padded batches and masked gaps are exact.
+ */
+export function buildLlamaGraph(arch: LlamaArchitecture, weights: LlamaWeights, info: ModelInfo): Uint8Array {
+  const g = new OnnxGraphBuilder('sluice_tiny_llama');
+  const { hiddenSize: d, numHeads: h, numKvHeads: kvh, headDim: hd, vocabSize: v } = arch;
+
+  const inputIds = g.input('input_ids', 'int64', [DIM.batch, DIM.sequence]);
+  const attentionMask = g.input('attention_mask', 'int64', [DIM.batch, DIM.total]);
+  const positionIds = g.input('position_ids', 'int64', [DIM.batch, DIM.sequence]);
+  const past: Array<{ key: string; value: string }> = [];
+  for (let i = 0; i < arch.numLayers; i++) {
+    past.push({
+      key: g.input(`past_key_values.${i}.key`, 'float32', [DIM.batch, kvh, DIM.past, hd]),
+      value: g.input(`past_key_values.${i}.value`, 'float32', [DIM.batch, kvh, DIM.past, hd]),
+    });
+  }
+
+  const weight = (name: string): string => {
+    const tensor = weights.get(name);
+    if (tensor === undefined) throw new Error(`missing weight ${name}`);
+    return g.initializer(name, tensor.data, tensor.dims);
+  };
+
+  // Embedding. The same matrix is the output projection (tied embeddings).
+  const embedTokens = weight('model.embed_tokens.weight');
+  g.scope = '/model/embed_tokens';
+  let hidden = g.op('Gather', [embedTokens, inputIds], { axis: { int: 0 } });
+
+  // Grouped-query attention runs per KV head on [batch, kv_heads, rep * sequence, ...] (the query heads
+  // of a group stacked along the rows), so the cache is never expanded or copied per query head.
+  const rep = h / kvh;
+
+  // Additive attention mask [batch, 1, rep * sequence, total], shared by all layers: row r·S + s is
+  // query position s of the r-th query head of a group.
+  g.scope = '/model/attn_mask';
+  const scalarAt = (shape: string, index: number): string => g.op('Gather', [shape, g.int64([index], [])], { axis: { int: 0 } });
+  const idsShape = g.op('Shape', [inputIds]);
+  const maskShape = g.op('Shape', [attentionMask]);
+  const batch = scalarAt(idsShape, 0);
+  const sequence = scalarAt(idsShape, 1);
+  const total = scalarAt(maskShape, 1);
+  const pastLength = g.op('Sub', [total, sequence]);
+  const one = g.int64([1], []);
+  const querySlots = g.op('Range', [pastLength, total, one]); // [S]: past .. total-1
+  const keySlots = g.op('Range', [g.int64([0], []), total, one]); // [T]: 0 .. total-1
+  const causal = g.op('LessOrEqual', [
+    g.op('Unsqueeze', [keySlots, g.int64([0])]), // [1, T]
+    g.op('Unsqueeze', [querySlots, g.int64([1])]), // [S, 1]
+  ]); // [S, T]: query slot past+s sees key slots up to itself
+  const keyAllowed = g.op('Cast', [g.op('Unsqueeze', [attentionMask, g.int64([1, 2, 3])])], { to: { int: 9 } }); // [B,1,1,1,T]
+  const allowed = g.op('And', [keyAllowed, g.op('Expand', [causal, g.int64([rep, 1, 1])])]); // [B, 1, rep, S, T]
+  const additive5d = g.op('Where', [allowed, g.float32([0], []), g.float32([MASK_VALUE], [])]);
+  const unsq = (x: string): string => g.op('Unsqueeze', [x, g.int64([0])]);
+  const maskShape4d = g.op('Concat', [unsq(batch), g.int64([1, -1]), unsq(total)], { axis: { int: 0 } });
+  const additiveMask = g.op('Reshape', [additive5d, maskShape4d]);
+
+  // Rotary embeddings from position_ids: cos/sin [batch, 1, sequence, head_dim] (rotate-half layout).
+  g.scope = '/model/rotary_emb';
+  const invFreq = weight('model.rotary_emb.inv_freq');
+  const positions = g.op('Cast', [g.op('Unsqueeze', [positionIds, g.int64([2])])], { to: { int: 1 } }); // [B,S,1]
+  const freqs = g.op('Mul', [positions, invFreq]); // [B, S, hd/2]
+  const angles = g.op('Unsqueeze', [g.op('Concat', [freqs, freqs], { axis: { int: -1 } }), g.int64([1])]);
+  const cos = g.op('Cos', [angles]);
+  const sin = g.op('Sin', [angles]);
+  // rotate_half(x) = concat(-x2, x1) as x·R: R is a signed permutation, so the product is exact.
+  const rotateHalf = new Float32Array(hd * hd);
+  for (let j = 0; j < hd / 2; j++) {
+    rotateHalf[(j + hd / 2) * hd + j] = -1; // out[j] = -x[j + hd/2]
+    rotateHalf[j * hd + j + hd / 2] = 1; // out[j + hd/2] = x[j]
+  }
+  const rotateHalfMatrix = g.initializer('/model/rotary_emb/rotate_half', rotateHalf, [hd, hd]);
+
+  const rmsNorm = (x: string, weightName: string): string => {
+    const meanSquare = g.op('ReduceMean', [g.op('Mul', [x, x])], { axes: { ints: [-1] }, keepdims: { int: 1 } });
+    const rms = g.op('Sqrt', [g.op('Add', [meanSquare, g.float32([arch.rmsNormEps], [])])]);
+    return g.op('Mul', [g.op('Div', [x, rms]), weight(weightName)]);
+  };
+  /** Concatenates weights along the output axis; ORT folds it into one constant at load time. */
+  const fused = (...names: string[]): string => g.op('Concat', names.map(weight), { axis: { int: 1 } });
+
+  const presents: Array<{ key: string; value: string }> = [];
+  for (let i = 0; i < arch.numLayers; i++) {
+    const p = `model.layers.${i}`;
+    const layerPast = past[i] as { key: string; value: string };
+    g.scope = `/model/layers.${i}/self_attn`;
+    const x = rmsNorm(hidden, `${p}.input_layernorm.weight`);
+    // One MatMul for q, k and v → [B, h + 2·kvh, S, hd].
+    const qkvWeight = fused(`${p}.self_attn.q_proj.weight`, `${p}.self_attn.k_proj.weight`, `${p}.self_attn.v_proj.weight`);
+    const qkv = g.op('Transpose', [g.op('Reshape', [g.op('MatMul', [x, qkvWeight]), g.int64([0, 0, h + 2 * kvh, hd])])], {
+      perm: { ints: [0, 2, 1, 3] },
+    });
+    const [qk, value] = g.node('Split', [qkv, g.int64([h + kvh, kvh])], { attributes: { axis: { int: 1 } }, outputs: 2 }) as [string, string];
+    const rotated = g.op('Add', [g.op('Mul', [qk, cos]), g.op('Mul', [g.op('MatMul', [qk, rotateHalfMatrix]), sin])]);
+    const [query, key] = g.node('Split', [rotated, g.int64([h, kvh])], { attributes: { axis: { int: 1 } }, outputs: 2 }) as [string, string];
+    const concat = (pastTensor: string, current: string, name: string): string =>
+      g.node('Concat', [pastTensor, current], { name, attributes: { axis: { int: 2 } } })[0] as string;
+    const presentKey = concat(layerPast.key, key, `present.${i}.key`);
+    const presentValue = concat(layerPast.value, value, `present.${i}.value`);
+    presents.push({ key: presentKey, value: presentValue });
+
+    const groupedQuery = g.op('Reshape', [query, g.int64([0, kvh, -1, hd])]); // [B, kvh, rep·S, hd]
+    const keysT = g.op('Transpose', [presentKey], { perm: { ints: [0, 1, 3, 2] } });
+    const scores = g.op('Mul', [g.op('MatMul', [groupedQuery, keysT]), g.float32([1 / Math.sqrt(hd)], [])]);
+    const probs = g.op('Softmax', [g.op('Add', [scores, additiveMask])], { axis: { int: -1 } });
+    const context = g.op('Reshape', [g.op('MatMul', [probs, presentValue]), g.int64([0, h, -1, hd])]); // [B, h, S, hd]
+    const merged = g.op('Reshape', [g.op('Transpose', [context], { perm: { ints: [0, 2, 1, 3] } }), g.int64([0, 0, h * hd])]);
+    hidden = g.op('Add', [hidden, g.op('MatMul', [merged, weight(`${p}.self_attn.o_proj.weight`)])]);
+
+    g.scope = `/model/layers.${i}/mlp`;
+    const y = rmsNorm(hidden, `${p}.post_attention_layernorm.weight`);
+    const gateUp = g.op('MatMul', [y, fused(`${p}.mlp.gate_proj.weight`, `${p}.mlp.up_proj.weight`)]);
+    const [gate, up] = g.node('Split', [gateUp, g.int64([arch.intermediateSize, arch.intermediateSize])], {
+      attributes: { axis: { int: -1 } },
+      outputs: 2,
+    }) as [string, string];
+    const silu = g.op('Mul', [gate, g.op('Sigmoid', [gate])]);
+    hidden = g.op('Add', [hidden, g.op('MatMul', [g.op('Mul', [silu, up]), weight(`${p}.mlp.down_proj.weight`)])]);
+  }
+
+  g.scope = '/model/norm';
+  const normed = rmsNorm(hidden, 'model.norm.weight');
+  // logits = normed · Eᵀ with the embedding matrix itself (Gemm transB), not a transposed copy.
+  g.scope = '/lm_head';
+  const flat = g.op('Reshape', [normed, g.int64([-1, d])]);
+  const flatLogits = g.op('Gemm', [flat, embedTokens], { transB: { int: 1 } });
+  const outShape = g.op('Concat', [idsShape, g.int64([v])], { axis: { int: 0 } });
+  const [logits] = g.node('Reshape', [flatLogits, outShape], { name: 'logits' }) as [string];
+
+  g.output(logits, 'logits', 'float32', [DIM.batch, DIM.sequence, v]);
+  presents.forEach((present, i) => {
+    g.output(present.key, `present.${i}.key`, 'float32', [DIM.batch, kvh, DIM.total, hd]);
+    g.output(present.value, `present.${i}.value`, 'float32', [DIM.batch, kvh, DIM.total, hd]);
+  });
+  return g.toBytes(info);
+}

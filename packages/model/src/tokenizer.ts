@@ -1,0 +1,86 @@
+import { Tokenizer as HfTokenizer } from '@huggingface/tokenizers';
+import type { DecodeOptions, EncodeOptions, Tokenizer } from './types.js';
+
+/**
+ * Loads a tokenizer from the parsed contents of `tokenizer.json` and `tokenizer_config.json`
+ * (the Hugging Face `tokenizers` format), on top of `@huggingface/tokenizers`.
+ *
+ * Decoding never applies `clean_up_tokenization_spaces`, whatever the config says: like vLLM and
+ * TGI, generated text is returned as the tokens spell it (the clean-up turns `a .b` into `a.b`,
+ * which mangles code, and it would make streamed text depend on tokens not generated yet).
+ *
+ * @throws Error when the files do not describe a tokenizer this library can run.
+ */
+export function loadTokenizer(tokenizerJson: unknown, tokenizerConfig: unknown): Tokenizer {
+  if (!isObject(tokenizerJson)) throw new Error('tokenizer.json must hold a JSON object');
+  if (!isObject(tokenizerJson['model'])) throw new Error('tokenizer.json has no "model" object');
+  const config = isObject(tokenizerConfig) ? tokenizerConfig : {};
+  const addedTokens = Array.isArray(tokenizerJson['added_tokens']) ? tokenizerJson['added_tokens'] : [];
+  // The library reads optional sections as `null`; exports sometimes leave them out entirely.
+  const json = {
+    normalizer: null,
+    pre_tokenizer: null,
+    post_processor: null,
+    decoder: null,
+    ...tokenizerJson,
+    added_tokens: addedTokens,
+  };
+  const hf = new HfTokenizer(json, { ...config, clean_up_tokenization_spaces: false });
+  return new HfBackedTokenizer(hf, specialIds(hf, addedTokens, config));
+}
+
+/** Ids that `skipSpecialTokens` drops: added tokens marked special, plus `additional_special_tokens`. */
+function specialIds(hf: HfTokenizer, addedTokens: unknown[], config: Record<string, unknown>): Set<number> {
+  const ids = new Set<number>();
+  for (const token of addedTokens) {
+    if (isObject(token) && token['special'] === true && typeof token['id'] === 'number') ids.add(token['id']);
+  }
+  const additional = config['additional_special_tokens'];
+  for (const token of Array.isArray(additional) ? additional : []) {
+    const content = isObject(token) ? token['content'] : token;
+    const id = typeof content === 'string' ? hf.token_to_id(content) : undefined;
+    if (id !== undefined) ids.add(id);
+  }
+  return ids;
+}
+
+class HfBackedTokenizer implements Tokenizer {
+  readonly vocabSize: number;
+
+  constructor(
+    private readonly hf: HfTokenizer,
+    private readonly specials: ReadonlySet<number>,
+  ) {
+    let maxId = -1;
+    for (const id of hf.get_vocab(true).values()) if (id > maxId) maxId = id;
+    this.vocabSize = maxId + 1;
+  }
+
+  encode(text: string, options: EncodeOptions = {}): number[] {
+    if (text === '') return [];
+    return this.hf.encode(text, { add_special_tokens: options.addSpecialTokens ?? false }).ids;
+  }
+
+  decode(ids: readonly number[], options: DecodeOptions = {}): string {
+    const skipSpecial = options.skipSpecialTokens ?? true;
+    // Ids the vocabulary lacks (a model's embedding is often padded past the tokenizer) decode to
+    // nothing, as in the Rust `tokenizers`; the JS library would map them to a missing unk token.
+    const kept = ids.filter(
+      (id) => Number.isInteger(id) && this.hf.id_to_token(id) !== undefined && !(skipSpecial && this.specials.has(id)),
+    );
+    if (kept.length === 0) return '';
+    return this.hf.decode(kept, { skip_special_tokens: false, clean_up_tokenization_spaces: false });
+  }
+
+  tokenToId(token: string): number | undefined {
+    return this.hf.token_to_id(token);
+  }
+
+  isSpecial(id: number): boolean {
+    return this.specials.has(id);
+  }
+}
+
+function isObject(value: unknown): value is Record<string, unknown> {
+  return typeof value === 'object' && value !== null && !Array.isArray(value);
+}

@@ -1,0 +1,156 @@
+import { spawnSync } from 'node:child_process';
+import { createHash } from 'node:crypto';
+import { mkdir, mkdtemp, readdir, readFile, rm, stat, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join, relative } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { GENERATOR_STAMP_FILE, generateTinyModel } from '../src/tiny-model/generate-tiny-model.js';
+import { defaultModelsRoot, ensureBuiltinModel } from '../src/tiny-model/ensure-builtin-model.js';
+
+async function hashTree(dir: string): Promise<Record<string, string>> {
+  const out: Record<string, string> = {};
+  for (const entry of await readdir(dir, { recursive: true, withFileTypes: true })) {
+    if (!entry.isFile()) continue;
+    const path = join(entry.parentPath, entry.name);
+    out[relative(dir, path)] = createHash('sha256').update(await readFile(path)).digest('hex');
+  }
+  return out;
+}
+
+let scratch: string;
+beforeAll(async () => {
+  scratch = await mkdtemp(join(tmpdir(), 'sluice-tiny-model-'));
+});
+afterAll(async () => {
+  await rm(scratch, { recursive: true, force: true });
+});
+
+describe('generateTinyModel', () => {
+  it('writes byte-identical files on every run', async () => {
+    await generateTinyModel({ preset: 'tiny', outDir: join(scratch, 'a') });
+    await generateTinyModel({ preset: 'tiny', outDir: join(scratch, 'b') });
+    const a = await hashTree(join(scratch, 'a'));
+    expect(Object.keys(a).sort()).toEqual(
+      [
+        GENERATOR_STAMP_FILE,
+        'config.json',
+        'generation_config.json',
+        'onnx/model.onnx',
+        'special_tokens_map.json',
+        'tokenizer.json',
+        'tokenizer_config.json',
+      ].sort(),
+    );
+    expect(await hashTree(join(scratch, 'b'))).toEqual(a);
+  });
+
+  it('gives other weights, and only other weights, for another seed', async () => {
+    await generateTinyModel({ preset: 'tiny', outDir: join(scratch, 'seeded'), seed: 7 });
+    const a = await hashTree(join(scratch, 'a'));
+    const seeded = await hashTree(join(scratch, 'seeded'));
+    expect(seeded['onnx/model.onnx']).not.toBe(a['onnx/model.onnx']);
+    expect(seeded['tokenizer.json']).toBe(a['tokenizer.json']);
+    expect(seeded['config.json']).toBe(a['config.json']);
+  });
+
+  it('writes a Llama config that matches the tokenizer', async () => {
+    const dir = join(scratch, 'a');
+    const config = JSON.parse(await readFile(join(dir, 'config.json'), 'utf8')) as Record<string, unknown>;
+    const tokenizer = JSON.parse(await readFile(join(dir, 'tokenizer.json'), 'utf8')) as {
+      model: { vocab: Record<string, number> };
+    };
+    expect(config).toMatchObject({
+      model_type: 'llama',
+      architectures: ['LlamaForCausalLM'],
+      hidden_size: 64,
+      num_hidden_layers: 2,
+      num_attention_heads: 4,
+      num_key_value_heads: 2,
+      head_dim: 16,
+      max_position_embeddings: 2048,
+      tie_word_embeddings: true,
+      torch_dtype: 'float32',
+      eos_token_id: 2,
+    });
+    expect(Object.keys(tokenizer.model.vocab)).toHaveLength(config.vocab_size as number);
+  });
+});
+
+describe('ensureBuiltinModel', () => {
+  it('generates a missing model once and then reuses it', async () => {
+    const root = join(scratch, 'root');
+    const dir = await ensureBuiltinModel('tiny', root);
+    expect(dir).toBe(join(root, 'tiny'));
+    const before = (await stat(join(dir, 'onnx', 'model.onnx'))).mtimeMs;
+    expect(await ensureBuiltinModel('tiny', root)).toBe(dir);
+    expect((await stat(join(dir, 'onnx', 'model.onnx'))).mtimeMs).toBe(before);
+    expect(await hashTree(dir)).toEqual(await hashTree(join(scratch, 'a')));
+  });
+
+  it('regenerates a model stamped by another generator version', async () => {
+    const root = join(scratch, 'root');
+    const dir = join(root, 'tiny');
+    await writeFile(join(dir, GENERATOR_STAMP_FILE), '{"version":0}\n');
+    await writeFile(join(dir, 'leftover.txt'), 'from an old generator');
+    expect(await ensureBuiltinModel('tiny', root)).toBe(dir);
+    expect(await hashTree(dir)).toEqual(await hashTree(join(scratch, 'a')));
+  });
+
+  it('refuses to replace a directory the generator did not write', async () => {
+    const root = join(scratch, 'foreign');
+    await mkdir(join(root, 'tiny'), { recursive: true });
+    await writeFile(join(root, 'tiny', 'config.json'), '{}');
+    await expect(ensureBuiltinModel('tiny', root)).rejects.toThrow(/refusing to replace .*\.sluice-generator/);
+    expect(await readFile(join(root, 'tiny', 'config.json'), 'utf8')).toBe('{}');
+    expect(await readdir(root)).toEqual(['tiny']);
+  });
+
+  it('lets concurrent callers share one complete directory', async () => {
+    const root = join(scratch, 'concurrent');
+    const dirs = await Promise.all([ensureBuiltinModel('tiny', root), ensureBuiltinModel('tiny', root), ensureBuiltinModel('tiny', root)]);
+    expect(new Set(dirs)).toEqual(new Set([join(root, 'tiny')]));
+    expect(await hashTree(join(root, 'tiny'))).toEqual(await hashTree(join(scratch, 'a')));
+    expect((await readdir(root)).filter((name) => name.startsWith('.'))).toEqual([]);
+  });
+
+  it('puts models under SLUICE_MODELS_DIR when it is set, else under <repo>/models', () => {
+    const saved = process.env.SLUICE_MODELS_DIR;
+    try {
+      process.env.SLUICE_MODELS_DIR = join(scratch, 'env-root');
+      expect(defaultModelsRoot()).toBe(join(scratch, 'env-root'));
+      delete process.env.SLUICE_MODELS_DIR;
+      expect(defaultModelsRoot()).toBe(fileURLToPath(new URL('../../../models', import.meta.url)));
+    } finally {
+      if (saved === undefined) delete process.env.SLUICE_MODELS_DIR;
+      else process.env.SLUICE_MODELS_DIR = saved;
+    }
+  });
+});
+
+describe('npm run model:generate', () => {
+  const cli = fileURLToPath(new URL('../src/cli/generate-model.ts', import.meta.url));
+  const run = (...args: string[]) =>
+    spawnSync(process.execPath, ['--import', 'tsx', cli, ...args], { encoding: 'utf8', timeout: 60_000 });
+
+  it('writes the preset it is asked for into --out', async () => {
+    const out = join(scratch, 'cli');
+    const result = run('--preset', 'tiny', '--out', out);
+    expect(result.stderr).toBe('');
+    expect(result.status).toBe(0);
+    expect(result.stdout).toMatch(/Wrote the tiny model to .* parameters/);
+    expect(await hashTree(out)).toEqual(await hashTree(join(scratch, 'a')));
+  });
+
+  it('names the flag that is wrong', () => {
+    const unknownPreset = run('--preset', 'huge', '--out', join(scratch, 'x'));
+    expect(unknownPreset.status).toBe(2);
+    expect(unknownPreset.stderr).toContain('--preset must be one of: tiny, bench (got "huge")');
+    const noOut = run('--preset', 'tiny');
+    expect(noOut.status).toBe(2);
+    expect(noOut.stderr).toContain('--out is required');
+    const badSeed = run('--preset', 'tiny', '--out', join(scratch, 'x'), '--seed', '-1');
+    expect(badSeed.status).toBe(2);
+    expect(badSeed.stderr).toContain('--seed');
+  });
+});

@@ -1,0 +1,121 @@
+import { z } from 'zod';
+import { wireErrorSchema } from './wire-error.js';
+
+/** One token's log probability, with the most likely alternatives when they were asked for. */
+export const tokenLogprobSchema = z.object({
+  token: z.string(),
+  logprob: z.number(),
+  /** UTF-8 bytes of the token (may be a partial character). */
+  bytes: z.array(z.number().int()).optional(),
+  top: z.array(z.object({ token: z.string(), logprob: z.number(), bytes: z.array(z.number().int()).optional() })).optional(),
+});
+export type TokenLogprobWire = z.infer<typeof tokenLogprobSchema>;
+
+const entryBase = {
+  requestId: z.string(),
+  /** Per-request sequence number: 0 for the first entry of a request, then +1 for each entry. */
+  seq: z.number().int().nonnegative(),
+};
+
+/** The worker took the job and the prompt fits: the gateway may send its 200. */
+export const acceptedEntrySchema = z.object({
+  ...entryBase,
+  type: z.literal('accepted'),
+  workerId: z.string(),
+  promptTokens: z.number().int().nonnegative(),
+});
+
+/** The worker refused the request before generating anything (the gateway answers with a 4xx). */
+export const rejectedEntrySchema = z.object({ ...entryBase, type: z.literal('rejected'), error: wireErrorSchema });
+
+/** New text of one choice (one engine step's worth, or less). */
+export const textDeltaEntrySchema = z.object({
+  ...entryBase,
+  type: z.literal('text-delta'),
+  index: z.number().int().nonnegative(),
+  text: z.string(),
+  /** Tokens this delta accounts for. */
+  tokens: z.number().int().nonnegative(),
+  logprobs: z.array(tokenLogprobSchema).optional(),
+});
+
+/** One choice finished. */
+export const textEndEntrySchema = z.object({
+  ...entryBase,
+  type: z.literal('text-end'),
+  index: z.number().int().nonnegative(),
+  finishReason: z.enum(['stop', 'length']),
+});
+
+/** The request finished; nothing follows. */
+export const finishEntrySchema = z.object({
+  ...entryBase,
+  type: z.literal('finish'),
+  usage: z.object({ promptTokens: z.number().int().nonnegative(), completionTokens: z.number().int().nonnegative() }),
+});
+
+/** The request failed after it was accepted; nothing follows. */
+export const errorEntrySchema = z.object({ ...entryBase, type: z.literal('error'), error: wireErrorSchema });
+
+export const gatewayEntrySchema = z.discriminatedUnion('type', [
+  acceptedEntrySchema,
+  rejectedEntrySchema,
+  textDeltaEntrySchema,
+  textEndEntrySchema,
+  finishEntrySchema,
+  errorEntrySchema,
+]);
+export type GatewayEntry = z.infer<typeof gatewayEntrySchema>;
+/** An entry before the publisher numbers it. */
+export type GatewayEntryDraft = GatewayEntry extends infer E ? (E extends GatewayEntry ? Omit<E, 'seq'> : never) : never;
+
+/**
+ * What a worker publishes on a gateway's channel: one message per engine step carrying the entries of
+ * all that gateway's requests in the batch.
+ */
+export const gatewayMessageSchema = z.object({
+  workerId: z.string(),
+  entries: z.array(gatewayEntrySchema),
+});
+export type GatewayMessage = z.infer<typeof gatewayMessageSchema>;
+
+export function encodeGatewayMessage(message: GatewayMessage): string {
+  return JSON.stringify(message);
+}
+
+/**
+ * Parses and validates a gateway channel message; throws on anything malformed.
+ *
+ * This runs for every step of every worker on the gateway's hot path, so `text-delta` entries without
+ * logprobs (nearly all traffic) are checked by hand against the same rules as
+ * {@link textDeltaEntrySchema}, without the copy a zod parse makes; every other entry goes through its
+ * zod schema. `test/protocol.test.ts` checks that both paths accept and refuse the same inputs.
+ */
+export function decodeGatewayMessage(raw: string | Buffer): GatewayMessage {
+  const message: unknown = JSON.parse(typeof raw === 'string' ? raw : raw.toString('utf8'));
+  if (typeof message !== 'object' || message === null || Array.isArray(message)) return gatewayMessageSchema.parse(message);
+  const { workerId, entries } = message as { workerId?: unknown; entries?: unknown };
+  if (typeof workerId !== 'string' || !Array.isArray(entries)) return gatewayMessageSchema.parse(message);
+  for (let i = 0; i < entries.length; i++) {
+    const entry: unknown = entries[i];
+    if (!isPlainTextDelta(entry)) entries[i] = gatewayEntrySchema.parse(entry);
+  }
+  return { workerId, entries: entries as GatewayEntry[] };
+}
+
+const isCount = (value: unknown): boolean => typeof value === 'number' && Number.isInteger(value) && value >= 0;
+
+/** The rules of {@link textDeltaEntrySchema} for an entry without logprobs. */
+function isPlainTextDelta(entry: unknown): boolean {
+  if (typeof entry !== 'object' || entry === null) return false;
+  const e = entry as Record<string, unknown>;
+  return (
+    e.type === 'text-delta' &&
+    e.logprobs === undefined &&
+    typeof e.requestId === 'string' &&
+    typeof e.text === 'string' &&
+    isCount(e.seq) &&
+    isCount(e.index) &&
+    isCount(e.tokens)
+  );
+}

@@ -1,0 +1,59 @@
+import { z } from 'zod';
+
+/** One chat message, content already flattened to text by the gateway. */
+export const chatMessageSchema = z.object({
+  role: z.string(),
+  content: z.string(),
+  name: z.string().optional(),
+});
+export type JobChatMessage = z.infer<typeof chatMessageSchema>;
+
+/** What to generate from: a chat (rendered with the model's template) or a raw prompt. */
+export const jobInputSchema = z.discriminatedUnion('kind', [
+  z.object({ kind: z.literal('chat'), messages: z.array(chatMessageSchema).min(1) }),
+  z.object({ kind: z.literal('text'), prompt: z.string() }),
+  z.object({ kind: z.literal('tokens'), promptTokenIds: z.array(z.number().int().nonnegative()) }),
+]);
+export type JobInput = z.infer<typeof jobInputSchema>;
+
+/** Sampling and stopping parameters, engine semantics (OpenAI / vLLM). Absent = engine default. */
+export const jobSamplingSchema = z.object({
+  /** Absent: the worker uses the rest of the context (chat) or 16 (completions). */
+  maxTokens: z.number().int().positive().optional(),
+  temperature: z.number().min(0).optional(),
+  topP: z.number().gt(0).max(1).optional(),
+  topK: z.number().int().min(-1).optional(),
+  minP: z.number().min(0).max(1).optional(),
+  presencePenalty: z.number().optional(),
+  frequencyPenalty: z.number().optional(),
+  repetitionPenalty: z.number().positive().optional(),
+  seed: z.number().int().optional(),
+  logprobs: z.boolean().optional(),
+  topLogprobs: z.number().int().min(0).max(20).optional(),
+  stop: z.array(z.string()).optional(),
+  ignoreEos: z.boolean().optional(),
+  n: z.number().int().positive().optional(),
+});
+export type JobSampling = z.infer<typeof jobSamplingSchema>;
+
+/** The data of one BullMQ generation job (stored in Redis in clear until the job finishes). */
+export const generateJobSchema = z.object({
+  /** Request id, also the BullMQ job id. */
+  requestId: z.string().min(1),
+  /** The gateway channel every message about this request goes to. */
+  channel: z.string().min(1),
+  model: z.string(),
+  input: jobInputSchema,
+  sampling: jobSamplingSchema,
+  /** Default max tokens when `sampling.maxTokens` is absent: `'context'` = the rest of the context. */
+  defaultMaxTokens: z.union([z.number().int().positive(), z.literal('context')]),
+  /** When the gateway enqueued the job (ms since epoch). */
+  enqueuedAt: z.number(),
+  /** After this instant (ms since epoch) nobody waits for the answer: a worker skips the job. */
+  deadlineAt: z.number(),
+});
+export type GenerateJob = z.infer<typeof generateJobSchema>;
+
+export function parseGenerateJob(data: unknown): GenerateJob {
+  return generateJobSchema.parse(data);
+}

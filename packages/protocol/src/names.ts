@@ -1,0 +1,33 @@
+/**
+ * Names of everything the processes share in Redis: the BullMQ queue, pub/sub channels and keys.
+ * Every name carries a prefix so that several deployments can share one Redis.
+ */
+
+/** Default prefix of every Sluice key and channel. */
+export const DEFAULT_PREFIX = 'sluice';
+
+/** Name of the BullMQ queue that carries generation jobs (BullMQ adds its own `bull:` key prefix). */
+export const GENERATE_QUEUE = 'generate';
+
+/** BullMQ job name of a generation job. */
+export const GENERATE_JOB = 'generate';
+
+/** Builds every key and channel name from one prefix. */
+export function redisNames(prefix: string = DEFAULT_PREFIX) {
+  return {
+    /** BullMQ key prefix (BullMQ builds `${bullPrefix}:${queue}:...`). */
+    bullPrefix: `${prefix}:bull`,
+    /** The one channel of a gateway instance: every message for its requests arrives here. */
+    gatewayChannel: (gatewayId: string) => `${prefix}:gw:${gatewayId}`,
+    /** The channel every worker subscribes to for cancels. */
+    cancelChannel: `${prefix}:cancel`,
+    /** Marker that a request was cancelled; a worker that takes the job later skips it. */
+    cancelMarkerKey: (requestId: string) => `${prefix}:cancelled:${requestId}`,
+    /** A worker's registry record, kept alive by its heartbeat (PX TTL). */
+    workerKey: (workerId: string) => `${prefix}:worker:${workerId}`,
+    /** Sorted set of worker ids (score: last heartbeat, ms since epoch): the index of `workerKey`s. */
+    workersIndexKey: `${prefix}:workers`,
+  } as const;
+}
+
+export type RedisNames = ReturnType<typeof redisNames>;

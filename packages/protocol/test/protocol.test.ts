@@ -1,0 +1,119 @@
+import { describe, expect, it } from 'vitest';
+import {
+  decodeCancelMessage,
+  decodeGatewayMessage,
+  decodeWorkerRecord,
+  encodeCancelMessage,
+  encodeGatewayMessage,
+  encodeWorkerRecord,
+  parseGenerateJob,
+  redisNames,
+  type GatewayMessage,
+} from '../src/index.js';
+
+describe('gateway messages', () => {
+  it('round-trips a step message carrying several requests', () => {
+    const message: GatewayMessage = {
+      workerId: 'w1',
+      entries: [
+        { requestId: 'a', seq: 0, type: 'accepted', workerId: 'w1', promptTokens: 5 },
+        { requestId: 'b', seq: 3, type: 'text-delta', index: 0, text: 'hé', tokens: 1 },
+        { requestId: 'b', seq: 4, type: 'text-end', index: 0, finishReason: 'length' },
+        { requestId: 'b', seq: 5, type: 'finish', usage: { promptTokens: 5, completionTokens: 3 } },
+        { requestId: 'c', seq: 0, type: 'rejected', error: { code: 'context_length_exceeded', message: 'x', param: 'prompt' } },
+      ],
+    };
+    expect(decodeGatewayMessage(encodeGatewayMessage(message))).toEqual(message);
+    expect(decodeGatewayMessage(Buffer.from(encodeGatewayMessage(message)))).toEqual(message);
+  });
+
+  it('refuses an entry without a sequence number', () => {
+    const raw = JSON.stringify({ workerId: 'w', entries: [{ requestId: 'a', type: 'text-delta', index: 0, text: '', tokens: 0 }] });
+    expect(() => decodeGatewayMessage(raw)).toThrow();
+  });
+});
+
+describe('cancel messages', () => {
+  it('round-trips', () => {
+    const message = { requestIds: ['a', 'b'], reason: 'client_closed' as const };
+    expect(decodeCancelMessage(encodeCancelMessage(message))).toEqual(message);
+  });
+});
+
+describe('worker records', () => {
+  it('round-trips and ignores malformed records', () => {
+    const record = {
+      workerId: 'w',
+      modelId: 'tiny',
+      maxContextLength: 512,
+      maxBatchSize: 8,
+      startedAt: 1,
+      heartbeatAt: 2,
+      running: 0,
+      draining: false,
+    };
+    expect(decodeWorkerRecord(encodeWorkerRecord(record))).toEqual(record);
+    expect(decodeWorkerRecord('{"workerId":1}')).toBeUndefined();
+    expect(decodeWorkerRecord('not json')).toBeUndefined();
+  });
+});
+
+describe('generate jobs', () => {
+  it('accepts a chat job and refuses an empty chat', () => {
+    const job = {
+      requestId: 'r',
+      channel: 'sluice:gw:g',
+      model: 'tiny',
+      input: { kind: 'chat', messages: [{ role: 'user', content: 'hi' }] },
+      sampling: { maxTokens: 4, temperature: 0 },
+      defaultMaxTokens: 'context',
+      enqueuedAt: 1,
+      deadlineAt: 2,
+    };
+    expect(parseGenerateJob(job)).toEqual(job);
+    expect(() => parseGenerateJob({ ...job, input: { kind: 'chat', messages: [] } })).toThrow();
+  });
+});
+
+describe('names', () => {
+  it('puts every key and channel under the prefix', () => {
+    const names = redisNames('p');
+    expect(names.gatewayChannel('g1')).toBe('p:gw:g1');
+    expect(names.cancelMarkerKey('r')).toBe('p:cancelled:r');
+    expect(names.workerKey('w')).toBe('p:worker:w');
+  });
+});
+
+describe('decodeGatewayMessage fast path', () => {
+  it('accepts and refuses text-delta entries exactly as the zod schema does', async () => {
+    const fc = await import('fast-check');
+    const { gatewayMessageSchema } = await import('../src/index.js');
+    const value = fc.oneof(fc.string(), fc.integer({ min: -3, max: 3 }), fc.double(), fc.constant(null), fc.constant(undefined), fc.boolean());
+    const entry = fc.record(
+      {
+        requestId: fc.oneof(fc.string(), value),
+        seq: fc.oneof(fc.nat(), value),
+        type: fc.oneof(fc.constant('text-delta'), value),
+        index: fc.oneof(fc.nat(), value),
+        text: fc.oneof(fc.string(), value),
+        tokens: fc.oneof(fc.nat(), value),
+      },
+      { requiredKeys: [] },
+    );
+    fc.assert(
+      fc.property(fc.array(entry, { maxLength: 4 }), (entries) => {
+        const raw = JSON.stringify({ workerId: 'w', entries });
+        const bySchema = gatewayMessageSchema.safeParse(JSON.parse(raw));
+        let fast: unknown;
+        try {
+          fast = decodeGatewayMessage(raw);
+        } catch {
+          fast = undefined;
+        }
+        expect(fast !== undefined).toBe(bySchema.success);
+        if (bySchema.success) expect(fast).toEqual(bySchema.data);
+      }),
+      { numRuns: 2000 },
+    );
+  });
+});

@@ -1,0 +1,82 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { Cluster, MODEL } from './support/cluster.js';
+import { sleep, waitFor } from './support/processes.js';
+import type { GatewayProcess, WorkerProcess } from './support/sluice.js';
+import { checkChunkSequence, LiveStream, postRaw } from './support/sse.js';
+
+const long = (prompt: string) => ({ model: MODEL, prompt, max_tokens: 1800, ignore_eos: true, temperature: 0, stream: true });
+const steady = { model: MODEL, prompt: 'The other stream', max_tokens: 64, ignore_eos: true, temperature: 0, stream: true };
+
+describe('when the client goes away', () => {
+  let cluster: Cluster;
+  let gateway: GatewayProcess;
+  let worker: WorkerProcess;
+  let steadyAlone: string;
+
+  beforeAll(async () => {
+    cluster = await Cluster.start();
+    worker = await cluster.worker({ MAX_BATCH_SIZE: '2' });
+    gateway = await cluster.gateway();
+    steadyAlone = checkChunkSequence((await postRaw(`${gateway.url}/v1/completions`, steady)).items, 'completion', false).text;
+  });
+
+  afterAll(async () => {
+    await cluster?.stop();
+  });
+
+  it('mid-stream: the sequence leaves the batch within a step, other streams are unaffected', async () => {
+    const doomed = new LiveStream(`${gateway.url}/v1/completions`, long('A story that will be cut'));
+    await doomed.until('a few chunks', () => doomed.contentChunks >= 3);
+    const other = new LiveStream(`${gateway.url}/v1/completions`, steady);
+    await other.until('the other stream started', () => other.contentChunks >= 1);
+    expect((await worker.health()).running).toBe(2);
+
+    const abortedAt = Date.now();
+    doomed.abort();
+    const after = await waitFor('the running count to drop', async () => {
+      const health = await worker.health();
+      return health.running <= 1 && health.lastCancel?.requestId === doomed.requestId ? health : undefined;
+    }, 10_000, 5);
+    // The engine drops an aborted sequence at a step boundary: the step in flight when the cancel
+    // reached the worker may finish, the next one no longer holds it.
+    expect(after.lastCancel!.steps).toBeLessThanOrEqual(2);
+    expect(Date.now() - abortedAt).toBeLessThan(2_000);
+
+    expect(await other.ended).toBe('done');
+    expect(checkChunkSequence(other.items, 'completion', false).text).toBe(steadyAlone);
+    await waitFor('worker idle', async () => ((await worker.health()).running === 0 ? true : undefined));
+  });
+
+  it('while queued: the waiting job is removed and never runs', async () => {
+    const redis = cluster.redis.client();
+    try {
+      await waitFor('worker idle', async () => ((await worker.health()).running === 0 ? true : undefined));
+      await sleep(100);
+      const start = await worker.health();
+      const fillers = [new LiveStream(`${gateway.url}/v1/completions`, long('Filler one')), new LiveStream(`${gateway.url}/v1/completions`, long('Filler two'))];
+      await Promise.all(fillers.map((s) => s.until('filler running', () => s.contentChunks >= 1)));
+      // Both batch slots are busy: this one waits in the queue (no headers yet: HEADERS_WAIT_MS is 1 s).
+      const queued = new LiveStream(`${gateway.url}/v1/chat/completions`, {
+        model: MODEL,
+        messages: [{ role: 'user', content: 'I will not wait' }],
+        max_tokens: 8,
+        stream: true,
+      });
+      await waitFor('the job waiting in Redis', async () => ((await redis.llen('sluice:bull:generate:wait')) === 1 ? true : undefined));
+      queued.abort();
+      expect(await queued.ended).toBe('aborted');
+      await waitFor('the waiting job removed', async () => ((await redis.llen('sluice:bull:generate:wait')) === 0 ? true : undefined), 5_000);
+
+      for (const filler of fillers) filler.abort();
+      await waitFor('worker idle', async () => ((await worker.health()).running === 0 ? true : undefined));
+      await sleep(300);
+      const end = await worker.health();
+      // Only the two fillers ran; the queued job neither ran nor was even taken.
+      expect(end.processed - start.processed).toBe(2);
+      expect(end.skipped - start.skipped).toBe(0);
+      expect(await redis.keys('sluice:bull:generate:[0-9a-f]*-*')).toEqual([]);
+    } finally {
+      redis.disconnect();
+    }
+  });
+});

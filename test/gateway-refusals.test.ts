@@ -1,0 +1,119 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { Cluster, MODEL } from './support/cluster.js';
+import { waitFor } from './support/processes.js';
+import type { GatewayProcess } from './support/sluice.js';
+import { LiveStream, postRaw } from './support/sse.js';
+
+interface ErrorBody {
+  error: { message: string; type: string; param: string | null; code: string };
+}
+
+const chat = (extra: Record<string, unknown> = {}) => ({
+  model: MODEL,
+  messages: [{ role: 'user', content: 'Hello' }],
+  max_tokens: 4,
+  temperature: 0,
+  ...extra,
+});
+
+describe('refusals before any SSE byte', () => {
+  let cluster: Cluster;
+  let gateway: GatewayProcess;
+
+  beforeAll(async () => {
+    cluster = await Cluster.start();
+    await cluster.worker({ MAX_BATCH_SIZE: '1' });
+    gateway = await cluster.gateway();
+  });
+
+  afterAll(async () => {
+    await cluster?.stop();
+  });
+
+  async function refused(path: string, body: unknown) {
+    const res = await postRaw(`${gateway.url}${path}`, body);
+    expect(res.headers.get('content-type')).toMatch(/^application\/json/);
+    return { status: res.status, error: (res.json as ErrorBody).error, headers: res.headers };
+  }
+
+  for (const stream of [false, true]) {
+    describe(`with stream: ${stream}`, () => {
+      it('refuses a body that is not JSON with 400', async () => {
+        const { status, error } = await refused('/v1/chat/completions', `{"model": "${MODEL}", "stream": ${stream}, `);
+        expect(status).toBe(400);
+        expect(error).toMatchObject({ type: 'invalid_request_error', code: 'invalid_json', param: null });
+      });
+
+      it('names the bad field with 400', async () => {
+        const badFields: Array<[Record<string, unknown>, string]> = [
+          [{ temperature: 3 }, 'temperature'],
+          [{ top_p: 0 }, 'top_p'],
+          [{ n: 0 }, 'n'],
+          [{ max_tokens: -1 }, 'max_tokens'],
+          [{ messages: [] }, 'messages'],
+          [{ messages: [{ role: 'wizard', content: 'hi' }] }, 'messages[0].role'],
+          [{ stop: 7 }, 'stop'],
+          [{ top_logprobs: 2 }, 'top_logprobs'],
+          [{ logit_bias: { '1': 5 } }, 'logit_bias'],
+        ];
+        for (const [extra, param] of badFields) {
+          const { status, error } = await refused('/v1/chat/completions', chat({ stream, ...extra }));
+          expect(status, param).toBe(400);
+          expect(error, param).toMatchObject({ type: 'invalid_request_error', param });
+        }
+        const missing = await refused('/v1/completions', { model: MODEL, stream });
+        expect(missing.status).toBe(400);
+        expect(missing.error.param).toBe('prompt');
+        const noModel = await refused('/v1/chat/completions', { messages: [{ role: 'user', content: 'x' }], stream });
+        expect(noModel.error.param).toBe('model');
+      });
+
+      it('refuses an unknown model with 404 naming model', async () => {
+        const { status, error } = await refused('/v1/chat/completions', chat({ stream, model: 'no-such-model' }));
+        expect(status).toBe(404);
+        expect(error).toMatchObject({ code: 'model_not_found', param: 'model' });
+      });
+
+      it("refuses a prompt that does not fit the model's context with 400, naming the field", async () => {
+        const long = 'word '.repeat(5000);
+        const chatTooLong = await refused('/v1/chat/completions', chat({ stream, messages: [{ role: 'user', content: long }] }));
+        expect(chatTooLong.status).toBe(400);
+        expect(chatTooLong.error).toMatchObject({ code: 'context_length_exceeded', param: 'messages' });
+        const completionTooLong = await refused('/v1/completions', { model: MODEL, prompt: long, max_tokens: 4, stream });
+        expect(completionTooLong.error).toMatchObject({ code: 'context_length_exceeded', param: 'prompt' });
+        const tooManyTokens = await refused('/v1/chat/completions', chat({ stream, max_tokens: 100_000 }));
+        expect(tooManyTokens.error).toMatchObject({ code: 'context_length_exceeded', param: 'max_tokens' });
+        const tooManyCompletionTokens = await refused('/v1/chat/completions', chat({ stream, max_tokens: undefined, max_completion_tokens: 100_000 }));
+        expect(tooManyCompletionTokens.error).toMatchObject({ code: 'context_length_exceeded', param: 'max_completion_tokens' });
+      });
+    });
+  }
+
+  it('answers 404 with an OpenAI error body for an unknown route', async () => {
+    const res = await fetch(`${gateway.url}/v1/nothing`);
+    expect(res.status).toBe(404);
+    expect(((await res.json()) as ErrorBody).error.code).toBe('not_found');
+  });
+
+  it('refuses requests beyond the queue bound with 429 and Retry-After', async () => {
+    const bounded = await cluster.gateway({ MAX_QUEUED_REQUESTS: '1', RETRY_AFTER_S: '2', HEADERS_WAIT_MS: '0' });
+    const long = { model: MODEL, prompt: 'Once upon a time', max_tokens: 1500, ignore_eos: true, temperature: 0, stream: true };
+    // The worker's one batch slot, then the one queue place.
+    const running = new LiveStream(`${bounded.url}/v1/completions`, long);
+    await running.until('the first stream running', () => running.contentChunks > 0);
+    const queued = new LiveStream(`${bounded.url}/v1/completions`, long);
+    expect(await queued.headers).toBe(200);
+    const refusedRes = await fetch(`${bounded.url}/v1/chat/completions`, {
+      method: 'POST',
+      headers: { 'Content-Type': 'application/json' },
+      body: JSON.stringify(chat({ stream: true })),
+    });
+    expect(refusedRes.status).toBe(429);
+    expect(refusedRes.headers.get('retry-after')).toBe('2');
+    expect(((await refusedRes.json()) as ErrorBody).error).toMatchObject({ code: 'queue_full', type: 'rate_limit_error' });
+    running.abort();
+    queued.abort();
+    await Promise.all([running.ended, queued.ended]);
+    await waitFor('worker idle', async () => ((await cluster.workers[0]!.health()).running === 0 ? true : undefined));
+  });
+});

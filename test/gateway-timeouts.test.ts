@@ -1,0 +1,113 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { Cluster, MODEL } from './support/cluster.js';
+import { sleep, waitFor } from './support/processes.js';
+import type { WorkerProcess } from './support/sluice.js';
+import { LiveStream, postRaw, streamError } from './support/sse.js';
+
+const long = (prompt: string) => ({ model: MODEL, prompt, max_tokens: 1800, ignore_eos: true, temperature: 0, stream: true });
+
+function dataEvents(stream: LiveStream): string[] {
+  return stream.items.flatMap((item) => (item.kind === 'data' ? [item.data] : []));
+}
+
+describe('timeouts end the stream with a clear error and cancel the work', () => {
+  let cluster: Cluster;
+  let worker: WorkerProcess;
+
+  beforeAll(async () => {
+    cluster = await Cluster.start();
+    // One batch slot, so a second request waits in the queue; a long TTL, so a paused worker is not "lost".
+    worker = await cluster.worker({ MAX_BATCH_SIZE: '1', WORKER_TTL_MS: '60000' });
+  });
+
+  afterAll(async () => {
+    worker?.process.signal('SIGCONT');
+    await cluster?.stop();
+  });
+
+  const idle = () => waitFor('worker idle', async () => ((await worker.health()).running === 0 ? true : undefined));
+
+  it('heartbeats while queued, then the queue timeout ends the stream and removes the job', async () => {
+    const gateway = await cluster.gateway({ HEADERS_WAIT_MS: '100', HEARTBEAT_MS: '100', QUEUE_TIMEOUT_MS: '1500' });
+    const filler = new LiveStream(`${gateway.url}/v1/completions`, long('Filler'));
+    await filler.until('filler running', () => filler.contentChunks >= 1);
+    const start = await worker.health();
+
+    const startedAt = Date.now();
+    const queued = new LiveStream(`${gateway.url}/v1/chat/completions`, {
+      model: MODEL,
+      messages: [{ role: 'user', content: 'Waiting' }],
+      max_tokens: 8,
+      stream: true,
+    });
+    // The 200 goes out after HEADERS_WAIT_MS, then pings keep the connection alive.
+    expect(await queued.headers).toBe(200);
+    await queued.until('three heartbeats', () => queued.pings >= 3, 5_000);
+    expect(dataEvents(queued)).toEqual([]);
+    expect(await queued.ended).toBe('done');
+    const elapsed = Date.now() - startedAt;
+    expect(elapsed).toBeGreaterThanOrEqual(1400);
+    expect(elapsed).toBeLessThan(4000);
+    expect(streamError(queued.items)).toMatchObject({ code: 'queue_timeout' });
+    expect(dataEvents(queued)).toHaveLength(2);
+
+    const redis = cluster.redis.client();
+    try {
+      expect(await redis.llen('sluice:bull:generate:wait')).toBe(0);
+    } finally {
+      redis.disconnect();
+    }
+    filler.abort();
+    await idle();
+    await sleep(200);
+    expect((await worker.health()).processed - start.processed).toBe(1);
+  });
+
+  it('answers a queue timeout of a non-streaming request with 503', async () => {
+    const gateway = await cluster.gateway({ QUEUE_TIMEOUT_MS: '800' });
+    const filler = new LiveStream(`${gateway.url}/v1/completions`, long('Filler'));
+    await filler.until('filler running', () => filler.contentChunks >= 1);
+    const res = await postRaw(`${gateway.url}/v1/completions`, { model: MODEL, prompt: 'x', max_tokens: 4 });
+    expect(res.status).toBe(503);
+    expect(res.headers.get('retry-after')).not.toBeNull();
+    expect(res.json).toMatchObject({ error: { code: 'queue_timeout' } });
+    filler.abort();
+    await idle();
+  });
+
+  it('ends a stream at its total deadline and stops its sequence', async () => {
+    const gateway = await cluster.gateway({ REQUEST_TIMEOUT_MS: '1500' });
+    const startedAt = Date.now();
+    const stream = new LiveStream(`${gateway.url}/v1/completions`, long('A very long story'));
+    expect(await stream.ended).toBe('done');
+    const elapsed = Date.now() - startedAt;
+    expect(elapsed).toBeGreaterThanOrEqual(1400);
+    expect(elapsed).toBeLessThan(3000);
+    expect(stream.contentChunks).toBeGreaterThan(0);
+    expect(streamError(stream.items)).toMatchObject({ code: 'deadline_exceeded' });
+    await idle();
+  });
+
+  it('ends a stream whose worker sends nothing for IDLE_TIMEOUT_MS and cancels the sequence', async () => {
+    const gateway = await cluster.gateway({ IDLE_TIMEOUT_MS: '700' });
+    const stream = new LiveStream(`${gateway.url}/v1/completions`, long('A story that stalls'));
+    await stream.until('a few chunks', () => stream.contentChunks >= 3);
+    // A frozen worker: alive in the registry (long TTL) but silent.
+    worker.process.signal('SIGSTOP');
+    const stoppedAt = Date.now();
+    try {
+      expect(await stream.ended).toBe('done');
+      const elapsed = Date.now() - stoppedAt;
+      expect(elapsed).toBeGreaterThanOrEqual(500);
+      expect(elapsed).toBeLessThan(2500);
+      expect(streamError(stream.items)).toMatchObject({ code: 'idle_timeout' });
+    } finally {
+      worker.process.signal('SIGCONT');
+    }
+    // The cancel was waiting in the worker's socket: the sequence leaves once it runs again.
+    await waitFor('the sequence cancelled', async () => {
+      const health = await worker.health();
+      return health.running === 0 && health.lastCancel?.requestId === stream.requestId ? true : undefined;
+    }, 10_000);
+  });
+});

@@ -1,0 +1,131 @@
+import type { Engine, EngineEvent, GenerateRequest, StepStats } from '@sluice/engine';
+
+/**
+ * A stand-in engine with the real one's contract (batched steps on a timer, all events of a step in
+ * one macrotask, abort at the next step) and deterministic text: token k of a request is
+ * ` w<(sum of prompt ids + k) mod 1000>`. For the gateway benchmark (no model cost) and for
+ * developing the stream path without a model.
+ */
+export interface FakeEngineOptions {
+  stepMs: number;
+  maxBatchSize?: number;
+  maxContextLength?: number;
+  modelId?: string;
+}
+
+interface Active {
+  request: GenerateRequest;
+  produced: number;
+  maxTokens: number;
+  seedBase: number;
+  push: (event: EngineEvent) => void;
+  signal: AbortSignal | undefined;
+  startedAt: number;
+}
+
+class EventQueue implements AsyncIterableIterator<EngineEvent> {
+  private readonly queue: EngineEvent[] = [];
+  private waiting: ((result: IteratorResult<EngineEvent>) => void) | undefined;
+  private ended = false;
+
+  push(event: EngineEvent): void {
+    if (this.ended) return;
+    if (event.type === 'finish') this.ended = true;
+    const waiting = this.waiting;
+    if (waiting !== undefined) {
+      this.waiting = undefined;
+      waiting({ value: event, done: false });
+    } else this.queue.push(event);
+  }
+
+  next(): Promise<IteratorResult<EngineEvent>> {
+    const event = this.queue.shift();
+    if (event !== undefined) return Promise.resolve({ value: event, done: false });
+    if (this.ended) return Promise.resolve({ value: undefined, done: true });
+    return new Promise((resolve) => (this.waiting = resolve));
+  }
+
+  [Symbol.asyncIterator](): this {
+    return this;
+  }
+}
+
+export function fakeTokenText(seedBase: number, k: number): string {
+  return ` w${(seedBase + k) % 1000}`;
+}
+
+export function createFakeEngine(options: FakeEngineOptions): Engine {
+  const maxBatchSize = options.maxBatchSize ?? 32;
+  const active = new Set<Active>();
+  const listeners = new Set<(stats: StepStats) => void>();
+  let timer: NodeJS.Timeout | undefined;
+
+  const step = () => {
+    const started = performance.now();
+    let generated = 0;
+    for (const a of [...active].slice(0, maxBatchSize)) {
+      if (a.signal?.aborted) {
+        active.delete(a);
+        a.push({ type: 'text-end', index: 0, finishReason: 'abort' });
+        a.push({ type: 'finish', usage: { promptTokens: a.request.promptTokenIds.length, completionTokens: a.produced }, timings: { queueMs: 0, prefillMs: 0, firstTokenMs: 0 } });
+        continue;
+      }
+      a.push({ type: 'text-delta', index: 0, tokenIds: [a.produced], text: fakeTokenText(a.seedBase, a.produced) });
+      a.produced++;
+      generated++;
+      if (a.produced >= a.maxTokens) {
+        active.delete(a);
+        a.push({ type: 'text-end', index: 0, finishReason: 'length' });
+        a.push({ type: 'finish', usage: { promptTokens: a.request.promptTokenIds.length, completionTokens: a.produced }, timings: { queueMs: 0, prefillMs: 0, firstTokenMs: 0 } });
+      }
+    }
+    const stats: StepStats = {
+      phase: 'decode',
+      batchSize: generated,
+      stepTokens: generated,
+      stepMs: performance.now() - started,
+      modelMs: 0,
+      running: active.size,
+      waiting: 0,
+      cachedTokens: 0,
+      maxCachedTokens: 1,
+      promptTokens: 0,
+      generationTokens: generated,
+    };
+    for (const listener of listeners) listener(stats);
+    if (active.size === 0) {
+      clearInterval(timer);
+      timer = undefined;
+    }
+  };
+
+  return {
+    info: {
+      modelId: options.modelId ?? 'fake',
+      maxContextLength: options.maxContextLength ?? 4096,
+      maxBatchSize,
+      executionProvider: 'cpu',
+    },
+    generate(request, signal) {
+      const queue = new EventQueue();
+      active.add({
+        request,
+        produced: 0,
+        maxTokens: request.sampling.maxTokens ?? 16,
+        seedBase: request.promptTokenIds.reduce((sum, id) => sum + id, 0),
+        push: (event) => queue.push(event),
+        signal,
+        startedAt: Date.now(),
+      });
+      timer ??= setInterval(step, options.stepMs);
+      return queue;
+    },
+    onStep(listener) {
+      listeners.add(listener);
+      return () => listeners.delete(listener);
+    },
+    async close() {
+      clearInterval(timer);
+    },
+  };
+}

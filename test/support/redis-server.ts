@@ -1,0 +1,46 @@
+/** A private `redis-server` on a free loopback port (never the one that may run on 6379). */
+import { spawnSync } from 'node:child_process';
+import { Redis } from 'ioredis';
+import { freePort, startProcess, waitFor, type ManagedProcess } from './processes.js';
+
+export interface RedisServer {
+  readonly url: string;
+  readonly port: number;
+  readonly process: ManagedProcess;
+  /** A new client (the caller quits it). */
+  client(): Redis;
+  stop(): Promise<void>;
+}
+
+export function hasRedisServer(): boolean {
+  return spawnSync('redis-server', ['--version']).status === 0;
+}
+
+export async function startRedis(): Promise<RedisServer> {
+  const port = await freePort();
+  const proc = startProcess('redis', 'redis-server', [
+    '--port', String(port),
+    '--bind', '127.0.0.1',
+    '--save', '',
+    '--appendonly', 'no',
+    '--maxmemory-policy', 'noeviction',
+  ], {});
+  const url = `redis://127.0.0.1:${port}`;
+  const probe = new Redis(url, { lazyConnect: true, maxRetriesPerRequest: 0, retryStrategy: () => null });
+  probe.on('error', () => undefined);
+  try {
+    await waitFor('redis-server', async () => {
+      if (probe.status !== 'ready') await probe.connect().catch(() => probe.disconnect());
+      return (await probe.ping()) === 'PONG' ? true : undefined;
+    }, 10_000);
+  } finally {
+    probe.disconnect();
+  }
+  return {
+    url,
+    port,
+    process: proc,
+    client: () => new Redis(url, { maxRetriesPerRequest: null }),
+    stop: () => proc.stop(2_000),
+  };
+}

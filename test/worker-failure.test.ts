@@ -1,0 +1,73 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { Cluster, MODEL } from './support/cluster.js';
+import { waitFor } from './support/processes.js';
+import type { GatewayProcess } from './support/sluice.js';
+import { checkChunkSequence, LiveStream, streamError } from './support/sse.js';
+
+const long = (prompt: string) => ({ model: MODEL, prompt, max_tokens: 1800, ignore_eos: true, temperature: 0, stream: true });
+/** Fast liveness: the gateway sees a dead worker within ~1.5 s; stalled jobs are found within ~1 s. */
+const fastWorker = { WORKER_HEARTBEAT_MS: '250', WORKER_TTL_MS: '1500', LOCK_DURATION_MS: '1000', MAX_BATCH_SIZE: '4' };
+
+describe('worker and gateway lifecycle', () => {
+  let cluster: Cluster;
+  let gateway: GatewayProcess;
+
+  beforeAll(async () => {
+    cluster = await Cluster.start();
+  });
+
+  afterAll(async () => {
+    await cluster?.stop();
+  });
+
+  it('ends the streams of a worker killed with SIGKILL with an error frame within seconds, and never restarts them', async () => {
+    const doomed = await cluster.worker(fastWorker);
+    gateway = await cluster.gateway({ REGISTRY_POLL_MS: '200' });
+    const streams = [0, 1, 2].map((i) => new LiveStream(`${gateway.url}/v1/completions`, long(`Story ${i}`)));
+    await Promise.all(streams.map((s) => s.until('streaming', () => s.contentChunks >= 2)));
+    doomed.process.signal('SIGKILL');
+    const killedAt = Date.now();
+    const endings = await Promise.all(streams.map((s) => s.ended));
+    expect(endings).toEqual(['done', 'done', 'done']);
+    expect(Date.now() - killedAt).toBeLessThan(5_000);
+    for (const s of streams) expect(streamError(s.items)).toMatchObject({ code: 'worker_lost' });
+
+    // BullMQ recovers the dead worker's jobs (stalled) and hands them to a live worker, which must not
+    // start those answers again from token 0: they were cancelled.
+    const heir = await cluster.worker(fastWorker);
+    await waitFor('the stalled jobs skipped', async () => ((await heir.health()).skipped >= 3 ? true : undefined), 15_000);
+    const health = await heir.health();
+    expect(health.processed).toBe(health.skipped);
+  });
+
+  it('on SIGTERM a worker finishes its running sequences, then exits 0', async () => {
+    const worker = cluster.workers.at(-1)!;
+    const stream = new LiveStream(`${gateway.url}/v1/completions`, { ...long('To the end'), max_tokens: 60 });
+    await stream.until('streaming', () => stream.contentChunks >= 1);
+    worker.process.signal('SIGTERM');
+    expect(await stream.ended).toBe('done');
+    expect(checkChunkSequence(stream.items, 'completion', false).finishReason).toBe('length');
+    expect(await worker.process.exited).toEqual({ code: 0, signal: null });
+  });
+
+  it('on SIGTERM a gateway turns /readyz to 503, lets streams finish within its bound, ends the rest with an error frame', async () => {
+    await cluster.worker(fastWorker);
+    const draining = await cluster.gateway({ DRAIN_TIMEOUT_MS: '1500' });
+    const short = new LiveStream(`${draining.url}/v1/completions`, { ...long('Short'), max_tokens: 40 });
+    const endless = new LiveStream(`${draining.url}/v1/completions`, long('Endless'));
+    await Promise.all([short, endless].map((s) => s.until('streaming', () => s.contentChunks >= 1)));
+    draining.process.signal('SIGTERM');
+    await waitFor('readyz 503', async () => ((await draining.get('/readyz')).status === 503 ? true : undefined), 2_000, 10);
+    const refused = await fetch(`${draining.url}/v1/completions`, {
+      method: 'POST',
+      headers: { 'Content-Type': 'application/json' },
+      body: JSON.stringify({ model: MODEL, prompt: 'late', max_tokens: 2 }),
+    });
+    expect(refused.status).toBe(503);
+    expect(await short.ended).toBe('done');
+    expect(checkChunkSequence(short.items, 'completion', false).finishReason).toBe('length');
+    expect(await endless.ended).toBe('done');
+    expect(streamError(endless.items)).toMatchObject({ code: 'shutting_down' });
+    expect(await draining.process.exited).toEqual({ code: 0, signal: null });
+  });
+});
