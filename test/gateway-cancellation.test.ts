@@ -37,9 +37,9 @@ describe('when the client goes away', () => {
       const health = await worker.health();
       return health.running <= 1 && health.lastCancel?.requestId === doomed.requestId ? health : undefined;
     }, 10_000, 5);
-    // The engine drops an aborted sequence at a step boundary: the step in flight when the cancel
-    // reached the worker may finish, the next one no longer holds it.
-    expect(after.lastCancel!.steps).toBeLessThanOrEqual(2);
+    // The engine drops an aborted sequence at the next step boundary (packages/engine tests count the
+    // tokens); here a step is well under a millisecond, so the cancel is bounded by the message path.
+    expect(after.lastCancel!.ms).toBeLessThan(500);
     expect(Date.now() - abortedAt).toBeLessThan(2_000);
 
     expect(await other.ended).toBe('done');

@@ -26,6 +26,18 @@ describe('timeouts end the stream with a clear error and cancel the work', () =>
   });
 
   const idle = () => waitFor('worker idle', async () => ((await worker.health()).running === 0 ? true : undefined));
+  /**
+   * Freezes the worker (SIGSTOP) while `body` runs: a busy worker without the race against the tiny
+   * model, which finishes even 1,800 tokens in about a second. It stays alive in the registry (long TTL).
+   */
+  const whilePaused = async (body: () => Promise<void>): Promise<void> => {
+    worker.process.signal('SIGSTOP');
+    try {
+      await body();
+    } finally {
+      worker.process.signal('SIGCONT');
+    }
+  };
 
   it('heartbeats while queued, then the queue timeout ends the stream and removes the job', async () => {
     const gateway = await cluster.gateway({ HEADERS_WAIT_MS: '100', HEARTBEAT_MS: '100', QUEUE_TIMEOUT_MS: '1500' });
@@ -33,19 +45,24 @@ describe('timeouts end the stream with a clear error and cancel the work', () =>
     await filler.until('filler running', () => filler.contentChunks >= 1);
     const start = await worker.health();
 
-    const startedAt = Date.now();
-    const queued = new LiveStream(`${gateway.url}/v1/chat/completions`, {
-      model: MODEL,
-      messages: [{ role: 'user', content: 'Waiting' }],
-      max_tokens: 8,
-      stream: true,
+    let elapsed = 0;
+    let queued: LiveStream | undefined;
+    await whilePaused(async () => {
+      const startedAt = Date.now();
+      queued = new LiveStream(`${gateway.url}/v1/chat/completions`, {
+        model: MODEL,
+        messages: [{ role: 'user', content: 'Waiting' }],
+        max_tokens: 8,
+        stream: true,
+      });
+      // The 200 goes out after HEADERS_WAIT_MS, then pings keep the connection alive.
+      expect(await queued.headers).toBe(200);
+      await queued.until('three heartbeats', () => queued!.pings >= 3, 5_000);
+      expect(dataEvents(queued)).toEqual([]);
+      expect(await queued.ended).toBe('done');
+      elapsed = Date.now() - startedAt;
     });
-    // The 200 goes out after HEADERS_WAIT_MS, then pings keep the connection alive.
-    expect(await queued.headers).toBe(200);
-    await queued.until('three heartbeats', () => queued.pings >= 3, 5_000);
-    expect(dataEvents(queued)).toEqual([]);
-    expect(await queued.ended).toBe('done');
-    const elapsed = Date.now() - startedAt;
+    if (queued === undefined) throw new Error('unreachable');
     expect(elapsed).toBeGreaterThanOrEqual(1400);
     expect(elapsed).toBeLessThan(4000);
     expect(streamError(queued.items)).toMatchObject({ code: 'queue_timeout' });
@@ -67,7 +84,11 @@ describe('timeouts end the stream with a clear error and cancel the work', () =>
     const gateway = await cluster.gateway({ QUEUE_TIMEOUT_MS: '800' });
     const filler = new LiveStream(`${gateway.url}/v1/completions`, long('Filler'));
     await filler.until('filler running', () => filler.contentChunks >= 1);
-    const res = await postRaw(`${gateway.url}/v1/completions`, { model: MODEL, prompt: 'x', max_tokens: 4 });
+    let res: Awaited<ReturnType<typeof postRaw>> | undefined;
+    await whilePaused(async () => {
+      res = await postRaw(`${gateway.url}/v1/completions`, { model: MODEL, prompt: 'x', max_tokens: 4 });
+    });
+    if (res === undefined) throw new Error('unreachable');
     expect(res.status).toBe(503);
     expect(res.headers.get('retry-after')).not.toBeNull();
     expect(res.json).toMatchObject({ error: { code: 'queue_timeout' } });
@@ -79,13 +100,19 @@ describe('timeouts end the stream with a clear error and cancel the work', () =>
     const gateway = await cluster.gateway({ REQUEST_TIMEOUT_MS: '1500' });
     const startedAt = Date.now();
     const stream = new LiveStream(`${gateway.url}/v1/completions`, long('A very long story'));
-    expect(await stream.ended).toBe('done');
+    await stream.until('a few chunks', () => stream.contentChunks >= 3);
+    // Paused mid-stream, the worker stays silent but well within IDLE_TIMEOUT_MS: the deadline ends it.
+    await whilePaused(async () => {
+      expect(await stream.ended).toBe('done');
+    });
     const elapsed = Date.now() - startedAt;
     expect(elapsed).toBeGreaterThanOrEqual(1400);
     expect(elapsed).toBeLessThan(3000);
-    expect(stream.contentChunks).toBeGreaterThan(0);
     expect(streamError(stream.items)).toMatchObject({ code: 'deadline_exceeded' });
-    await idle();
+    await waitFor('the sequence cancelled', async () => {
+      const health = await worker.health();
+      return health.running === 0 && health.lastCancel?.requestId === stream.requestId ? true : undefined;
+    }, 10_000);
   });
 
   it('ends a stream whose worker sends nothing for IDLE_TIMEOUT_MS and cancels the sequence', async () => {

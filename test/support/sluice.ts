@@ -31,8 +31,8 @@ export interface WorkerHealth {
   processed: number;
   skipped: number;
   steps: number;
-  /** The latest cancelled sequence: engine steps and ms between the cancel reaching the worker and the sequence leaving the batch. */
-  lastCancel: { requestId: string; steps: number; ms: number } | null;
+  /** The latest cancelled sequence: ms between the cancel reaching the worker and the sequence leaving the batch. */
+  lastCancel: { requestId: string; ms: number } | null;
 }
 
 export interface WorkerProcess {

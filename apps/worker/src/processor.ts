@@ -59,8 +59,8 @@ export interface ProcessorCounters {
   processed: number;
   /** Jobs not run: cancelled or past their deadline before they started, or recovered after a worker died. */
   skipped: number;
-  /** The latest cancelled sequence: engine steps and ms from the cancel to its leaving the batch. */
-  lastCancel: { requestId: string; steps: number; ms: number } | undefined;
+  /** The latest cancelled sequence: ms from the cancel reaching this worker to its leaving the batch. */
+  lastCancel: { requestId: string; ms: number } | undefined;
 }
 
 /** Observability seams (metrics): called synchronously, must be cheap and never throw. */
@@ -83,8 +83,6 @@ export interface ProcessorDeps {
   names: RedisNames;
   workerId: string;
   logger: Logger;
-  /** Engine steps so far (measures how fast a cancelled sequence leaves the batch). */
-  stepCount?: () => number;
   hooks?: WorkerHooks;
 }
 
@@ -180,9 +178,9 @@ export class JobProcessor {
 
     this.send(job, { type: 'accepted', workerId: this.deps.workerId, promptTokens: promptTokenIds.length });
     this.counters.running++;
-    let cancelledAt: { steps: number; ms: number } | undefined;
+    let cancelledAt: number | undefined;
     let lastFinishReason: 'stop' | 'length' | undefined;
-    const onCancel = () => (cancelledAt = { steps: this.deps.stepCount?.() ?? 0, ms: performance.now() });
+    const onCancel = () => (cancelledAt = performance.now());
     signal.addEventListener('abort', onCancel, { once: true });
     try {
       for await (const event of events) {
@@ -228,11 +226,7 @@ export class JobProcessor {
       this.counters.running--;
       signal.removeEventListener('abort', onCancel);
       if (cancelledAt !== undefined) {
-        this.counters.lastCancel = {
-          requestId: job.requestId,
-          steps: (this.deps.stepCount?.() ?? 0) - cancelledAt.steps,
-          ms: Math.round(performance.now() - cancelledAt.ms),
-        };
+        this.counters.lastCancel = { requestId: job.requestId, ms: Math.round(performance.now() - cancelledAt) };
       }
     }
   }

@@ -61,7 +61,6 @@ export async function startWorker(
     names,
     workerId: config.workerId,
     logger,
-    stepCount: () => steps,
     ...(deps.hooks === undefined ? {} : { hooks: deps.hooks }),
   });
 
