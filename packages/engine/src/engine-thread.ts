@@ -21,7 +21,7 @@ const DEFAULT_MAX_STEP_TOKENS = 512;
  * gives ~520.
  */
 async function estimateLaneCost(model: ModelDir, session: OnnxSession): Promise<number> {
-  const files = [model.onnxPath, ...(model.onnxDataPath === undefined ? [] : [model.onnxDataPath])];
+  const files = [model.onnxPath, ...model.onnxDataPaths];
   let weightBytes = 0;
   for (const file of files) weightBytes += (await stat(file)).size;
   const { numLayers, numKvHeads, headDim, dtype } = session.io.kv;

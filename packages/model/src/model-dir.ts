@@ -1,5 +1,5 @@
 import { readFile, stat } from 'node:fs/promises';
-import { basename, join, resolve } from 'node:path';
+import { basename, dirname, join, resolve } from 'node:path';
 import { z } from 'zod';
 import { ChatTemplateError, createChatTemplate, missingChatTemplate } from './chat-template.js';
 import { ModelDirError } from './model-dir-error.js';
@@ -111,9 +111,15 @@ export async function loadModelDir(path: string, options: LoadModelDirOptions = 
   const specialTokens = specialTokenStrings(tokenizerConfig);
   const chatTemplate = await loadChatTemplate(dir, tokenizerConfig.chat_template, specialTokens);
   const { onnxPath, onnxName } = await findOnnxFile(dir, options.onnxFileName ?? 'model.onnx');
-  const onnxDataPath = `${onnxPath}_data`;
-  const hasOnnxData = await isFile(onnxDataPath);
   const io = readOnnxIoSync(onnxPath, onnxName);
+  const onnxDataPaths: string[] = [];
+  for (const location of io.externalDataFiles) {
+    const path = resolve(dirname(onnxPath), location);
+    if (!(await isFile(path))) {
+      throw new ModelDirError(join(dirname(onnxName), location), `file not found (external data that ${onnxName} names)`);
+    }
+    onnxDataPaths.push(path);
+  }
   if (io.numLayers !== config.num_hidden_layers) {
     throw new ModelDirError(
       onnxName,
@@ -156,9 +162,9 @@ export async function loadModelDir(path: string, options: LoadModelDirOptions = 
     tokenizer,
     chatTemplate,
     onnxPath,
+    onnxDataPaths,
     io,
   };
-  if (hasOnnxData) modelDir.onnxDataPath = onnxDataPath;
   return modelDir;
 }
 

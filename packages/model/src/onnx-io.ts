@@ -96,6 +96,7 @@ function describeDecoder(graph: ScannedGraph, file: string): OnnxIo {
     hasUseCacheBranch: inputs.has('use_cache_branch'),
     hasNumLogitsToKeep: inputs.has('num_logits_to_keep'),
     usesGroupQueryAttention: graph.opTypes.has('GroupQueryAttention'),
+    externalDataFiles: [...graph.externalDataFiles],
   };
 }
 
@@ -110,6 +111,8 @@ interface ScannedGraph {
   outputs: ValueInfo[];
   /** Op types of all nodes, subgraphs (If / Loop branches) included. */
   opTypes: Set<string>;
+  /** `location` of every initializer stored as external data. */
+  externalDataFiles: Set<string>;
 }
 
 /** Field numbers from onnx.proto. */
@@ -117,7 +120,9 @@ const MODEL_GRAPH = 7;
 const GRAPH = { node: 1, initializer: 5, input: 11, output: 12 } as const;
 const NODE = { attribute: 5, opType: 4 } as const;
 const ATTRIBUTE = { g: 6, graphs: 11 } as const;
-const TENSOR_NAME = 8;
+const TENSOR = { name: 8, externalData: 13 } as const;
+/** StringStringEntryProto: key 1, value 2. */
+const ENTRY = { key: 1, value: 2 } as const;
 const WIRE = { varint: 0, fixed64: 1, bytes: 2, fixed32: 5 } as const;
 
 interface Field {
@@ -134,7 +139,7 @@ function scanModel(reader: FileReader): ScannedGraph {
     if (field.number === MODEL_GRAPH && field.wireType === WIRE.bytes) graph = field;
   }
   if (graph === undefined) reader.malformed('no graph in the model');
-  const scanned: ScannedGraph = { inputs: [], outputs: [], opTypes: new Set() };
+  const scanned: ScannedGraph = { inputs: [], outputs: [], opTypes: new Set(), externalDataFiles: new Set() };
   const initializers = new Set<string>();
   for (const field of reader.fields(graph!.start, graph!.end)) {
     if (field.wireType !== WIRE.bytes) continue;
@@ -144,8 +149,9 @@ function scanModel(reader: FileReader): ScannedGraph {
     } else if (field.number === GRAPH.node) {
       scanNode(reader, field, scanned.opTypes);
     } else if (field.number === GRAPH.initializer) {
-      const name = initializerName(reader, field);
+      const { name, location } = scanInitializer(reader, field);
       if (name !== undefined) initializers.add(name);
+      if (location !== undefined) scanned.externalDataFiles.add(location);
     }
   }
   // Old exports (IR < 4) also list every weight as a graph input; those are not fed by callers.
@@ -170,11 +176,24 @@ function scanNode(reader: FileReader, node: Field, opTypes: Set<string>): void {
   }
 }
 
-function initializerName(reader: FileReader, tensor: Field): string | undefined {
+/** An initializer's name and, when its bytes live in an external-data file, that file's location. */
+function scanInitializer(reader: FileReader, tensor: Field): { name?: string; location?: string } {
+  const found: { name?: string; location?: string } = {};
   for (const field of reader.fields(tensor.start, tensor.end)) {
-    if (field.number === TENSOR_NAME && field.wireType === WIRE.bytes) return reader.string(field);
+    if (field.wireType !== WIRE.bytes) continue;
+    if (field.number === TENSOR.name) found.name = reader.string(field);
+    else if (field.number === TENSOR.externalData) {
+      let key: string | undefined;
+      let value: string | undefined;
+      for (const entry of reader.fields(field.start, field.end)) {
+        if (entry.wireType !== WIRE.bytes) continue;
+        if (entry.number === ENTRY.key) key = reader.string(entry);
+        else if (entry.number === ENTRY.value) value = reader.string(entry);
+      }
+      if (key === 'location' && value !== undefined) found.location = value;
+    }
   }
-  return undefined;
+  return found;
 }
 
 function decodeValueInfo(bytes: Uint8Array): ValueInfo {

@@ -56,6 +56,8 @@ export interface OnnxIo {
   hasNumLogitsToKeep: boolean;
   /** True when the graph uses com.microsoft GroupQueryAttention (cannot express gaps in the mask). */
   usesGroupQueryAttention: boolean;
+  /** External-data files the weights live in, relative to the .onnx file's folder (`model.onnx_data`, ...). */
+  externalDataFiles: string[];
 }
 
 /** Generation defaults from `generation_config.json` and `config.json`. */
@@ -84,7 +86,8 @@ export interface ModelDir {
   tokenizer: Tokenizer;
   chatTemplate: ChatTemplate;
   onnxPath: string;
-  onnxDataPath?: string;
+  /** Absolute paths of the external-data files the graph names (checked to exist); empty for a single-file model. */
+  onnxDataPaths: string[];
   io: OnnxIo;
 }
 

@@ -42,13 +42,18 @@ describe('loadModelDir', () => {
     expect(model.config['model_type']).toBe('llama');
     expect(model.generation).toEqual({ eosTokenIds: [2], bosTokenId: 1, padTokenId: 2, maxContextLength: 8192 });
     expect(model.onnxPath).toBe(join(dir, 'onnx', 'model.onnx'));
-    expect(model.onnxDataPath).toBeUndefined();
+    expect(model.onnxDataPaths).toEqual([]);
     expect(model.io).toMatchObject({ numLayers: 30, numKvHeads: 3, headDim: 64, kvDtype: 'float32' });
     expect(model.tokenizer.encode('<|im_start|>user')[0]).toBe(1);
     expect(model.chatTemplate.render([{ role: 'user', content: 'Hi' }])).toBe(
       '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' +
         '<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n',
     );
+  });
+
+  it('names the external-data file the graph needs when it is missing', async () => {
+    const dir = makeModelDir(root, 'qwen2.5-0.5b-instruct', 'qwen-no-data');
+    await expect(loadModelDir(dir)).rejects.toThrow(/onnx\/model\.onnx_data: file not found \(external data that onnx\/model\.onnx names\)/);
   });
 
   it('loads a Qwen2.5-0.5B-Instruct shaped export with the real Qwen tokenizer', async () => {
@@ -66,7 +71,7 @@ describe('loadModelDir', () => {
       topK: 20,
       repetitionPenalty: 1.1,
     });
-    expect(model.onnxDataPath).toBe(join(dir, 'onnx', 'model.onnx_data'));
+    expect(model.onnxDataPaths).toEqual([join(dir, 'onnx', 'model.onnx_data')]);
     expect(model.io).toMatchObject({ numLayers: 24, numKvHeads: 2, headDim: 64 });
     const prompt = model.chatTemplate.render([{ role: 'user', content: '你好' }]);
     expect(prompt).toBe(

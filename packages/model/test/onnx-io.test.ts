@@ -37,7 +37,13 @@ describe('readOnnxIo', () => {
       hasUseCacheBranch: false,
       hasNumLogitsToKeep: false,
       usesGroupQueryAttention: false,
+      externalDataFiles: [],
     });
+  });
+
+  it('lists the external-data files its weights live in', async () => {
+    const io = await readOnnxIo(writeModel({ externalData: 'model.onnx_data' }));
+    expect(io.externalDataFiles).toEqual(['model.onnx_data']);
   });
 
   it('reports a float16 KV cache, use_cache_branch and num_logits_to_keep when declared', async () => {

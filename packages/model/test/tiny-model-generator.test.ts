@@ -1,3 +1,4 @@
+import { existsSync } from 'node:fs';
 import { spawnSync } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { mkdir, mkdtemp, readdir, readFile, rm, stat, writeFile } from 'node:fs/promises';
@@ -142,13 +143,27 @@ describe('npm run model:generate', () => {
     expect(await hashTree(out)).toEqual(await hashTree(join(scratch, 'a')));
   });
 
+  it('without --out, makes sure the default copy exists and says where it is', () => {
+    const result = spawnSync(process.execPath, ['--import', 'tsx', cli, '--preset', 'tiny'], {
+      encoding: 'utf8',
+      timeout: 60_000,
+      env: { ...process.env, SLUICE_MODELS_DIR: join(scratch, 'default-models') },
+    });
+    expect(result.status).toBe(0);
+    expect(result.stdout).toContain(`The built-in tiny model is at ${join(scratch, 'default-models', 'tiny')}`);
+    expect(existsSync(join(scratch, 'default-models', 'tiny', 'onnx', 'model.onnx'))).toBe(true);
+  });
+
   it('names the flag that is wrong', () => {
     const unknownPreset = run('--preset', 'huge', '--out', join(scratch, 'x'));
     expect(unknownPreset.status).toBe(2);
     expect(unknownPreset.stderr).toContain('--preset must be one of: tiny, bench (got "huge")');
-    const noOut = run('--preset', 'tiny');
-    expect(noOut.status).toBe(2);
-    expect(noOut.stderr).toContain('--out is required');
+    const emptyOut = run('--preset', 'tiny', '--out', '');
+    expect(emptyOut.status).toBe(2);
+    expect(emptyOut.stderr).toContain('--out must name the directory');
+    const seedWithoutOut = run('--preset', 'tiny', '--seed', '3');
+    expect(seedWithoutOut.status).toBe(2);
+    expect(seedWithoutOut.stderr).toContain('--seed needs --out');
     const badSeed = run('--preset', 'tiny', '--out', join(scratch, 'x'), '--seed', '-1');
     expect(badSeed.status).toBe(2);
     expect(badSeed.stderr).toContain('--seed');

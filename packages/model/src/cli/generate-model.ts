@@ -3,18 +3,21 @@
  * `npm run model:generate -- --preset tiny|bench --out <dir> [--seed <n>]`
  *
  * Writes a built-in random Llama model directory (config, tokenizer, onnx/model.onnx).
+ * Without `--out`, makes sure the default copy (`models/<preset>`, as workers and tests use it) is
+ * there and current, generating it only when it is missing or stale (`npm run build` does this).
  */
 import { stat } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
 import { parseArgs } from 'node:util';
 import { buildTinyModelFiles, DEFAULT_SEED, writeTinyModelFiles } from '../tiny-model/generate-tiny-model.js';
+import { ensureBuiltinModel } from '../tiny-model/ensure-builtin-model.js';
 import { isTinyModelPreset, TINY_MODEL_PRESETS } from '../tiny-model/presets.js';
 
-const USAGE = `Usage: npm run model:generate -- --preset <${Object.keys(TINY_MODEL_PRESETS).join('|')}> --out <dir> [--seed <n>]`;
+const USAGE = `Usage: npm run model:generate -- --preset <${Object.keys(TINY_MODEL_PRESETS).join('|')}> [--out <dir>] [--seed <n>]`;
 
 class UsageError extends Error {}
 
-function parse(argv: string[]): { preset: keyof typeof TINY_MODEL_PRESETS; out: string; seed: number } | 'help' {
+function parse(argv: string[]): { preset: keyof typeof TINY_MODEL_PRESETS; out: string | undefined; seed: number } | 'help' {
   let values;
   try {
     ({ values } = parseArgs({
@@ -37,7 +40,7 @@ function parse(argv: string[]): { preset: keyof typeof TINY_MODEL_PRESETS; out: 
   if (!isTinyModelPreset(values.preset)) {
     throw new UsageError(`--preset must be one of: ${presetNames} (got ${JSON.stringify(values.preset)})`);
   }
-  if (values.out === undefined || values.out === '') throw new UsageError('--out is required: the directory to write the model into');
+  if (values.out === '') throw new UsageError('--out must name the directory to write the model into');
   let seed = DEFAULT_SEED;
   if (values.seed !== undefined) {
     seed = Number(values.seed);
@@ -45,7 +48,8 @@ function parse(argv: string[]): { preset: keyof typeof TINY_MODEL_PRESETS; out: 
       throw new UsageError(`--seed must be an integer from 0 to 4294967295 (got ${JSON.stringify(values.seed)})`);
     }
   }
-  return { preset: values.preset, out: resolve(values.out), seed };
+  if (values.out === undefined && values.seed !== undefined) throw new UsageError('--seed needs --out (the default copy uses the default seed)');
+  return { preset: values.preset, out: values.out === undefined ? undefined : resolve(values.out), seed };
 }
 
 async function main(): Promise<void> {
@@ -63,6 +67,10 @@ async function main(): Promise<void> {
     return;
   }
 
+  if (args.out === undefined) {
+    process.stdout.write(`The built-in ${args.preset} model is at ${await ensureBuiltinModel(args.preset)}\n`);
+    return;
+  }
   const started = performance.now();
   const { files, parameters, architecture } = buildTinyModelFiles(args.preset, args.seed);
   await writeTinyModelFiles(files, args.out);
