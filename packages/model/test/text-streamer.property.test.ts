@@ -99,6 +99,9 @@ function streamingProperties(name: string, tokenizer: () => Tokenizer, rawIds: f
           expectDeltasToSpell(deltas, tok.decode(ids, { skipSpecialTokens }));
           expect(tokenSum(deltas)).toBe(ids.length);
           expect(deltas.some((delta) => delta.finishReason !== undefined)).toBe(false);
+          // No half character: no replacement character the text lacks, no delta ending mid surrogate pair.
+          if (!text.includes('\uFFFD')) expect(deltas.filter((delta) => delta.text.includes('\uFFFD'))).toEqual([]);
+          expect(deltas.filter((delta) => /[\uD800-\uDBFF]$/.test(delta.text))).toEqual([]);
         }),
         { numRuns: NUM_RUNS },
       );
