@@ -222,20 +222,24 @@ export class EngineCore {
     sequence.outputTokenIds.push(tokenId);
     group.firstTokenAt ??= now();
 
-    const delta = sequence.streamer.push(tokenId);
-    let text = delta.text;
-    let finishReason: FinishReason | undefined = delta.finishReason;
-    if (finishReason === undefined) {
-      const produced = sequence.outputTokenIds.length;
-      if (sampling.stopTokenIds.includes(tokenId) || (!sampling.ignoreEos && this.#eos.has(tokenId))) {
-        finishReason = 'stop';
-      } else if (
-        produced >= sampling.maxTokens ||
-        group.promptLength + produced >= this.#model.generation.maxContextLength
-      ) {
-        finishReason = 'length';
+    const produced = sequence.outputTokenIds.length;
+    let text = '';
+    let finishReason: FinishReason | undefined;
+    if (sampling.stopTokenIds.includes(tokenId) || (!sampling.ignoreEos && this.#eos.has(tokenId))) {
+      // As vLLM: a stop token counts as a completion token, but its text is never emitted (it need
+      // not be a special token); only the text held back before it is flushed.
+      finishReason = 'stop';
+      text = sequence.streamer.finish().text;
+    } else {
+      const delta = sequence.streamer.push(tokenId);
+      text = delta.text;
+      finishReason = delta.finishReason;
+      if (finishReason === undefined) {
+        if (produced >= sampling.maxTokens || group.promptLength + produced >= this.#model.generation.maxContextLength) {
+          finishReason = 'length';
+        }
+        if (finishReason !== undefined) text += sequence.streamer.finish().text;
       }
-      if (finishReason !== undefined) text += sequence.streamer.finish().text;
     }
     const event: EngineEvent = { type: 'text-delta', index: sequence.index, tokenIds: [tokenId], text };
     if (sampling.logprobs) event.logprobs = [this.#logprob(sampled)];

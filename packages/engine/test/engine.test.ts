@@ -60,7 +60,7 @@ describe('createEngine on the tiny model', () => {
     }
   });
 
-  it('stops at a stop string without emitting it, and at a stop token id', async () => {
+  it('stops at a stop string without emitting it, and at a stop token id whose text it omits but counts', async () => {
     const free = await collect(engine.generate({ id: 'free', promptTokenIds: prompt, sampling: { maxTokens: 24, temperature: 0, ignoreEos: true } }));
     const text = free.texts[0]!;
     const stop = text.slice(6, 9);
@@ -70,7 +70,12 @@ describe('createEngine on the tiny model', () => {
     const stopId = free.tokens[0]![5]!;
     const byId = await collect(engine.generate({ id: 'stop-id', promptTokenIds: prompt, sampling: { maxTokens: 24, temperature: 0, ignoreEos: true, stopTokenIds: [stopId] } }));
     expect(byId.endReasons).toEqual(['stop']);
-    expect(byId.tokens[0]).toEqual(free.tokens[0]!.slice(0, free.tokens[0]!.indexOf(stopId) + 1));
+    const stopAt = free.tokens[0]!.indexOf(stopId);
+    expect(byId.tokens[0]).toEqual(free.tokens[0]!.slice(0, stopAt + 1));
+    // The stop token is an ordinary (non-special) token: its id is reported and counted, its text is not.
+    expect(model.tokenizer.decode([stopId])).not.toBe('');
+    expect(byId.texts[0]).toBe(model.tokenizer.decode(free.tokens[0]!.slice(0, stopAt)));
+    expect(byId.finish.usage.completionTokens).toBe(stopAt + 1);
   });
 
   it('stops at EOS unless ignoreEos, reporting the EOS id without text', async () => {
@@ -154,12 +159,25 @@ describe('createEngine on the tiny model', () => {
 });
 
 describe('execution providers', () => {
-  it('fails with provider_unavailable when CUDA cannot be created', async () => {
+  it('either runs on CUDA or fails with provider_unavailable naming it, never silently on another provider', async () => {
     const modelDir = await ensureBuiltinModel('tiny');
-    const error = await createEngine({ modelDir, executionProvider: 'cuda' }).catch((caught: unknown) => caught);
-    expect(error).toBeInstanceOf(EngineError);
-    expect((error as EngineError).code).toBe('provider_unavailable');
-    expect((error as EngineError).message).toMatch(/Execution provider 'cuda' is unavailable/);
+    const outcome = await createEngine({ modelDir, executionProvider: 'cuda' }).then(
+      async (cuda) => {
+        try {
+          const result = await collect(cuda.generate({ id: 'cuda', promptTokenIds: prompt, sampling: { maxTokens: 4, temperature: 0, ignoreEos: true } }));
+          expect(result.tokens[0]).toHaveLength(4);
+          return cuda.info.executionProvider;
+        } finally {
+          await cuda.close();
+        }
+      },
+      (error: unknown) => {
+        expect(error).toBeInstanceOf(EngineError);
+        expect((error as EngineError).message).toMatch(/Execution provider 'cuda' is unavailable/);
+        return (error as EngineError).code;
+      },
+    );
+    expect(['cuda', 'provider_unavailable']).toContain(outcome);
   });
 
   it('either runs on WebGPU or fails with provider_unavailable, never silently on another provider', async () => {
