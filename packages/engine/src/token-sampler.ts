@@ -15,6 +15,7 @@ const GREEDY_TEMPERATURE = 1e-5;
 let scores = new Float32Array(0);
 let weights = new Float64Array(0);
 let candidates = new Int32Array(0);
+let ordered = new Int32Array(0);
 
 /**
  * Picks the next token of ONE sequence from its logits row. Everything it reads is the sequence's
@@ -107,36 +108,51 @@ export class TokenSampler {
         total += w;
       }
     }
-    if (topP < 1 && topK <= 0) {
-      // Candidates below this floor weigh less than (1 - top_p) of the total together, so the
-      // nucleus lies among the others: dropping them first only shrinks what must be sorted.
-      const floor = ((1 - topP) * total) / count;
-      let kept = 0;
-      for (let j = 0; j < count; j++) {
-        const id = candidates[j]!;
-        if (weights[id]! >= floor) candidates[kept++] = id;
-      }
-      count = kept;
-    }
 
     let chosen = candidates.subarray(0, count);
-    if ((topK > 0 && topK < count) || topP < 1) {
-      const ordered = Array.from(chosen).sort((a, b) => weights[b]! - weights[a]! || a - b);
-      if (topK > 0 && topK < ordered.length) ordered.length = topK;
-      if (topP < 1) {
+    const limitK = topK > 0 && topK < count;
+    if (limitK || topP < 1) {
+      if (!limitK) {
+        // The nucleus is the shortest most-likely-first prefix reaching top_p × total. Candidates
+        // below this floor weigh less than (1 - top_p) × total together, so that prefix lies
+        // among the others: dropping them first only shrinks the heap. The target stays top_p ×
+        // the full total (not of what is kept here).
+        const floor = ((1 - topP) * total) / count;
         let kept = 0;
-        for (const id of ordered) kept += weights[id]!;
-        const target = topP * kept;
+        for (let j = 0; j < count; j++) {
+          const id = candidates[j]!;
+          if (weights[id]! >= floor) candidates[kept++] = id;
+        }
+        count = kept;
+      }
+      // Take candidates most likely first (lower id first on ties) only as far as needed: O(V) to
+      // build the heap, then O(log V) per token taken, instead of sorting the whole vocabulary.
+      const heap = new CandidateHeap(candidates, count, weights);
+      if (ordered.length < count) ordered = new Int32Array(candidates.length);
+      let taken = 0;
+      if (limitK) {
+        while (taken < topK) ordered[taken++] = heap.pop();
+      }
+      if (topP < 1) {
+        let target = total;
+        if (limitK) {
+          // top_p applies to the distribution left by top_k, renormalized.
+          target = 0;
+          for (let j = 0; j < taken; j++) target += weights[ordered[j]!]!;
+        }
+        target *= topP;
+        const available = limitK ? taken : count;
         let cumulative = 0;
         let keep = 0;
-        while (keep < ordered.length) {
+        while (keep < available) {
+          if (keep === taken) ordered[taken++] = heap.pop();
           cumulative += weights[ordered[keep]!]!;
           keep++;
           if (cumulative >= target) break;
         }
-        ordered.length = keep;
+        taken = keep;
       }
-      chosen = Int32Array.from(ordered);
+      chosen = ordered.subarray(0, taken);
     }
 
     let sum = 0;
@@ -148,6 +164,57 @@ export class TokenSampler {
       if (cumulative > u) return id;
     }
     return chosen[chosen.length - 1] ?? argmax(source);
+  }
+}
+
+/**
+ * A binary max-heap of token ids, built in place over `ids[0, size)`, ordered by weight, then by
+ * lower id: the order in which the sampler walks candidates, so seeded draws depend on it.
+ */
+class CandidateHeap {
+  readonly #ids: Int32Array;
+  readonly #weights: Float64Array;
+  #size: number;
+
+  constructor(ids: Int32Array, size: number, weights: Float64Array) {
+    this.#ids = ids;
+    this.#weights = weights;
+    this.#size = size;
+    for (let i = (size >> 1) - 1; i >= 0; i--) this.#siftDown(i);
+  }
+
+  /** Removes and returns the most likely id; the heap must not be empty. */
+  pop(): number {
+    const ids = this.#ids;
+    const top = ids[0]!;
+    this.#size--;
+    if (this.#size > 0) {
+      ids[0] = ids[this.#size]!;
+      this.#siftDown(0);
+    }
+    return top;
+  }
+
+  #before(a: number, b: number): boolean {
+    const wa = this.#weights[a]!;
+    const wb = this.#weights[b]!;
+    return wa > wb || (wa === wb && a < b);
+  }
+
+  #siftDown(from: number): void {
+    const ids = this.#ids;
+    const size = this.#size;
+    const id = ids[from]!;
+    let at = from;
+    for (;;) {
+      let child = 2 * at + 1;
+      if (child >= size) break;
+      if (child + 1 < size && this.#before(ids[child + 1]!, ids[child]!)) child++;
+      if (!this.#before(ids[child]!, id)) break;
+      ids[at] = ids[child]!;
+      at = child;
+    }
+    ids[at] = id;
   }
 }
 

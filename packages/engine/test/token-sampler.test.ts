@@ -94,6 +94,38 @@ describe('TokenSampler', () => {
     expect(wider[3]!).toBe(0);
   });
 
+  it('measures the top_p nucleus against the whole distribution, not only its likely part', () => {
+    // weights 1, 0.9 and 100 tokens of 0.01 (total 2.9): top_p 0.5 needs 1.45, so the nucleus is
+    // {a, b}, drawn 1 : 0.9; the 100 small tokens are never drawn.
+    const logits = [1, 0.9, ...new Array<number>(100).fill(0.01)].map(Math.log);
+    const draws = 4_000;
+    const counts = histogram(logits, { topP: 0.5, topK: 0 }, draws);
+    expect(counts[0]! + counts[1]!).toBe(draws);
+    expect(counts[0]! / draws).toBeCloseTo(1 / 1.9, 1);
+    expect(counts[1]! / draws).toBeCloseTo(0.9 / 1.9, 1);
+  });
+
+  it('applies top_p to what top_k keeps, renormalized', () => {
+    // top_k 2 keeps weights 1 and 0.9; top_p 0.5 of their 1.9 is reached by the first alone.
+    const logits = [1, 0.9, ...new Array<number>(100).fill(0.01)].map(Math.log);
+    const counts = histogram(logits, { topP: 0.5, topK: 2 }, 1_000);
+    expect(counts[0]!).toBe(1_000);
+  });
+
+  it('breaks top_k ties in favour of the lower token id', () => {
+    const counts = histogram([1, 2, 2, 2, 0], { topK: 2 }, 2_000);
+    expect(counts[1]! > 0 && counts[2]! > 0).toBe(true);
+    expect(counts[0]! + counts[3]! + counts[4]!).toBe(0);
+  });
+
+  it('draws only among the k most likely tokens of a 151k vocabulary', () => {
+    const random = new SeededRandom(5);
+    const row = Float32Array.from({ length: 151_936 }, () => random.next() * 20);
+    const top = new Set(topIndices(row, 50));
+    const s = sampler({ topK: 50, temperature: 0.1 });
+    for (let i = 0; i < 20; i++) expect(top.has(s.sample(row, 0, row.length).tokenId)).toBe(true);
+  });
+
   it('drops tokens below min_p times the best probability', () => {
     const logits = [0.6, 0.3, 0.08, 0.02].map(Math.log);
     const counts = histogram(logits, { minP: 0.1 }, 4_000);
