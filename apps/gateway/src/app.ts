@@ -1,4 +1,6 @@
+import { randomUUID } from 'node:crypto';
 import { Hono } from 'hono';
+import { REQUEST_ID_PATTERN } from '@sluice/protocol';
 import type { HttpBindings } from '@hono/node-server';
 import type { Logger } from 'pino';
 import type { GatewayConfig } from './config.js';
@@ -27,18 +29,55 @@ export interface AppDeps {
   hooks: GatewayHooks;
 }
 
+export type AppEnv = { Bindings: HttpBindings; Variables: { requestId: string } };
+
+/** Route patterns for `sluice_gateway_requests_total{route}`; any other path counts as `other`. */
+const ROUTES = new Set(['/healthz', '/readyz', '/metrics', '/v1/models', '/v1/chat/completions', '/v1/completions']);
+
+/** The client's (or nginx's) `X-Request-Id` when it is a sane id, else a fresh one. */
+export function requestIdFrom(header: string | undefined): string {
+  return header !== undefined && REQUEST_ID_PATTERN.test(header) ? header : randomUUID();
+}
+
 /** The gateway's HTTP API. No I/O happens here until a request arrives. */
 export function createApp(deps: AppDeps) {
-  const app = new Hono<{ Bindings: HttpBindings }>();
+  const app = new Hono<AppEnv>();
+  const { hooks } = deps;
+
+  // Every reply carries `x-request-id`, and every response is counted by route and status once it
+  // is over (streams included: their status is the one that went out, 499 if none did).
+  app.use('*', async (c, next) => {
+    const requestId = requestIdFrom(c.req.header('x-request-id'));
+    c.set('requestId', requestId);
+    if (hooks.responded !== undefined) {
+      const route = ROUTES.has(c.req.path) ? c.req.path : 'other';
+      const outgoing = c.env.outgoing;
+      const responded = hooks.responded;
+      outgoing.once('close', () => responded(route, outgoing.headersSent ? outgoing.statusCode : 499));
+    }
+    await next();
+    if (!c.res.headers.has('x-request-id')) {
+      try {
+        c.res.headers.set('X-Request-Id', requestId);
+      } catch {
+        // An immutable header list (a fetched Response): the reply goes out without the id.
+      }
+    }
+  });
 
   app.onError((err, c) => {
     const error = toGatewayError(err);
-    if (error.code === 'internal') deps.logger.error({ err }, 'request failed');
-    return c.json(toErrorBody(error), error.status as 400, errorHeaders(error, deps.config.retryAfterS));
+    const requestId = c.get('requestId');
+    if (error.code === 'internal') deps.logger.error({ err, requestId }, 'request failed');
+    hooks.rejected?.(error.code);
+    return c.json(toErrorBody(error), error.status as 400, {
+      'X-Request-Id': requestId,
+      ...errorHeaders(error, deps.config.retryAfterS),
+    });
   });
   app.notFound((c) => {
     const error = new GatewayError('not_found', { message: `No route for ${c.req.method} ${c.req.path}.` });
-    return c.json(toErrorBody(error), 404);
+    return c.json(toErrorBody(error), 404, { 'X-Request-Id': c.get('requestId') });
   });
 
   app.get('/healthz', healthHandler());

@@ -49,6 +49,7 @@ export async function startGateway(config: GatewayConfig, logger: Logger, option
     { queueTimeoutMs: config.queueTimeoutMs, idleTimeoutMs: config.idleTimeoutMs },
     jobs,
     logger,
+    (gap) => hooks.streamGap?.(gap),
   );
   const relay = new Relay(
     subscriber,

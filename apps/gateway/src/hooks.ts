@@ -1,28 +1,64 @@
 import type { Endpoint } from './openai/request-schemas.js';
 
-/** How a request ended, for metrics and logs. */
-export type RequestOutcome = 'ok' | 'error' | 'cancelled';
+/** Kinds of SSE frames, counted apart so heartbeats do not hide in the content traffic. */
+export type SseFrameKind = 'chunk' | 'heartbeat' | 'error' | 'done';
+
+/** How an accepted request ended. `stop`/`length` are complete answers; the rest say why not. */
+export type RequestEnd =
+  | { outcome: 'stop' | 'length' }
+  | { outcome: 'disconnect' }
+  | { outcome: 'timeout'; kind: 'queue' | 'idle' | 'deadline'; code: string }
+  | { outcome: 'error'; code: string };
+
+export interface RequestFinishedInfo {
+  end: RequestEnd;
+  /** HTTP status the client got (499 when it left before any status went out). */
+  status: number;
+  promptTokens: number;
+  /** Completion tokens written to the client (all choices). */
+  completionTokens: number;
+}
 
 /**
- * Seams for observability (metrics land on these later): called on the request path, synchronously,
- * and must be cheap and never throw.
+ * One accepted request's observer (metrics + the per-request log line). The first `finished` ends it;
+ * later calls are ignored.
+ */
+export interface RequestObserver {
+  /** The worker's `accepted` arrived (queue time ends). */
+  accepted(): void;
+  /** One delta message carrying `tokens` completion tokens was written (or collected) for the client. */
+  contentWritten(tokens: number): void;
+  /** Tokens that came with no visible text (held back by the worker's detokenizer to the end). */
+  tokensWithoutText(tokens: number): void;
+  finished(info: RequestFinishedInfo): void;
+}
+
+/**
+ * Seams for observability, called on the request path, synchronously: they must be cheap and never
+ * throw. `apps/gateway/src/gateway-observer.ts` implements them with `@sluice/metrics` and pino.
  */
 export interface GatewayHooks {
-  requestStarted?(info: { requestId: string; endpoint: Endpoint; stream: boolean }): void;
-  /** A worker accepted the request. */
-  requestAccepted?(info: { requestId: string; queueMs: number }): void;
-  /** The first text of the answer went out. */
-  firstToken?(info: { requestId: string; ttftMs: number }): void;
-  /** Text went out to the client; `gapMs` is the time since the previous text (absent for the first). */
-  textDelivered?(info: { requestId: string; tokens: number; gapMs?: number }): void;
-  requestFinished?(info: {
+  /** One HTTP response, by route pattern (never the raw path) and status. */
+  responded?(route: string, status: number): void;
+  /** A request refused by the gateway before any work started, by error code (`queue_full` is the 429). */
+  rejected?(code: string): void;
+  /**
+   * `frames` SSE frames of `bytes` UTF-8 bytes went out in one write. Runs per write per client: keep
+   * it to counter increments.
+   */
+  sseWritten?(kind: SseFrameKind, bytes: number, frames: number): void;
+  /** Entries of a request were lost between worker and gateway (a sequence gap). */
+  streamGap?(info: { requestId: string; expected: number; got: number }): void;
+  /**
+   * A request was validated and admitted and is about to be enqueued. `receivedAt` is on the
+   * `performance.now()` clock, taken before the body was read.
+   */
+  requestStarted?(info: {
     requestId: string;
-    outcome: RequestOutcome;
-    /** GatewayError code when the outcome is `error`. */
-    code?: string;
-    status: number;
-    e2eMs: number;
-    promptTokens: number;
-    completionTokens: number;
-  }): void;
+    jobId: string;
+    endpoint: Endpoint;
+    model: string;
+    stream: boolean;
+    receivedAt: number;
+  }): RequestObserver;
 }

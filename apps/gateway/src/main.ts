@@ -1,6 +1,8 @@
 import { pino } from 'pino';
+import { createGatewayMetrics } from '@sluice/metrics';
 import { ConfigError, loadGatewayConfig } from './config.js';
 import { startGateway } from './gateway.js';
+import { createGatewayObserver } from './gateway-observer.js';
 
 /** Entry point: config → serve → drain on SIGTERM/SIGINT. */
 async function main(): Promise<void> {
@@ -17,7 +19,14 @@ async function main(): Promise<void> {
   const logger = pino({ name: 'gateway', level: config.logLevel });
   let gateway;
   try {
-    gateway = await startGateway(config, logger);
+    const metrics = createGatewayMetrics();
+    gateway = await startGateway(config, logger, {
+      hooks: createGatewayObserver(metrics, logger),
+      configureApp: (app) =>
+        app.get('/metrics', async (c) =>
+          c.body(await metrics.registry.metrics(), 200, { 'Content-Type': metrics.registry.contentType }),
+        ),
+    });
   } catch (error) {
     logger.fatal({ err: error }, `gateway failed to start (REDIS_URL=${config.redisUrl})`);
     process.exit(1);

@@ -31,6 +31,8 @@ export class SessionManager {
     private readonly options: SessionManagerOptions,
     private readonly canceller: WorkCanceller,
     private readonly logger: Logger,
+    /** Told of every sequence gap (metrics). */
+    private readonly onGap: (info: { requestId: string; expected: number; got: number }) => void = () => {},
   ) {
     const sweepMs = Math.max(10, Math.min(500, Math.floor(Math.min(options.queueTimeoutMs, options.idleTimeoutMs) / 10)));
     this.sweepTimer = setInterval(() => this.sweep(Date.now()), sweepMs);
@@ -61,7 +63,9 @@ export class SessionManager {
       // A late entry of a session that already ended (cancelled, timed out): nothing waits for it.
       if (session === undefined) continue;
       if (entry.seq !== session.nextSeq) {
-        this.logger.warn({ requestId: session.requestId, expected: session.nextSeq, got: entry.seq }, 'sequence gap');
+        const gap = { requestId: session.requestId, expected: session.nextSeq, got: entry.seq };
+        this.logger.warn(gap, 'sequence gap');
+        this.onGap(gap);
         this.fail(session, new GatewayError('stream_interrupted'), 'stream_failed');
         continue;
       }

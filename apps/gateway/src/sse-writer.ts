@@ -1,4 +1,5 @@
 import type { ServerResponse } from 'node:http';
+import type { GatewayHooks } from './hooks.js';
 
 /** Headers of every SSE reply (DESIGN.md, wire facts). */
 export const SSE_HEADERS = {
@@ -10,6 +11,12 @@ export const SSE_HEADERS = {
 
 const PING = ': ping\n\n';
 const DONE = 'data: [DONE]\n\n';
+// ASCII: the byte length is the string length.
+const PING_BYTES = PING.length;
+const DONE_BYTES = DONE.length;
+
+type SseMeter = NonNullable<GatewayHooks['sseWritten']>;
+const noMeter: SseMeter = () => {};
 
 /**
  * Writes SSE frames straight to the Node response. Hono's `streamSSE` goes through a web
@@ -22,11 +29,16 @@ export class SseWriter {
   /** Last tick that saw a write (heartbeat ticker clock). */
   lastWriteTick = 0;
   private ended = false;
+  private readonly meter: SseMeter;
 
+  /** @param meter counts frames and bytes per write (metrics); runs on the hot path. */
   constructor(
     readonly res: ServerResponse,
     private readonly heartbeats: HeartbeatTicker,
-  ) {}
+    meter: SseMeter | undefined = undefined,
+  ) {
+    this.meter = meter ?? noMeter;
+  }
 
   get open(): boolean {
     return !this.ended && !this.res.destroyed;
@@ -40,28 +52,37 @@ export class SseWriter {
     this.heartbeats.add(this);
   }
 
-  /** Writes whole SSE frames (`data: {json}\n\n`, built by the response format in one piece). */
-  frames(frames: string): void {
+  /**
+   * Writes whole SSE frames (`data: {json}\n\n`, built by the response format in one piece).
+   * @param count how many frames `frames` holds (for the metrics)
+   */
+  frames(frames: string, count = 1): void {
     if (this.ended || frames === '') return;
     this.res.write(frames);
     this.wroteSinceTick = true;
+    this.meter('chunk', Buffer.byteLength(frames), count);
   }
 
   ping(): void {
     if (this.ended) return;
     this.res.write(PING);
+    this.meter('heartbeat', PING_BYTES, 1);
   }
 
-  /** Ends the stream normally: optional last frames, then `[DONE]`. */
-  done(frames = ''): void {
+  /** Ends the stream normally: optional last frame (the usage chunk), then `[DONE]`. */
+  done(frame = ''): void {
     if (this.ended) return;
-    this.finish(frames + DONE);
+    this.finish(frame + DONE);
+    if (frame !== '') this.meter('chunk', Buffer.byteLength(frame), 1);
+    this.meter('done', DONE_BYTES, 1);
   }
 
-  /** Ends the stream with pre-built frames (error frame + `[DONE]`). */
+  /** Ends the stream with pre-built frames: one error frame, then `[DONE]`. */
   endWith(frames: string): void {
     if (this.ended) return;
     this.finish(frames);
+    this.meter('error', Buffer.byteLength(frames) - DONE_BYTES, 1);
+    this.meter('done', DONE_BYTES, 1);
   }
 
   /** Releases the writer without writing (the client is gone). */

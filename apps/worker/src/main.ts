@@ -1,5 +1,6 @@
 import { pino } from 'pino';
 import { createEngine } from '@sluice/engine';
+import { createWorkerMetrics } from '@sluice/metrics';
 import { ensureBuiltinModel, loadModelDir } from '@sluice/model';
 import { ConfigError, loadWorkerConfig } from './config.js';
 import { createPromptEncoder } from './prompt-encoder.js';
@@ -32,7 +33,13 @@ async function main(): Promise<void> {
       interOpThreads: config.interOpThreads,
     });
     const modelId = config.modelId ?? model.id;
-    worker = await startWorker(config, { engine, prompts: createPromptEncoder(model), modelId, logger });
+    worker = await startWorker(config, {
+      engine,
+      prompts: createPromptEncoder(model),
+      modelId,
+      logger,
+      metrics: createWorkerMetrics(),
+    });
   } catch (error) {
     logger.fatal({ err: error }, `worker failed to start (MODEL_DIR=${config.modelDir ?? 'built-in tiny'}, REDIS_URL=${config.redisUrl})`);
     process.exit(1);

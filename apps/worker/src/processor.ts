@@ -107,14 +107,16 @@ export class JobProcessor {
       return;
     }
     const job = parsed.data;
+    // `requestId` is the id the client sees (x-request-id); `jobId` is the gateway's unique one.
+    const log = this.deps.logger.child({ requestId: job.correlationId ?? job.requestId, jobId: job.requestId });
     const controller = new AbortController();
     const onBullAbort = () => controller.abort(SHUTDOWN_REASON);
     bullSignal?.addEventListener('abort', onBullAbort, { once: true });
     this.deps.cancels.register(job.requestId, controller);
     try {
-      await this.run(job, attempt, controller.signal);
+      await this.run(job, attempt, controller.signal, log);
     } catch (error) {
-      this.deps.logger.error({ err: error, requestId: job.requestId }, 'job failed');
+      log.error({ err: error }, 'job failed');
       this.send(job, { type: 'error', error: { code: 'internal', message: 'The worker failed.', param: null } });
     } finally {
       bullSignal?.removeEventListener('abort', onBullAbort);
@@ -124,46 +126,55 @@ export class JobProcessor {
     }
   }
 
-  private async run(job: GenerateJob, attempt: number, signal: AbortSignal): Promise<void> {
-    const { redis, names, engine, logger } = this.deps;
-    if (signal.aborted || Date.now() >= job.deadlineAt) return this.skip(job);
+  private async run(job: GenerateJob, attempt: number, signal: AbortSignal, logger: Logger): Promise<void> {
+    const { redis, names, engine } = this.deps;
+    const startedAt = performance.now();
+    if (signal.aborted || Date.now() >= job.deadlineAt) return this.skip(logger);
     if (attempt > 1) {
       this.counters.skipped++;
       // A retry (stalled-job recovery): the first attempt may have streamed tokens already.
-      logger.warn({ requestId: job.requestId }, 'job retried after a worker was lost: failing its stream');
+      logger.warn('job retried after a worker was lost: failing its stream');
       this.send(job, { type: 'error', error: { code: 'worker_lost', message: 'The worker serving the request stopped.', param: null } });
       return;
     }
 
-    logger.debug({ requestId: job.requestId, pickupMs: Date.now() - job.enqueuedAt }, 'job started');
+    logger.debug({ pickupMs: Date.now() - job.enqueuedAt }, 'job started');
     // The cancel marker (a client that left while the job waited) is read while the prompt is
     // prepared, and checked before the engine sees the request.
     const cancelled = redis.exists(names.cancelMarkerKey(job.requestId));
     cancelled.catch(() => undefined);
-    const promptTokenIds = this.encode(job);
-    if (!Array.isArray(promptTokenIds)) return this.reject(job, promptTokenIds);
+    const promptTokenIds = this.encode(job, logger);
+    if (!Array.isArray(promptTokenIds)) return this.reject(job, promptTokenIds, logger);
     const maxContext = engine.info.maxContextLength;
     if (promptTokenIds.length >= maxContext) {
-      return this.reject(job, {
-        code: 'context_length_exceeded',
-        message: `This model's maximum context length is ${maxContext} tokens. However, your prompt is ${promptTokenIds.length} tokens long.`,
-        param: 'prompt',
-      });
+      return this.reject(
+        job,
+        {
+          code: 'context_length_exceeded',
+          message: `This model's maximum context length is ${maxContext} tokens. However, your prompt is ${promptTokenIds.length} tokens long.`,
+          param: 'prompt',
+        },
+        logger,
+      );
     }
     const maxTokens =
       job.sampling.maxTokens ?? (job.defaultMaxTokens === 'context' ? maxContext - promptTokenIds.length : job.defaultMaxTokens);
     if (promptTokenIds.length + maxTokens > maxContext) {
-      return this.reject(job, {
-        code: 'context_length_exceeded',
-        message:
-          `This model's maximum context length is ${maxContext} tokens. However, you requested ` +
-          `${promptTokenIds.length + maxTokens} tokens (${promptTokenIds.length} in the prompt, ${maxTokens} for the completion).`,
-        param: 'max_tokens',
-      });
+      return this.reject(
+        job,
+        {
+          code: 'context_length_exceeded',
+          message:
+            `This model's maximum context length is ${maxContext} tokens. However, you requested ` +
+            `${promptTokenIds.length + maxTokens} tokens (${promptTokenIds.length} in the prompt, ${maxTokens} for the completion).`,
+          param: 'max_tokens',
+        },
+        logger,
+      );
     }
 
     // zod's optional fields may hold `undefined`; the engine's options must not.
-    if ((await cancelled) === 1 || signal.aborted) return this.skip(job);
+    if ((await cancelled) === 1 || signal.aborted) return this.skip(logger);
 
     const sampling = Object.fromEntries(
       Object.entries({ ...job.sampling, maxTokens }).filter(([, value]) => value !== undefined),
@@ -172,7 +183,7 @@ export class JobProcessor {
     try {
       events = engine.generate({ id: job.requestId, promptTokenIds, sampling }, signal);
     } catch (error) {
-      if (isEngineError(error)) return this.reject(job, toWireError(error.code, error.message));
+      if (isEngineError(error)) return this.reject(job, toWireError(error.code, error.message), logger);
       throw error;
     }
 
@@ -182,44 +193,65 @@ export class JobProcessor {
     let lastFinishReason: 'stop' | 'length' | undefined;
     const onCancel = () => (cancelledAt = performance.now());
     signal.addEventListener('abort', onCancel, { once: true });
+    // Tokens per choice whose text the detokenizer still holds back (an incomplete UTF-8 sequence):
+    // they ride on the next delta of that choice, so the tokens a gateway writes add up to the
+    // tokens generated.
+    const heldTokens: number[] = [];
     try {
       for await (const event of events) {
         switch (event.type) {
-          case 'text-delta':
-            // Text held back by the detokenizer yields empty deltas: nothing to show yet.
-            if (event.text === '' && event.logprobs === undefined) break;
+          case 'text-delta': {
+            const tokens = event.tokenIds.length + (heldTokens[event.index] ?? 0);
+            if (event.text === '' && event.logprobs === undefined) {
+              heldTokens[event.index] = tokens;
+              break;
+            }
+            heldTokens[event.index] = 0;
             this.send(job, {
               type: 'text-delta',
               index: event.index,
               text: event.text,
-              tokens: event.tokenIds.length,
+              tokens,
               ...(event.logprobs === undefined ? {} : { logprobs: event.logprobs.map(toWireLogprob) }),
             });
             break;
+          }
           case 'text-end':
             if (event.finishReason === 'stop' || event.finishReason === 'length') {
               lastFinishReason = event.finishReason;
+              // Tokens whose text never showed (held back to the end): an empty delta carries them.
+              const held = heldTokens[event.index] ?? 0;
+              if (held > 0) this.send(job, { type: 'text-delta', index: event.index, text: '', tokens: held });
+              heldTokens[event.index] = 0;
               this.send(job, { type: 'text-end', index: event.index, finishReason: event.finishReason });
             }
             break;
-          case 'finish':
-            this.deps.hooks?.requestFinished?.({
-              finishReason: signal.aborted ? 'abort' : event.error !== undefined ? 'error' : (lastFinishReason ?? 'stop'),
-              usage: event.usage,
-              timings: event.timings,
-            });
+          case 'finish': {
+            const finishReason = signal.aborted ? 'abort' : event.error !== undefined ? 'error' : (lastFinishReason ?? 'stop');
+            this.deps.hooks?.requestFinished?.({ finishReason, usage: event.usage, timings: event.timings });
+            logger.info(
+              {
+                outcome: finishReason,
+                ...(signal.aborted ? { abortReason: String(signal.reason) } : {}),
+                promptTokens: event.usage.promptTokens,
+                completionTokens: event.usage.completionTokens,
+                ms: Math.round(performance.now() - startedAt),
+              },
+              'request finished',
+            );
             if (signal.aborted) {
               // A client-side cancel needs no answer; a drain tells the client why its stream ends.
               if (signal.reason === SHUTDOWN_REASON) {
                 this.send(job, { type: 'error', error: { code: 'worker_shutdown', message: 'The worker shut down.', param: null } });
               }
             } else if (event.error !== undefined) {
-              logger.error({ requestId: job.requestId, code: event.error.code, message: event.error.message }, 'engine error');
+              logger.error({ code: event.error.code, message: event.error.message }, 'engine error');
               this.send(job, { type: 'error', error: toWireError(event.error.code, event.error.message) });
             } else {
               this.send(job, { type: 'finish', usage: event.usage });
             }
             break;
+          }
         }
       }
     } finally {
@@ -231,12 +263,12 @@ export class JobProcessor {
     }
   }
 
-  private skip(job: GenerateJob): void {
+  private skip(logger: Logger): void {
     this.counters.skipped++;
-    this.deps.logger.debug({ requestId: job.requestId }, 'skipped a cancelled or expired job');
+    logger.info({ outcome: 'skipped' }, 'skipped a cancelled or expired job');
   }
 
-  private encode(job: GenerateJob): number[] | WireError {
+  private encode(job: GenerateJob, logger: Logger): number[] | WireError {
     try {
       const input = job.input;
       const ids =
@@ -250,12 +282,13 @@ export class JobProcessor {
       if (ids.length === 0) return { code: 'invalid_request', message: 'The prompt is empty.', param: 'prompt' };
       return ids;
     } catch (error) {
-      this.deps.logger.warn({ err: error, requestId: job.requestId }, 'prompt encoding failed');
+      logger.warn({ err: error }, 'prompt encoding failed');
       return { code: 'invalid_request', message: 'The messages cannot be rendered with the model chat template.', param: 'prompt' };
     }
   }
 
-  private reject(job: GenerateJob, error: WireError): void {
+  private reject(job: GenerateJob, error: WireError, logger: Logger): void {
+    logger.info({ outcome: 'rejected', code: error.code }, 'request rejected');
     this.send(job, { type: 'rejected', error });
   }
 

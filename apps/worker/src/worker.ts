@@ -1,7 +1,9 @@
-import { Worker, type Job } from 'bullmq';
+import { monitorEventLoopDelay } from 'node:perf_hooks';
+import { Queue, Worker, type Job } from 'bullmq';
 import { Redis } from 'ioredis';
 import type { Logger } from 'pino';
 import type { Engine, StepStats } from '@sluice/engine';
+import { QUEUE_JOB_STATES, type WorkerMetrics } from '@sluice/metrics';
 import { GENERATE_QUEUE, redisNames } from '@sluice/protocol';
 import { CancelListener } from './cancel-listener.js';
 import type { WorkerConfig } from './config.js';
@@ -34,9 +36,17 @@ function withTimeout<T>(promise: Promise<T>, ms: number): Promise<'timeout' | T>
 /** Wires a running engine to Redis: BullMQ worker, step publisher, cancel listener, registry heartbeat. */
 export async function startWorker(
   config: WorkerConfig,
-  deps: { engine: Engine; prompts: PromptEncoder; modelId: string; logger: Logger; hooks?: WorkerHooks },
+  deps: {
+    engine: Engine;
+    prompts: PromptEncoder;
+    modelId: string;
+    logger: Logger;
+    hooks?: WorkerHooks;
+    /** Served on `GET /metrics` of the health server and fed from the engine, the processor and BullMQ. */
+    metrics?: WorkerMetrics;
+  },
 ): Promise<RunningWorker> {
-  const { engine, prompts, modelId, logger } = deps;
+  const { engine, prompts, modelId, logger, metrics } = deps;
   const names = redisNames(config.redisPrefix);
   // BullMQ needs `maxRetriesPerRequest: null` on worker connections (blocking commands).
   const redis = new Redis(config.redisUrl, { maxRetriesPerRequest: null, lazyConnect: true });
@@ -61,12 +71,18 @@ export async function startWorker(
     names,
     workerId: config.workerId,
     logger,
-    ...(deps.hooks === undefined ? {} : { hooks: deps.hooks }),
+    hooks: {
+      requestFinished(stats) {
+        metrics?.observeRequestFinished(stats);
+        deps.hooks?.requestFinished?.(stats);
+      },
+    },
   });
 
   engine.onStep((stats) => {
     lastStep = stats;
     steps++;
+    metrics?.observeStep(stats);
   });
   let draining = false;
   const heartbeat = new RegistryHeartbeat(
@@ -96,6 +112,23 @@ export async function startWorker(
     steps,
     lastCancel: processor.counters.lastCancel ?? null,
   }));
+  // Queue depth is read at each scrape, on the worker's own BullMQ connection (the Queue reuses it).
+  const queue = new Queue(GENERATE_QUEUE, { connection: bullConnection, prefix: names.bullPrefix });
+  queue.on('error', (err: Error) => logger.warn({ err: err.message }, 'queue error'));
+  // The engine thread does not report its event-loop lag (packages/engine has no such message yet):
+  // what the worker can measure honestly is its own host thread, which runs Redis I/O, lock renewal,
+  // cancels and publishing. Exported as sluice_worker_host_event_loop_lag_seconds.
+  const hostDelay = monitorEventLoopDelay({ resolution: 10 });
+  if (metrics !== undefined) {
+    hostDelay.enable();
+    metrics.setHostEventLoopDelaySource(hostDelay);
+    metrics.setQueueDepthSource(() => queue.getJobCounts(...QUEUE_JOB_STATES));
+    health.route('/metrics', async (_req, res) => {
+      const body = await metrics.registry.metrics();
+      res.writeHead(200, { 'Content-Type': metrics.registry.contentType, 'Content-Length': Buffer.byteLength(body) });
+      res.end(body);
+    });
+  }
   const healthPort = await health.listen(config.metricsPort, config.metricsHost);
 
   // Registered before taking jobs: a gateway must know this worker by the time it accepts one.
@@ -139,6 +172,14 @@ export async function startWorker(
       ['engine', () => withTimeout(engine.close(), 5_000)],
       ['cancel listener', () => cancels.close()],
       ['health server', () => health.close()],
+      [
+        'metrics',
+        async () => {
+          hostDelay.disable();
+          metrics?.setQueueDepthSource(undefined);
+          await queue.close();
+        },
+      ],
       ['redis', () => redis.quit()],
       ['queue connection', () => bullConnection.quit()],
     ];

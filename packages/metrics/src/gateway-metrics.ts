@@ -34,6 +34,7 @@ export interface TrackRequestOptions {
 export interface GatewayMetrics {
   readonly registry: Registry;
   readonly requests: Counter<'route' | 'status'>;
+  readonly requestsAccepted: Counter;
   readonly activeStreams: Gauge;
   readonly timeToFirstToken: Histogram;
   readonly interTokenLatency: Histogram;
@@ -53,8 +54,11 @@ export interface GatewayMetrics {
    * path, so that the label stays low-cardinality.
    */
   countRequest(route: string, status: number): void;
-  /** Counts one SSE frame of `bytes` bytes (UTF-8 length of the whole frame, `\n\n` included). */
-  sseWritten(kind: SseEventKind, bytes: number): void;
+  /**
+   * Counts `frames` SSE frames (1 by default) written in one write of `bytes` bytes (UTF-8 length,
+   * `\n\n` included). Runs per write per client: two counter increments, no allocation.
+   */
+  sseWritten(kind: SseEventKind, bytes: number, frames?: number): void;
   /**
    * Starts timing one accepted completion request (after validation and admission; a rejected request
    * is counted with `rejected` instead). The tracker records queue time, TTFT, inter-token latency,
@@ -79,6 +83,11 @@ export function createGatewayMetrics(
     name: 'sluice_gateway_requests_total',
     help: 'HTTP responses of the gateway, by route pattern and status code.',
     labelNames: ['route', 'status'] as const,
+    registers,
+  });
+  const requestsAccepted = new Counter({
+    name: 'sluice_gateway_requests_accepted_total',
+    help: 'Completion requests accepted for work (validated, admitted, tracked). Equals the sum of sluice_gateway_request_outcomes_total plus the requests in flight.',
     registers,
   });
   const activeStreams = new Gauge({
@@ -188,6 +197,7 @@ export function createGatewayMetrics(
   return {
     registry,
     requests,
+    requestsAccepted,
     activeStreams,
     timeToFirstToken,
     interTokenLatency,
@@ -205,11 +215,12 @@ export function createGatewayMetrics(
     countRequest(route, status) {
       requests.labels(route, String(status)).inc();
     },
-    sseWritten(kind, bytes) {
-      sseEventsByKind.get(kind)?.inc();
+    sseWritten(kind, bytes, frames = 1) {
+      sseEventsByKind.get(kind)?.inc(frames);
       sseBytesByKind.get(kind)?.inc(bytes);
     },
     trackRequest({ stream, receivedAt }) {
+      requestsAccepted.inc();
       return new RequestTracker(instruments, now, stream, receivedAt ?? now());
     },
   };

@@ -13,6 +13,7 @@ export {
   type EngineStepStats,
   type FinishReason,
   type FinishedRequestStats,
+  type HostEventLoopDelaySource,
   type QueueDepth,
   type QueueJobState,
   type StepPhase,

@@ -87,6 +87,15 @@ export class RequestTracker {
     this.#stage = 'decode';
   }
 
+  /**
+   * Completion tokens that reached the client without visible text (the detokenizer held their bytes
+   * back to the end). Counted with the tokens written, not timed: no content was written.
+   */
+  tokensWithoutText(tokens: number): void {
+    if (this.#ended || tokens <= 0) return;
+    this.#instruments.streamTokens.inc(tokens);
+  }
+
   /** The answer is complete (finish reason `stop` or `length`) and its last byte was written. */
   finish(reason: 'stop' | 'length'): void {
     if (!this.#end(reason)) return;

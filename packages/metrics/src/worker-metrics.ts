@@ -74,6 +74,7 @@ export interface WorkerMetrics {
   readonly requestPrefillTime: Histogram;
   readonly queueJobs: Gauge<'state'>;
   readonly engineEventLoopLag: Gauge;
+  readonly hostEventLoopLag: Gauge<'quantile'>;
   /** Records one engine step: batch, step and model time, token counters, running/waiting, KV usage. */
   observeStep(stats: EngineStepStats): void;
   /** Records one request leaving the engine: its outcome, its lengths and its engine timings. */
@@ -86,8 +87,23 @@ export interface WorkerMetrics {
    * fail or hang because Redis does. Pass `undefined` to stop.
    */
   setQueueDepthSource(source: (() => Promise<QueueDepth>) | undefined, timeoutMs?: number): void;
-  /** Sets the engine thread's latest event-loop lag, ms, as the engine thread measured it. */
+  /**
+   * Sets the engine thread's latest event-loop lag, ms, as the engine thread measured it. The engine
+   * does not report it yet: until it does, nothing calls this and the gauge stays 0.
+   */
   setEngineEventLoopLag(lagMs: number): void;
+  /**
+   * Reads the worker host thread's event-loop delay (e.g. a `monitorEventLoopDelay` histogram, in ns)
+   * at every scrape and resets it, so each scrape shows the window since the previous one.
+   */
+  setHostEventLoopDelaySource(source: HostEventLoopDelaySource | undefined): void;
+}
+
+/** What `perf_hooks.monitorEventLoopDelay()` returns (nanoseconds), as far as the worker metrics read it. */
+export interface HostEventLoopDelaySource {
+  readonly max: number;
+  percentile(percentile: number): number;
+  reset(): void;
 }
 
 /**
@@ -98,6 +114,7 @@ export function createWorkerMetrics(registry: Registry = new Registry()): Worker
   ensureDefaultMetrics(registry);
   const registers = [registry];
   let queueDepthSource: { read: () => Promise<QueueDepth>; timeoutMs: number } | undefined;
+  let hostDelaySource: HostEventLoopDelaySource | undefined;
 
   const requestsRunning = new Gauge({
     name: 'sluice_num_requests_running',
@@ -198,6 +215,23 @@ export function createWorkerMetrics(registry: Registry = new Registry()): Worker
     registers,
   });
 
+  const hostEventLoopLag = new Gauge({
+    name: 'sluice_worker_host_event_loop_lag_seconds',
+    help: 'Event-loop delay of the worker host thread (Redis I/O, BullMQ locks, cancels, publishing; not the engine thread) since the previous scrape, by quantile (0.5, 0.99, 1 = max).',
+    labelNames: ['quantile'] as const,
+    registers,
+    collect() {
+      const source = hostDelaySource;
+      if (source === undefined) return;
+      // An empty window reads as NaN/0 in perf_hooks: keep 0 then.
+      const seconds = (ns: number) => (Number.isFinite(ns) && ns > 0 ? ns / 1e9 : 0);
+      this.labels('0.5').set(seconds(source.percentile(50)));
+      this.labels('0.99').set(seconds(source.percentile(99)));
+      this.labels('1').set(seconds(source.max));
+      source.reset();
+    },
+  });
+
   // Series that exist from the first scrape, so rate() and increase() see their first increment.
   for (const phase of STEP_PHASES) {
     stepTime.zero({ phase });
@@ -234,6 +268,7 @@ export function createWorkerMetrics(registry: Registry = new Registry()): Worker
     requestPrefillTime,
     queueJobs,
     engineEventLoopLag,
+    hostEventLoopLag,
     observeStep(stats) {
       batchSize.observe(stats.batchSize);
       stepTokens.observe(stats.stepTokens);
@@ -259,6 +294,9 @@ export function createWorkerMetrics(registry: Registry = new Registry()): Worker
     },
     setEngineEventLoopLag(lagMs) {
       engineEventLoopLag.set(lagMs / 1000);
+    },
+    setHostEventLoopDelaySource(source) {
+      hostDelaySource = source;
     },
   };
 }

@@ -1,5 +1,8 @@
 import { z } from 'zod';
 
+/** What a client-supplied `X-Request-Id` may be (else the gateway makes its own). */
+export const REQUEST_ID_PATTERN = /^[\w.-]{1,128}$/;
+
 /** One chat message, content already flattened to text by the gateway. */
 export const chatMessageSchema = z.object({
   role: z.string(),
@@ -38,8 +41,17 @@ export type JobSampling = z.infer<typeof jobSamplingSchema>;
 
 /** The data of one BullMQ generation job (stored in Redis in clear until the job finishes). */
 export const generateJobSchema = z.object({
-  /** Request id, also the BullMQ job id. */
+  /**
+   * The gateway's unique id of this request: the BullMQ job id, the key of its pub/sub entries and
+   * cancels.
+   */
   requestId: z.string().min(1),
+  /**
+   * The id the client sees in `x-request-id` and both apps log as `requestId`: the client's (or the
+   * load balancer's) `X-Request-Id` when it is valid, else the gateway's own. Not unique (a client
+   * may reuse one), so never a key. Absent in jobs of older gateways.
+   */
+  correlationId: z.string().regex(REQUEST_ID_PATTERN).optional(),
   /** The gateway channel every message about this request goes to. */
   channel: z.string().min(1),
   model: z.string(),

@@ -3,7 +3,7 @@ import type { TokenLogprobWire } from '@sluice/protocol';
 import { fromWireError, type GatewayError } from '../errors.js';
 import type { ChoiceResult } from '../openai/response-format.js';
 import type { SessionEvent } from '../request-session.js';
-import { errorResponse, Outcome, paramRenamer, type ResponderContext } from './responder-context.js';
+import { errorEnd, errorResponse, Outcome, paramRenamer, type ResponderContext } from './responder-context.js';
 
 /** Collects a whole answer for `stream: false` and replies once, with the complete object or an error. */
 export class CompleteResponder {
@@ -12,6 +12,8 @@ export class CompleteResponder {
   private finished = false;
   private readonly choices: ChoiceResult[];
   private readonly outcome: Outcome;
+  /** The latest choice's finish reason (with n > 1, the last choice to finish decides). */
+  private finishReason: 'stop' | 'length' = 'stop';
 
   constructor(private readonly ctx: ResponderContext) {
     this.outcome = new Outcome(ctx);
@@ -35,11 +37,14 @@ export class CompleteResponder {
     switch (event.type) {
       case 'accepted':
         this.outcome.promptTokens = event.promptTokens;
-        this.ctx.hooks.requestAccepted?.({ requestId: this.ctx.requestId, queueMs: Date.now() - this.ctx.receivedAt });
+        this.ctx.observer.accepted();
         return;
       case 'text-delta': {
         const choice = this.choices[event.index];
         if (choice === undefined) return;
+        this.outcome.completionTokens += event.tokens;
+        if (event.text === '' && event.logprobs === undefined) this.ctx.observer.tokensWithoutText(event.tokens);
+        else this.ctx.observer.contentWritten(event.tokens);
         choice.text += event.text;
         if (event.logprobs !== undefined) choice.logprobs?.push(...event.logprobs);
         return;
@@ -47,12 +52,12 @@ export class CompleteResponder {
       case 'text-end': {
         const choice = this.choices[event.index];
         if (choice !== undefined) choice.finishReason = event.finishReason;
+        this.finishReason = event.finishReason;
         return;
       }
       case 'finish': {
         this.finished = true;
         this.outcome.promptTokens = event.usage.promptTokens;
-        this.outcome.completionTokens = event.usage.completionTokens;
         const body = this.ctx.format.complete(this.choices, event.usage);
         this.resolveReply(
           new Response(JSON.stringify(body), {
@@ -60,7 +65,7 @@ export class CompleteResponder {
             headers: { 'Content-Type': 'application/json', 'X-Request-Id': this.ctx.requestId },
           }),
         );
-        this.outcome.report('ok', 200);
+        this.outcome.report({ outcome: this.finishReason }, 200);
         return;
       }
       case 'rejected':
@@ -76,13 +81,13 @@ export class CompleteResponder {
   clientClosed(): void {
     if (this.finished) return;
     this.finished = true;
-    this.outcome.report('cancelled', 499);
+    this.outcome.report({ outcome: 'disconnect' }, 499);
     this.resolveReply(RESPONSE_ALREADY_SENT);
   }
 
   private fail(error: GatewayError): void {
     this.finished = true;
-    this.resolveReply(errorResponse(error, this.ctx.retryAfterS));
-    this.outcome.report('error', error.status, error);
+    this.resolveReply(errorResponse(error, this.ctx.retryAfterS, this.ctx.requestId));
+    this.outcome.report(errorEnd(error), error.status);
   }
 }

@@ -1,10 +1,11 @@
-import type { GatewayHooks, RequestOutcome } from '../hooks.js';
-import { errorHeaders, GatewayError, toErrorBody } from '../errors.js';
+import type { GatewayHooks, RequestEnd, RequestObserver } from '../hooks.js';
+import { errorHeaders, type GatewayError, toErrorBody } from '../errors.js';
 import type { ParsedRequest } from '../openai/request-schemas.js';
 import type { ResponseFormat } from '../openai/response-format.js';
 
 /** What both responders (SSE and complete JSON) know about their request. */
 export interface ResponderContext {
+  /** The id the client sees in `x-request-id` (its own `X-Request-Id` when valid). */
   requestId: string;
   request: ParsedRequest;
   format: ResponseFormat;
@@ -12,6 +13,7 @@ export interface ResponderContext {
   receivedAt: number;
   retryAfterS: number;
   hooks: GatewayHooks;
+  observer: RequestObserver;
 }
 
 /** Names the logical field of a worker's error (`prompt`, `max_tokens`) as this endpoint calls it. */
@@ -23,14 +25,35 @@ export function paramRenamer(request: ParsedRequest): (param: string) => string 
   };
 }
 
-export function errorResponse(error: GatewayError, retryAfterS: number): Response {
+export function errorResponse(error: GatewayError, retryAfterS: number, requestId: string): Response {
   return new Response(JSON.stringify(toErrorBody(error)), {
     status: error.status,
-    headers: { 'Content-Type': 'application/json', ...errorHeaders(error, retryAfterS) },
+    headers: { 'Content-Type': 'application/json', 'X-Request-Id': requestId, ...errorHeaders(error, retryAfterS) },
   });
 }
 
-/** Reports the end of a request to the hooks, once. */
+const NO_OBSERVER: RequestObserver = { accepted() {}, contentWritten() {}, tokensWithoutText() {}, finished() {} };
+
+/** The observer of a request with no hooks (tests, benchmarks). */
+export function noObserver(): RequestObserver {
+  return NO_OBSERVER;
+}
+
+/** A gateway error as a request end: the three timeouts by kind, anything else as an error. */
+export function errorEnd(error: GatewayError): RequestEnd {
+  switch (error.code) {
+    case 'queue_timeout':
+      return { outcome: 'timeout', kind: 'queue', code: error.code };
+    case 'idle_timeout':
+      return { outcome: 'timeout', kind: 'idle', code: error.code };
+    case 'deadline_exceeded':
+      return { outcome: 'timeout', kind: 'deadline', code: error.code };
+    default:
+      return { outcome: 'error', code: error.code };
+  }
+}
+
+/** Reports the end of a request to its observer, once, with the token counts the responder saw. */
 export class Outcome {
   private reported = false;
   promptTokens = 0;
@@ -38,17 +61,14 @@ export class Outcome {
 
   constructor(private readonly ctx: ResponderContext) {}
 
-  report(outcome: RequestOutcome, status: number, error?: GatewayError): void {
+  report(end: RequestEnd, status: number): void {
     if (this.reported) return;
     this.reported = true;
-    const info = {
-      requestId: this.ctx.requestId,
-      outcome,
+    this.ctx.observer.finished({
+      end,
       status,
-      e2eMs: Date.now() - this.ctx.receivedAt,
       promptTokens: this.promptTokens,
       completionTokens: this.completionTokens,
-    };
-    this.ctx.hooks.requestFinished?.(error === undefined ? info : { ...info, code: error.code });
+    });
   }
 }

@@ -4,7 +4,7 @@ import type { TokenLogprobWire } from '@sluice/protocol';
 import { fromWireError, toSseErrorFrames, type GatewayError } from '../errors.js';
 import type { SessionEvent } from '../request-session.js';
 import { SseWriter, type HeartbeatTicker } from '../sse-writer.js';
-import { errorResponse, Outcome, paramRenamer, type ResponderContext } from './responder-context.js';
+import { errorEnd, errorResponse, Outcome, paramRenamer, type ResponderContext } from './responder-context.js';
 
 export interface StreamResponderOptions {
   /** Max wait for the worker's accept/reject before the 200 goes out anyway. */
@@ -35,7 +35,10 @@ export class StreamResponder {
   private readonly pendingText = new Map<number, PendingText>();
   private flushTimer: NodeJS.Timeout | undefined;
   private lastFlushAt = 0;
-  private lastTextAt = 0;
+  /** Tokens of the coalesced text not yet written. */
+  private pendingTokens = 0;
+  /** The latest choice's finish reason (with n > 1, the last choice to finish decides). */
+  private finishReason: 'stop' | 'length' = 'stop';
 
   constructor(
     private readonly ctx: ResponderContext,
@@ -43,7 +46,7 @@ export class StreamResponder {
     heartbeats: HeartbeatTicker,
     private readonly options: StreamResponderOptions,
   ) {
-    this.writer = new SseWriter(res, heartbeats);
+    this.writer = new SseWriter(res, heartbeats, ctx.hooks.sseWritten);
     this.outcome = new Outcome(ctx);
     this.reply = new Promise((resolve) => (this.resolveReply = resolve));
   }
@@ -64,29 +67,40 @@ export class StreamResponder {
     switch (event.type) {
       case 'accepted': {
         this.outcome.promptTokens = event.promptTokens;
-        this.ctx.hooks.requestAccepted?.({ requestId: this.ctx.requestId, queueMs: Date.now() - this.ctx.receivedAt });
+        this.ctx.observer.accepted();
         if (this.phase === 'pending') this.commit();
         let roles = '';
-        for (let index = 0; index < this.ctx.request.n; index++) roles += this.ctx.format.roleChunk(index) ?? '';
-        this.writer.frames(roles);
+        let count = 0;
+        for (let index = 0; index < this.ctx.request.n; index++) {
+          const chunk = this.ctx.format.roleChunk(index);
+          if (chunk === undefined) continue;
+          roles += chunk;
+          count++;
+        }
+        this.writer.frames(roles, count);
         return;
       }
       case 'text-delta':
         this.outcome.completionTokens += event.tokens;
+        if (event.text === '' && event.logprobs === undefined) {
+          // Tokens whose text the worker's detokenizer held back to the end: nothing to write.
+          this.ctx.observer.tokensWithoutText(event.tokens);
+          return;
+        }
         this.text(event.index, event.text, event.logprobs, event.tokens);
         return;
       case 'text-end':
         this.flushChoice(event.index);
         this.writer.frames(this.ctx.format.finishChunk(event.index, event.finishReason));
+        this.finishReason = event.finishReason;
         return;
       case 'finish': {
         this.flushAll();
         this.outcome.promptTokens = event.usage.promptTokens;
-        this.outcome.completionTokens = event.usage.completionTokens;
         this.phase = 'done';
         this.clearTimers();
         this.writer.done(this.ctx.request.includeUsage ? this.ctx.format.usageChunk(event.usage) : '');
-        this.outcome.report('ok', 200);
+        this.outcome.report({ outcome: this.finishReason }, 200);
         return;
       }
       case 'rejected':
@@ -106,7 +120,7 @@ export class StreamResponder {
     this.phase = 'done';
     this.clearTimers();
     this.writer.abandon();
-    this.outcome.report('cancelled', wasPending ? 499 : 200);
+    this.outcome.report({ outcome: 'disconnect' }, wasPending ? 499 : 200);
     if (wasPending) this.resolveReply(RESPONSE_ALREADY_SENT);
   }
 
@@ -124,31 +138,26 @@ export class StreamResponder {
     this.clearTimers();
     if (wasPending) {
       this.writer.abandon();
-      this.resolveReply(errorResponse(error, this.ctx.retryAfterS));
-      this.outcome.report('error', error.status, error);
+      this.resolveReply(errorResponse(error, this.ctx.retryAfterS, this.ctx.requestId));
+      this.outcome.report(errorEnd(error), error.status);
       return;
     }
     this.flushAll();
     this.writer.endWith(toSseErrorFrames(error));
-    this.outcome.report('error', 200, error);
+    this.outcome.report(errorEnd(error), 200);
   }
 
   private text(index: number, text: string, logprobs: TokenLogprobWire[] | undefined, tokens: number): void {
     const now = Date.now();
-    const hooks = this.ctx.hooks;
-    if (this.lastTextAt === 0) hooks.firstToken?.({ requestId: this.ctx.requestId, ttftMs: now - this.ctx.receivedAt });
-    hooks.textDelivered?.(
-      this.lastTextAt === 0
-        ? { requestId: this.ctx.requestId, tokens }
-        : { requestId: this.ctx.requestId, tokens, gapMs: now - this.lastTextAt },
-    );
-    this.lastTextAt = now;
     const interval = this.options.streamIntervalMs;
     if (interval === 0 || (this.flushTimer === undefined && now - this.lastFlushAt >= interval)) {
       this.writer.frames(this.ctx.format.deltaChunk(index, text, logprobs));
+      this.ctx.observer.contentWritten(tokens);
       this.lastFlushAt = now;
       return;
     }
+    // Coalesced text counts when it is written (flushAll/flushChoice).
+    this.pendingTokens += tokens;
     const pending = this.pendingText.get(index);
     if (pending === undefined) {
       this.pendingText.set(index, { text, logprobs: logprobs === undefined ? undefined : [...logprobs] });
@@ -168,15 +177,25 @@ export class StreamResponder {
     this.pendingText.delete(index);
     this.writer.frames(this.ctx.format.deltaChunk(index, pending.text, pending.logprobs));
     this.lastFlushAt = Date.now();
+    // Pending tokens are not tracked per choice: the last choice flushed carries them.
+    if (this.pendingText.size === 0) this.notePendingWritten();
   }
 
   private flushAll(): void {
     if (this.pendingText.size === 0) return;
     let frames = '';
     for (const [index, pending] of this.pendingText) frames += this.ctx.format.deltaChunk(index, pending.text, pending.logprobs);
+    const count = this.pendingText.size;
     this.pendingText.clear();
-    this.writer.frames(frames);
+    this.writer.frames(frames, count);
     this.lastFlushAt = Date.now();
+    this.notePendingWritten();
+  }
+
+  private notePendingWritten(): void {
+    const tokens = this.pendingTokens;
+    this.pendingTokens = 0;
+    this.ctx.observer.contentWritten(tokens);
   }
 
   private clearTimers(): void {

@@ -11,7 +11,8 @@ import { CompleteResponder } from '../responders/complete-responder.js';
 import type { ResponderContext } from '../responders/responder-context.js';
 import { StreamResponder } from '../responders/stream-responder.js';
 
-type Env = { Bindings: HttpBindings };
+import type { AppEnv } from '../app.js';
+import { noObserver } from '../responders/responder-context.js';
 
 /**
  * Reads the body straight off the Node request (no web Request/ReadableStream on the hot path),
@@ -41,23 +42,30 @@ async function readJson(incoming: IncomingMessage, maxBytes: number): Promise<un
  */
 export function generateHandler(deps: AppDeps, endpoint: Endpoint) {
   const { config, sessions, jobs, registry, heartbeats, hooks, channel } = deps;
-  return async (c: Context<Env>): Promise<Response> => {
+  return async (c: Context<AppEnv>): Promise<Response> => {
     const receivedAt = Date.now();
+    const receivedAtMono = performance.now();
     const body = await readJson(c.env.incoming, config.maxBodyBytes);
     const request = endpoint === 'chat' ? parseChatRequest(body) : parseCompletionRequest(body);
     if (deps.isDraining()) throw new GatewayError('shutting_down');
     registry.requireModel(request.model);
     if (sessions.queuedCount >= config.maxQueuedRequests) throw new GatewayError('queue_full');
 
-    const requestId = randomUUID();
-    hooks.requestStarted?.({ requestId, endpoint, stream: request.stream });
+    // The client's id (`X-Request-Id`, checked by the app's middleware) is for logs and the reply; it
+    // need not be unique, so the job, the session and the pub/sub entries use an id of our own.
+    const requestId = c.get('requestId');
+    const jobId = randomUUID();
+    const observer =
+      hooks.requestStarted?.({ requestId, jobId, endpoint, model: request.model, stream: request.stream, receivedAt: receivedAtMono }) ??
+      noObserver();
     const ctx: ResponderContext = {
       requestId,
       request,
-      format: new ResponseFormat(endpoint, requestId, request.model, request.includeUsage),
+      format: new ResponseFormat(endpoint, jobId, request.model, request.includeUsage),
       receivedAt,
       retryAfterS: config.retryAfterS,
       hooks,
+      observer,
     };
     const res = c.env.outgoing;
     const responder = request.stream
@@ -67,7 +75,7 @@ export function generateHandler(deps: AppDeps, endpoint: Endpoint) {
         })
       : new CompleteResponder(ctx);
     const deadlineAt = receivedAt + config.requestTimeoutMs;
-    const session = sessions.open(requestId, deadlineAt, (event) => responder.handle(event));
+    const session = sessions.open(jobId, deadlineAt, (event) => responder.handle(event));
     // The stream owns its cleanup: a client that leaves at any stage cancels the work.
     res.once('close', () => {
       if (responder.done) return;
@@ -76,7 +84,8 @@ export function generateHandler(deps: AppDeps, endpoint: Endpoint) {
     });
 
     const job: GenerateJob = {
-      requestId,
+      requestId: jobId,
+      correlationId: requestId,
       channel,
       model: request.model,
       input: request.input,
@@ -89,7 +98,10 @@ export function generateHandler(deps: AppDeps, endpoint: Endpoint) {
       await jobs.submit(job);
     } catch (error) {
       sessions.release(session);
-      throw new GatewayError('no_workers', { message: 'The job queue is unavailable.', cause: error });
+      const refusal = new GatewayError('no_workers', { message: 'The job queue is unavailable.', cause: error });
+      // Tracked already: it ends as an error outcome, and the app's error handler counts the refusal.
+      observer.finished({ end: { outcome: 'error', code: refusal.code }, status: refusal.status, promptTokens: 0, completionTokens: 0 });
+      throw refusal;
     }
     responder.begin();
     return responder.reply;
