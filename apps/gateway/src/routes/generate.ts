@@ -54,7 +54,8 @@ export function generateHandler(deps: AppDeps, endpoint: Endpoint) {
     // The client's id (`X-Request-Id`, checked by the app's middleware) is for logs and the reply; it
     // need not be unique, so the job, the session and the pub/sub entries use an id of our own.
     const requestId = c.get('requestId');
-    const jobId = randomUUID();
+    // Our own id serves as both when the client sent none: then logs, reply and job id agree.
+    const jobId = c.req.header('x-request-id') === requestId ? randomUUID() : requestId;
     const observer =
       hooks.requestStarted?.({ requestId, jobId, endpoint, model: request.model, stream: request.stream, receivedAt: receivedAtMono }) ??
       noObserver();
