@@ -1,0 +1,228 @@
+import type { AddressInfo } from 'node:net';
+import { serve, type ServerType } from '@hono/node-server';
+import { pino } from 'pino';
+import { afterEach, describe, expect, it } from 'vitest';
+import { createGatewayMetrics, type GatewayMetrics } from '@sluice/metrics';
+import type { GatewayEntryDraft, GenerateJob } from '@sluice/protocol';
+import { createApp } from '../src/app.js';
+import { loadGatewayConfig } from '../src/config.js';
+import { createGatewayObserver } from '../src/gateway-observer.js';
+import { SessionManager } from '../src/session-manager.js';
+import { HeartbeatTicker } from '../src/sse-writer.js';
+
+/** The real app wired to real metrics, as main.ts wires it; the worker is the test. */
+interface Harness {
+  url: string;
+  metrics: GatewayMetrics;
+  send(entries: Array<Partial<{ seq: number }> & DistributiveOmit<GatewayEntryDraft, 'requestId'>>): void;
+  nextJob(): Promise<GenerateJob>;
+  value(name: string, labels?: Record<string, string>): Promise<number>;
+  close(): Promise<void>;
+}
+type DistributiveOmit<T, K extends PropertyKey> = T extends unknown ? Omit<T, K> : never;
+
+const harnesses: Harness[] = [];
+afterEach(async () => {
+  await Promise.all(harnesses.splice(0).map((h) => h.close()));
+});
+
+async function start(env: Record<string, string> = {}): Promise<Harness> {
+  const config = loadGatewayConfig({ HEADERS_WAIT_MS: '1000', ...env });
+  const logger = pino({ level: 'silent' });
+  const metrics = createGatewayMetrics();
+  const hooks = createGatewayObserver(metrics, logger);
+  const jobs: GenerateJob[] = [];
+  const jobWaiters: Array<(job: GenerateJob) => void> = [];
+  const sessions = new SessionManager(
+    { queueTimeoutMs: config.queueTimeoutMs, idleTimeoutMs: config.idleTimeoutMs },
+    { cancel: () => {} },
+    logger,
+    (gap) => hooks.streamGap?.(gap),
+  );
+  const heartbeats = new HeartbeatTicker(config.heartbeatMs);
+  const app = createApp({
+    config,
+    logger,
+    channel: 'test-channel',
+    sessions,
+    heartbeats,
+    hooks,
+    jobs: {
+      submit: async (job) => {
+        jobs.push(job);
+        jobWaiters.shift()?.(job);
+      },
+    },
+    registry: {
+      liveWorkerCount: 1,
+      models: () => [{ id: 'm', maxContextLength: 100, workers: 1 }],
+      requireModel: (id) => ({ id, maxContextLength: 100, workers: 1 }),
+    },
+    checkRedis: async () => true,
+    isDraining: () => false,
+  });
+  app.get('/metrics', async (c) => c.body(await metrics.registry.metrics(), 200, { 'Content-Type': metrics.registry.contentType }));
+  const server = await new Promise<ServerType>((resolve) => {
+    const s = serve({ fetch: app.fetch, port: 0, hostname: '127.0.0.1' }, () => resolve(s));
+  });
+  const seqs = new Map<string, number>();
+  const harness: Harness = {
+    url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`,
+    metrics,
+    send(entries) {
+      const job = jobs.at(-1)!;
+      const drafts = entries.map((e) => {
+        const seq = e.seq ?? seqs.get(job.requestId) ?? 0;
+        seqs.set(job.requestId, seq + 1);
+        return { ...e, requestId: job.requestId, seq };
+      });
+      sessions.dispatch({ workerId: 'w1', entries: drafts as never });
+    },
+    nextJob: () => new Promise((resolve) => jobWaiters.push(resolve)),
+    async value(name, labels = {}) {
+      const metric = metrics.registry.getSingleMetric(name);
+      if (metric === undefined) throw new Error(`no metric ${name}`);
+      const { values } = await metric.get();
+      return values
+        .filter((v) => Object.entries(labels).every(([k, want]) => String((v.labels as Record<string, unknown>)[k]) === want))
+        .reduce((sum, v) => sum + v.value, 0);
+    },
+    close: async () => {
+      sessions.close();
+      heartbeats.close();
+      await new Promise<void>((resolve) => {
+        server.close(() => resolve());
+        if ('closeAllConnections' in server) server.closeAllConnections();
+      });
+    },
+  };
+  harnesses.push(harness);
+  return harness;
+}
+
+const chatBody = (extra: Record<string, unknown> = {}) =>
+  JSON.stringify({ model: 'm', messages: [{ role: 'user', content: 'hi' }], stream: true, ...extra });
+
+function post(h: Harness, body: string, headers: Record<string, string> = {}, signal?: AbortSignal) {
+  return fetch(`${h.url}/v1/chat/completions`, {
+    method: 'POST',
+    headers: { 'Content-Type': 'application/json', ...headers },
+    body,
+    ...(signal ? { signal } : {}),
+  });
+}
+
+/** Lets the server see a closed connection or a finished response. */
+const settle = () => new Promise((resolve) => setTimeout(resolve, 50));
+
+describe('gateway metrics as the app records them', () => {
+  it('counts a whole stream: request, frames and bytes as written, tokens (held-back ones included), TTFT and its outcome', async () => {
+    const h = await start();
+    const job = h.nextJob();
+    const reply = post(h, chatBody());
+    await job;
+    h.send([{ type: 'accepted', workerId: 'w1', promptTokens: 3 }]);
+    h.send([{ type: 'text-delta', index: 0, text: 'Hel', tokens: 1 }]);
+    h.send([
+      { type: 'text-delta', index: 0, text: 'lo', tokens: 2 },
+      // Tokens whose text the worker's detokenizer never released: counted, nothing written.
+      { type: 'text-delta', index: 0, text: '', tokens: 1 },
+      { type: 'text-end', index: 0, finishReason: 'length' },
+      { type: 'finish', usage: { promptTokens: 3, completionTokens: 4 } },
+    ]);
+    const body = await (await reply).text();
+    await settle();
+    const frames = body.split('\n\n').filter((f) => f !== '');
+    expect(await h.value('sluice_gateway_sse_events_total')).toBe(frames.length);
+    expect(await h.value('sluice_gateway_sse_events_total', { kind: 'done' })).toBe(1);
+    expect(await h.value('sluice_gateway_sse_bytes_total')).toBe(Buffer.byteLength(body));
+    expect(await h.value('sluice_gateway_stream_tokens_total')).toBe(4);
+    expect(await h.value('sluice_gateway_requests_accepted_total')).toBe(1);
+    expect(await h.value('sluice_gateway_request_outcomes_total', { outcome: 'length' })).toBe(1);
+    expect(await h.value('sluice_gateway_requests_total', { route: '/v1/chat/completions', status: '200' })).toBe(1);
+    expect(await h.value('sluice_gateway_active_streams')).toBe(0);
+    expect((await h.metrics.timeToFirstToken.get()).values.find((v) => v.metricName?.endsWith('_count'))?.value).toBe(1);
+  });
+
+  it.each([
+    ['queued', 0],
+    ['prefill', 1],
+    ['decode', 2],
+  ] as const)('counts a client that leaves while its request is %s', async (stage, progress) => {
+    const h = await start({ HEADERS_WAIT_MS: '0' });
+    const controller = new AbortController();
+    const job = h.nextJob();
+    const reply = post(h, chatBody(), {}, controller.signal);
+    await job;
+    const res = await reply;
+    if (progress >= 1) h.send([{ type: 'accepted', workerId: 'w1', promptTokens: 3 }]);
+    if (progress >= 2) h.send([{ type: 'text-delta', index: 0, text: 'a', tokens: 1 }]);
+    await settle();
+    controller.abort();
+    await res.text().catch(() => undefined);
+    await settle();
+    expect(await h.value('sluice_gateway_disconnects_total', { stage })).toBe(1);
+    expect(await h.value('sluice_gateway_disconnects_total')).toBe(1);
+    expect(await h.value('sluice_gateway_request_outcomes_total', { outcome: 'disconnect' })).toBe(1);
+  });
+
+  it('counts a 429 as a refusal by reason and by status, and returns the request id with it', async () => {
+    const h = await start({ MAX_QUEUED_REQUESTS: '1' });
+    const first = h.nextJob();
+    const waiting = post(h, chatBody());
+    await first;
+    const refused = await post(h, chatBody(), { 'X-Request-Id': 'client-42' });
+    expect(refused.status).toBe(429);
+    expect(refused.headers.get('x-request-id')).toBe('client-42');
+    await refused.text();
+    await settle();
+    expect(await h.value('sluice_gateway_rejected_total', { reason: 'queue_full' })).toBe(1);
+    expect(await h.value('sluice_gateway_requests_total', { status: '429' })).toBe(1);
+    expect(await h.value('sluice_gateway_requests_accepted_total')).toBe(1);
+    h.send([{ type: 'rejected', error: { code: 'internal', message: 'x', param: null } }]);
+    await (await waiting).text();
+  });
+
+  it('counts an idle timeout by kind and a sequence gap', async () => {
+    const h = await start({ IDLE_TIMEOUT_MS: '100', HEADERS_WAIT_MS: '0' });
+    let job = h.nextJob();
+    let reply = post(h, chatBody());
+    await job;
+    h.send([{ type: 'accepted', workerId: 'w1', promptTokens: 3 }]);
+    await (await reply).text();
+    expect(await h.value('sluice_gateway_timeouts_total', { kind: 'idle' })).toBe(1);
+    expect(await h.value('sluice_gateway_request_outcomes_total', { outcome: 'timeout' })).toBe(1);
+
+    job = h.nextJob();
+    reply = post(h, chatBody());
+    await job;
+    h.send([{ type: 'accepted', workerId: 'w1', promptTokens: 3 }]);
+    h.send([{ seq: 5, type: 'text-delta', index: 0, text: 'x', tokens: 1 }]);
+    await (await reply).text();
+    expect(await h.value('sluice_gateway_stream_gaps_total')).toBe(1);
+    expect(await h.value('sluice_gateway_stream_errors_total', { code: 'stream_interrupted' })).toBe(1);
+  });
+
+  it('takes a valid X-Request-Id for the reply and the job, replaces an invalid one, and keeps job ids unique', async () => {
+    const h = await start({ HEADERS_WAIT_MS: '0' });
+    const ids: string[] = [];
+    for (const header of ['same-id', 'same-id', 'bad id!']) {
+      const job = h.nextJob();
+      const reply = post(h, chatBody(), { 'X-Request-Id': header });
+      const sent = await job;
+      const res = await reply;
+      const id = res.headers.get('x-request-id') ?? '';
+      expect(sent.correlationId).toBe(id);
+      if (header === 'bad id!') expect(id).toMatch(/^[0-9a-f-]{36}$/);
+      else expect(id).toBe(header);
+      ids.push(sent.requestId);
+      h.send([{ type: 'rejected', error: { code: 'internal', message: 'x', param: null } }]);
+      await res.text();
+    }
+    expect(new Set(ids).size).toBe(3);
+    const notFound = await fetch(`${h.url}/nope`, { headers: { 'X-Request-Id': 'nf-1' } });
+    expect(notFound.headers.get('x-request-id')).toBe('nf-1');
+    const metricsReply = await fetch(`${h.url}/metrics`);
+    expect(metricsReply.headers.get('x-request-id')).toMatch(/^[\w.-]+$/);
+  });
+});
