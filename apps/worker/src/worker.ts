@@ -83,6 +83,7 @@ export async function startWorker(
     lastStep = stats;
     steps++;
     metrics?.observeStep(stats);
+    if (stats.eventLoopLagMs !== undefined) metrics?.setEngineEventLoopLag(stats.eventLoopLagMs);
   });
   let draining = false;
   const heartbeat = new RegistryHeartbeat(

@@ -4,6 +4,7 @@
  */
 import { parentPort, receiveMessageOnPort, workerData, type MessagePort } from 'node:worker_threads';
 import { stat } from 'node:fs/promises';
+import { monitorEventLoopDelay } from 'node:perf_hooks';
 import { loadModelDir, type ModelDir } from '@sluice/model';
 import { EngineCore } from './engine-core.js';
 import { EngineError } from './engine-error.js';
@@ -91,6 +92,9 @@ async function main(port: MessagePort, { options }: EngineThreadData): Promise<v
     }
   };
 
+  // Timer-based: how late this thread's loop gets to anything (messages included) between steps.
+  const loopDelay = monitorEventLoopDelay({ resolution: 10 });
+  loopDelay.enable();
   for (;;) {
     drain();
     if (closing) break;
@@ -101,6 +105,10 @@ async function main(port: MessagePort, { options }: EngineThreadData): Promise<v
     }
     try {
       const { events, stats } = await core.step();
+      if (stats !== undefined) {
+        stats.eventLoopLagMs = loopDelay.max / 1e6;
+        loopDelay.reset();
+      }
       if (events.length > 0 || stats !== undefined) {
         post(stats === undefined ? { type: 'step', events } : { type: 'step', events, stats });
       }
@@ -109,6 +117,7 @@ async function main(port: MessagePort, { options }: EngineThreadData): Promise<v
       post({ type: 'step', events });
     }
   }
+  loopDelay.disable();
   const { events } = core.failAll('engine_closed', 'The engine was closed.');
   if (events.length > 0) post({ type: 'step', events });
   try {

@@ -121,6 +121,11 @@ export interface StepStats {
   maxCachedTokens: number;
   promptTokens: number;
   generationTokens: number;
+  /**
+   * The engine thread's largest event-loop delay since the previous step (ms). A model run blocks
+   * that thread, so it tracks the step time; it is how long an abort or a newcomer can wait there.
+   */
+  eventLoopLagMs?: number;
 }
 
 export interface EngineInfo {

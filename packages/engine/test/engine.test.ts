@@ -138,6 +138,8 @@ describe('createEngine on the tiny model', () => {
     expect(result.tokens[0]!.length).toBeLessThan(500);
     expect(result.finish.usage.completionTokens).toBe(result.tokens[0]!.length);
     expect(steps.some((stats) => stats.cachedTokens > 0)).toBe(true);
+    // Each step reports the engine thread's event-loop delay (its own histogram, not the host's).
+    expect(steps.every((stats) => typeof stats.eventLoopLagMs === 'number' && stats.eventLoopLagMs >= 0)).toBe(true);
     expect(steps.at(-1)).toMatchObject({ cachedTokens: 0, running: 0, waiting: 0 });
   });
 
