@@ -40,11 +40,15 @@ describe('worker and gateway lifecycle', () => {
     expect(health.processed).toBe(health.skipped);
   });
 
-  it('on SIGTERM a worker finishes its running sequences, then exits 0', async () => {
+  it('on SIGTERM a worker finishes its running sequences, then exits 0; gateways stop counting it at once', async () => {
     const worker = cluster.workers.at(-1)!;
-    const stream = new LiveStream(`${gateway.url}/v1/completions`, { ...long('To the end'), max_tokens: 60 });
+    const stream = new LiveStream(`${gateway.url}/v1/completions`, { ...long('To the end'), max_tokens: 1200 });
     await stream.until('streaming', () => stream.contentChunks >= 1);
     worker.process.signal('SIGTERM');
+    // The draining worker is still alive (its stream goes on) but takes no new job: not ready, no model.
+    await waitFor('readyz without the draining worker', async () => ((await gateway.get('/readyz')).status === 503 ? true : undefined), 3_000, 20);
+    expect(stream.contentChunks).toBeLessThan(1200);
+    expect((await gateway.get('/v1/models')).body).toMatchObject({ data: [] });
     expect(await stream.ended).toBe('done');
     expect(checkChunkSequence(stream.items, 'completion', false).finishReason).toBe('length');
     expect(await worker.process.exited).toEqual({ code: 0, signal: null });

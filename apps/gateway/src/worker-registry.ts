@@ -26,6 +26,8 @@ const INDEX_GC_MS = 60_000;
  */
 export class WorkerRegistry implements ModelCatalog {
   private workers = new Map<string, WorkerRecord>();
+  /** Live workers that still take jobs (not draining after SIGTERM). */
+  private servingCount = 0;
   private byModel = new Map<string, ServedModel>();
   private timer: NodeJS.Timeout | undefined;
   private polling = false;
@@ -39,8 +41,9 @@ export class WorkerRegistry implements ModelCatalog {
     private readonly onSnapshot: (liveWorkerIds: ReadonlySet<string>, takenAt: number) => void,
   ) {}
 
+  /** Workers that take new jobs: a draining worker still finishes its streams but counts no more. */
   get liveWorkerCount(): number {
-    return this.workers.size;
+    return this.servingCount;
   }
 
   start(): void {
@@ -59,7 +62,7 @@ export class WorkerRegistry implements ModelCatalog {
   requireModel(id: string): ServedModel {
     const model = this.byModel.get(id);
     if (model !== undefined) return model;
-    if (this.workers.size === 0) throw new GatewayError('no_workers');
+    if (this.servingCount === 0) throw new GatewayError('no_workers');
     throw new GatewayError('model_not_found', { message: `The model '${id}' does not exist.`, param: 'model' });
   }
 
@@ -75,7 +78,9 @@ export class WorkerRegistry implements ModelCatalog {
       if (record !== undefined) workers.set(id, record);
     });
     const byModel = new Map<string, ServedModel>();
-    for (const record of workers.values()) {
+    // A draining worker is still alive (its streams go on) but serves no new request.
+    const serving = [...workers.values()].filter((record) => !record.draining);
+    for (const record of serving) {
       const model = byModel.get(record.modelId);
       if (model === undefined) {
         byModel.set(record.modelId, { id: record.modelId, maxContextLength: record.maxContextLength, workers: 1 });
@@ -85,6 +90,7 @@ export class WorkerRegistry implements ModelCatalog {
       }
     }
     this.workers = workers;
+    this.servingCount = serving.length;
     this.byModel = byModel;
     this.onSnapshot(new Set(workers.keys()), takenAt);
     if (ids.length > workers.size) {
