@@ -2,6 +2,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Cluster, MODEL } from './support/cluster.js';
 import { sleep, waitFor } from './support/processes.js';
 import type { GatewayProcess, WorkerProcess } from './support/sluice.js';
+import { scrapePrometheus } from './support/prometheus.js';
 import { checkChunkSequence, LiveStream, postRaw } from './support/sse.js';
 
 const long = (prompt: string) => ({ model: MODEL, prompt, max_tokens: 1800, ignore_eos: true, temperature: 0, stream: true });
@@ -15,7 +16,8 @@ describe('when the client goes away', () => {
 
   beforeAll(async () => {
     cluster = await Cluster.start();
-    worker = await cluster.worker({ MAX_BATCH_SIZE: '2' });
+    // A small step budget: a long prompt takes ~100 prefill steps, a window to leave in.
+    worker = await cluster.worker({ MAX_BATCH_SIZE: '2', MAX_STEP_TOKENS: '16' });
     gateway = await cluster.gateway();
     steadyAlone = checkChunkSequence((await postRaw(`${gateway.url}/v1/completions`, steady)).items, 'completion', false).text;
   });
@@ -45,6 +47,32 @@ describe('when the client goes away', () => {
     expect(await other.ended).toBe('done');
     expect(checkChunkSequence(other.items, 'completion', false).text).toBe(steadyAlone);
     await waitFor('worker idle', async () => ((await worker.health()).running === 0 ? true : undefined));
+  });
+
+  it('during prefill: the sequence is cancelled before its first token, counted as a prefill disconnect', async () => {
+    await waitFor('worker idle', async () => ((await worker.health()).running === 0 ? true : undefined));
+    const before = (await scrapePrometheus(`${gateway.url}/metrics`)).value('sluice_gateway_disconnects_total', { stage: 'prefill' });
+    // 1,900 prompt tokens at 16 per step: the worker accepts it (headers go out), then prefills for ~120 steps.
+    const promptIds = Array.from({ length: 1900 }, (_, i) => 100 + (i % 500));
+    const stream = new LiveStream(`${gateway.url}/v1/completions`, { model: MODEL, prompt: promptIds, max_tokens: 8, temperature: 0, stream: true });
+    expect(await stream.headers).toBe(200);
+    // Frozen mid-prefill, so the client leaves before any token whatever the machine's speed.
+    worker.process.signal('SIGSTOP');
+    try {
+      expect(stream.contentChunks).toBe(0);
+      stream.abort();
+      expect(await stream.ended).toBe('aborted');
+      await waitFor('the gateway counted the disconnect', async () => {
+        const now = (await scrapePrometheus(`${gateway.url}/metrics`)).value('sluice_gateway_disconnects_total', { stage: 'prefill' });
+        return now === before + 1 ? true : undefined;
+      }, 5_000);
+    } finally {
+      worker.process.signal('SIGCONT');
+    }
+    await waitFor('the sequence cancelled', async () => {
+      const health = await worker.health();
+      return health.running === 0 && health.lastCancel?.requestId === stream.requestId ? true : undefined;
+    }, 10_000);
   });
 
   it('while queued: the waiting job is removed and never runs', async () => {
