@@ -103,7 +103,8 @@ export function decodeGatewayMessage(raw: string | Buffer): GatewayMessage {
   return { workerId, entries: entries as GatewayEntry[] };
 }
 
-const isCount = (value: unknown): boolean => typeof value === 'number' && Number.isInteger(value) && value >= 0;
+/** zod 4 `.int()` accepts safe integers only, so the fast path does too. */
+const isCount = (value: unknown): boolean => typeof value === 'number' && Number.isSafeInteger(value) && value >= 0;
 
 /** The rules of {@link textDeltaEntrySchema} for an entry without logprobs. */
 function isPlainTextDelta(entry: unknown): boolean {

@@ -115,5 +115,9 @@ describe('decodeGatewayMessage fast path', () => {
       }),
       { numRuns: 2000 },
     );
+    // Found by the property above: 2^53 is an integer to JavaScript but not to zod's .int().
+    const unsafe = JSON.stringify({ workerId: 'w', entries: [{ requestId: 'r', seq: 0, type: 'text-delta', index: 0, text: '', tokens: 2 ** 53 }] });
+    expect(gatewayMessageSchema.safeParse(JSON.parse(unsafe)).success).toBe(false);
+    expect(() => decodeGatewayMessage(unsafe)).toThrow();
   });
 });
