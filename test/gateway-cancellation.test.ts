@@ -69,10 +69,7 @@ describe('when the client goes away', () => {
     } finally {
       worker.process.signal('SIGCONT');
     }
-    await waitFor('the sequence cancelled', async () => {
-      const health = await worker.health();
-      return health.running === 0 && health.lastCancel?.requestId === stream.requestId ? true : undefined;
-    }, 10_000);
+    await worker.sequenceCancelled(stream.requestId);
   });
 
   it('while queued: the waiting job is removed and never runs', async () => {

@@ -109,10 +109,7 @@ describe('timeouts end the stream with a clear error and cancel the work', () =>
     expect(elapsed).toBeGreaterThanOrEqual(1400);
     expect(elapsed).toBeLessThan(3000);
     expect(streamError(stream.items)).toMatchObject({ code: 'deadline_exceeded' });
-    await waitFor('the sequence cancelled', async () => {
-      const health = await worker.health();
-      return health.running === 0 && health.lastCancel?.requestId === stream.requestId ? true : undefined;
-    }, 10_000);
+    await worker.sequenceCancelled(stream.requestId);
   });
 
   it('ends a stream whose worker sends nothing for IDLE_TIMEOUT_MS and cancels the sequence', async () => {
@@ -132,9 +129,6 @@ describe('timeouts end the stream with a clear error and cancel the work', () =>
       worker.process.signal('SIGCONT');
     }
     // The cancel was waiting in the worker's socket: the sequence leaves once it runs again.
-    await waitFor('the sequence cancelled', async () => {
-      const health = await worker.health();
-      return health.running === 0 && health.lastCancel?.requestId === stream.requestId ? true : undefined;
-    }, 10_000);
+    await worker.sequenceCancelled(stream.requestId);
   });
 });

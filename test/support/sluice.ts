@@ -39,6 +39,8 @@ export interface WorkerProcess {
   readonly healthUrl: string;
   readonly process: ManagedProcess;
   health(): Promise<WorkerHealth>;
+  /** Waits until the worker runs nothing and its latest cancelled sequence is `requestId`'s. */
+  sequenceCancelled(requestId: string | null): Promise<void>;
 }
 
 /** Starts a gateway and waits until it answers `/healthz` (and `/readyz`, unless told not to). */
@@ -83,5 +85,11 @@ export async function startWorker(redisUrl: string, env: Record<string, string> 
     if (proc.child.exitCode !== null) throw new Error(`worker exited:\n${proc.output()}`);
     return (await health()).status === 'ok' ? true : undefined;
   }, 120_000, 100);
-  return { healthUrl, process: proc, health };
+  const sequenceCancelled = async (requestId: string | null) => {
+    await waitFor(`the sequence of ${requestId} cancelled`, async () => {
+      const now = await health();
+      return now.running === 0 && now.lastCancel?.requestId === requestId ? true : undefined;
+    }, 10_000);
+  };
+  return { healthUrl, process: proc, health, sequenceCancelled };
 }
