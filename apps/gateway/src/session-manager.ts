@@ -62,7 +62,9 @@ export class SessionManager {
       const session = this.sessions.get(entry.requestId);
       // A late entry of a session that already ended (cancelled, timed out): nothing waits for it.
       if (session === undefined) continue;
-      if (entry.seq !== session.nextSeq) {
+      // An error ends the stream whatever came before it, and says why better than a gap would: a
+      // job retried after its worker died reports worker_lost from sequence 0 of its new attempt.
+      if (entry.seq !== session.nextSeq && entry.type !== 'error') {
         const gap = { requestId: session.requestId, expected: session.nextSeq, got: entry.seq };
         this.logger.warn(gap, 'sequence gap');
         this.onGap(gap);

@@ -33,6 +33,21 @@ describe('SessionManager', () => {
     manager.close();
   });
 
+  it('ends a stream with a gap as stream_interrupted, but passes on an error entry out of sequence', () => {
+    const { manager, events, open } = setup();
+    open('gap');
+    open('retried');
+    const delta = { seq: 0, type: 'text-delta' as const, index: 0, text: 'x', tokens: 1 };
+    manager.dispatch({ workerId: 'w', entries: [{ requestId: 'gap', seq: 0, type: 'accepted', workerId: 'w', promptTokens: 1 }, { requestId: 'gap', ...delta, seq: 2 }] });
+    expect(events.at(-1)).toMatchObject({ type: 'failed', error: { code: 'stream_interrupted' } });
+    manager.dispatch({ workerId: 'w', entries: [{ requestId: 'retried', seq: 0, type: 'accepted', workerId: 'w', promptTokens: 1 }, { requestId: 'retried', ...delta, seq: 1 }] });
+    const lost = { code: 'worker_lost', message: 'The worker serving the request stopped.', param: null };
+    manager.dispatch({ workerId: 'w2', entries: [{ requestId: 'retried', seq: 0, type: 'error', error: lost }] });
+    expect(events.at(-1)).toMatchObject({ type: 'error', error: { code: 'worker_lost' } });
+    expect(manager.size).toBe(0);
+    manager.close();
+  });
+
   it('fails a queued session at the queue timeout and removes its job', () => {
     const { manager, cancels, events, open } = setup();
     const session = open('a');
