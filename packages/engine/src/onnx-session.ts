@@ -17,6 +17,8 @@ export interface OnnxSessionOptions {
   intraOpThreads: number;
   /** 0 = onnxruntime's default. */
   interOpThreads: number;
+  /** Add new key/value slice outputs when the graph allows (default true; false forces the present.* path). */
+  newKvOutputs?: boolean;
 }
 
 /** What the graph declares, read from the session's input and output metadata. */
@@ -113,7 +115,7 @@ export class OnnxSession {
     let session: ort.InferenceSession;
     let newKvNames: string[] | undefined;
     try {
-      const rewritten = await withNewKvOutputs(options.modelPath);
+      const rewritten = options.newKvOutputs === false ? undefined : await withNewKvOutputs(options.modelPath);
       newKvNames = rewritten?.newKvNames;
       session = rewritten === undefined
         ? await ort.InferenceSession.create(options.modelPath, sessionOptions)
