@@ -9,7 +9,7 @@ export interface Targets {
 export function renderNote(targets: Targets): string {
   const lines: string[] = ['### Notes'];
   lines.push(
-    '- **What batching can gain on this CPU.** A decode call costs a fixed part (every weight read once, ~112 MB) plus a part that grows with rows × padded past length: the Optimum-style graph concatenates past and new keys/values into `present.*`, transposes the keys and reads them for attention, and onnxruntime-node copies every `present.*` out into JavaScript memory, over a gigabyte of memory traffic per step at batch 32 and a few hundred tokens of context on a 2-vCPU VM. Batching amortizes only the fixed part, so the gain per token shrinks as contexts grow (table above). The engine keeps padding low by splitting rows of very different lengths into lanes (docs/engine.md).',
+    '- **What batching can gain on this CPU.** A decode call costs a fixed part (every weight read once, ~112 MB) plus a part that grows with rows × padded past length: the Optimum-style graph concatenates past and new keys/values into `present.*`, transposes the keys and reads them for attention. The engine no longer fetches `present.*` (onnxruntime-node would copy the whole cache out every step): it fetches only each layer\'s new key/value slice and keeps the cache in its own buffers (docs/engine.md). Batching amortizes only the fixed part, so the gain per token shrinks as contexts grow (table above).',
   );
   if (!targets.continuousAtLeast4xSequential) {
     lines.push(

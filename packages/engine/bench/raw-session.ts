@@ -4,7 +4,8 @@
  */
 import { KvBatch, type KvShape } from '../src/kv-batch.js';
 import type { OnnxSession } from '../src/onnx-session.js';
-import { packInputs, type RowInput } from '../src/pack-inputs.js';
+import { LaneKv } from '../src/kv-lane.js';
+import { packInputs, packLaneInputs, type RowInput } from '../src/pack-inputs.js';
 
 export function filledBatch(shape: KvShape, lengths: readonly number[]): KvBatch {
   const pastLength = Math.max(0, ...lengths);
@@ -31,6 +32,12 @@ export async function timedRun(session: OnnxSession, past: KvBatch, rows: readon
  * only session.run.
  */
 export async function rawDecodeSteps(session: OnnxSession, start: KvBatch, steps: number): Promise<number[]> {
+  if (session.outputsNewKv) return rawLaneSteps(session, start, steps);
+  return rawPresentSteps(session, start, steps);
+}
+
+/** {@link rawDecodeSteps} the old way: fetch every present.* and use it as the next past. */
+export async function rawPresentSteps(session: OnnxSession, start: KvBatch, steps: number): Promise<number[]> {
   let batch = start;
   const times: number[] = [];
   for (let step = 0; step < steps; step++) {
@@ -38,6 +45,25 @@ export async function rawDecodeSteps(session: OnnxSession, start: KvBatch, steps
     const { ms, output } = await timedRun(session, batch, rows);
     times.push(ms);
     batch = batch.appended(output.present, 1, rows.map(() => 1));
+  }
+  return times;
+}
+
+/**
+ * {@link rawDecodeSteps} with an engine-owned cache (as the engine runs when the session outputs
+ * new key/value slices): fetch logits + new slices, write them in place; timing session.run only.
+ */
+export async function rawLaneSteps(session: OnnxSession, start: KvBatch, steps: number): Promise<number[]> {
+  const lane = new LaneKv(start.shape);
+  start.lengths.forEach((_, row) => lane.addRow(start.rowSource(row), Infinity));
+  const times: number[] = [];
+  for (let step = 0; step < steps; step++) {
+    lane.reserveNext(Infinity);
+    const inputs = packLaneInputs(lane.capacity, lane.lengths.map((cachedLength) => ({ cachedLength, token: 5 + (step % 100) })));
+    const begin = performance.now();
+    const output = await session.runNewKv(inputs, lane);
+    times.push(performance.now() - begin);
+    lane.append(output.newKv);
   }
   return times;
 }

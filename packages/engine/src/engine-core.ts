@@ -1,8 +1,9 @@
 import { TextStreamer, type ModelDir } from '@sluice/model';
 import { EngineError } from './engine-error.js';
 import { KvBatch, type KvRowSource } from './kv-batch.js';
+import { LaneKv } from './kv-lane.js';
 import type { OnnxSession } from './onnx-session.js';
-import { packInputs, type RowInput } from './pack-inputs.js';
+import { packInputs, packLaneInputs, type RowInput } from './pack-inputs.js';
 import { exactLengthLanes, planLanes } from './plan-lanes.js';
 import { RequestGroup, type Sequence } from './request-group.js';
 import type { ResolvedRequest } from './resolve-request.js';
@@ -162,16 +163,28 @@ export class EngineCore {
     return output;
   }
 
-  /** One decode token for every row of a lane; the lane's present tensors become its next past. */
+  /** One decode token for every row of a lane: new slices written into its LaneKv, or (fallback) its present tensors become its next past. */
   async #decode(lane: Lane): Promise<number> {
-    const { rows } = lane;
+    const { rows, batch } = lane;
+    if (batch instanceof LaneKv) {
+      // Engine-owned cache: fetch only logits and the new slices, written into each row's next slot.
+      batch.reserveNext(this.#laneLimit(rows));
+      const inputs = packLaneInputs(batch.capacity, rows.map((sequence, row) => ({ cachedLength: batch.lengths[row]!, token: lastToken(sequence) })));
+      const output = await this.#session.runNewKv(inputs, batch);
+      batch.append(output.newKv);
+      rows.forEach((sequence, row) => {
+        const offset = (row * output.positions + output.positions - 1) * output.vocabSize;
+        this.#accept(sequence, sequence.sampler.sample(output.logits, offset, output.vocabSize));
+      });
+      return rows.length;
+    }
     const inputs = packInputs(
-      lane.batch.pastLength,
-      rows.map((sequence, row) => ({ cachedLength: lane.batch.lengths[row]!, tokens: [lastToken(sequence)] })),
+      batch.pastLength,
+      rows.map((sequence, row) => ({ cachedLength: batch.lengths[row]!, tokens: [lastToken(sequence)] })),
       this.#padTokenId,
     );
-    const output = await this.#session.run(inputs, lane.batch);
-    lane.batch = lane.batch.appended(output.present, 1, rows.map(() => 1));
+    const output = await this.#session.run(inputs, batch);
+    lane.batch = batch.appended(output.present, 1, rows.map(() => 1));
     rows.forEach((sequence, row) => {
       const offset = (row * output.positions + output.positions - 1) * output.vocabSize;
       this.#accept(sequence, sequence.sampler.sample(output.logits, offset, output.vocabSize));
@@ -317,6 +330,10 @@ export class EngineCore {
     this.#joining = [];
     const isLive = (sequence: Sequence): boolean => sequence.finishReason === undefined;
     if (joining.length === 0 && this.#lanes.every((lane) => lane.rows.every(isLive))) return;
+    if (this.#session.outputsNewKv) {
+      this.#repackOwned(joining, isLive);
+      return;
+    }
 
     const entries: LaneEntry[] = [];
     for (const lane of this.#lanes) {
@@ -350,6 +367,43 @@ export class EngineCore {
     for (const { sequence } of joining) sequence.group.prefillKv = undefined;
   }
 
+  /**
+   * The repack with an engine-owned cache: one lane, changed in place. Leaving rows are replaced by
+   * the last row and joining rows appended, so only those rows are copied. (Splitting into lanes by
+   * length, as {@link planLanes} does for the present.* path, would copy every moved row; with the
+   * copy-out gone a padded slot costs little, so one lane is kept.)
+   */
+  #repackOwned(joining: ReadonlyArray<{ sequence: Sequence; source: KvRowSource }>, isLive: (sequence: Sequence) => boolean): void {
+    const lane = this.#lanes[0] ?? { rows: [], batch: new LaneKv(this.#session.io.kv, this.#limits.maxBatchSize) };
+    const kv = lane.batch;
+    if (!(kv instanceof LaneKv) || this.#lanes.length > 1) throw new EngineError('internal', 'Expected one engine-owned lane.');
+    for (let row = lane.rows.length - 1; row >= 0; row--) {
+      if (isLive(lane.rows[row]!)) continue;
+      kv.removeRow(row);
+      lane.rows[row] = lane.rows[lane.rows.length - 1]!;
+      lane.rows.pop();
+    }
+    for (const { sequence, source } of joining) {
+      lane.rows.push(sequence);
+      kv.addRow(source, this.#laneLimit(lane.rows));
+      sequence.group.prefillKv = undefined;
+    }
+    this.#lanes = lane.rows.length > 0 ? [lane] : [];
+  }
+
+  /** The most slots any of these rows' caches can need. */
+  #laneLimit(rows: readonly Sequence[]): number {
+    let limit = 0;
+    for (const sequence of rows) limit = Math.max(limit, this.#reservation(sequence));
+    return limit;
+  }
+
+  /** The most slots a sequence's cache can need: prompt + maxTokens, within the context length. */
+  #reservation(sequence: Sequence): number {
+    const { group } = sequence;
+    return Math.min(group.promptLength + group.request.sampling.maxTokens, this.#model.generation.maxContextLength);
+  }
+
   #takeEvents(): Array<[number, EngineEvent]> {
     const events = this.#events;
     this.#events = [];
@@ -357,10 +411,13 @@ export class EngineCore {
   }
 }
 
-/** Rows decoded together in one model call, and their cache. */
+/**
+ * Rows decoded together in one model call, and their cache: engine-owned ({@link LaneKv}) when the
+ * session outputs new key/value slices, else the left-padded `present.*` of the last call.
+ */
 interface Lane {
   rows: Sequence[];
-  batch: KvBatch;
+  batch: KvBatch | LaneKv;
 }
 
 interface LaneEntry {

@@ -2,7 +2,9 @@
  * The only file that imports onnxruntime-node: loads the model, reads what its graph declares and
  * runs one call over a left-padded batch.
  */
+import { readFile } from 'node:fs/promises';
 import * as ort from 'onnxruntime-node';
+import onnxProto from 'onnx-proto';
 import { EngineError } from './engine-error.js';
 import type { KvBatch, KvData, KvShape } from './kv-batch.js';
 import type { PackedInputs } from './pack-inputs.js';
@@ -15,6 +17,8 @@ export interface OnnxSessionOptions {
   intraOpThreads: number;
   /** 0 = onnxruntime's default. */
   interOpThreads: number;
+  /** Add new key/value slice outputs when the graph allows (default true; false forces the present.* path). */
+  newKvOutputs?: boolean;
 }
 
 /** What the graph declares, read from the session's input and output metadata. */
@@ -36,6 +40,15 @@ export interface ModelOutputs {
   present: KvData[];
 }
 
+export interface DecodeOutputs {
+  /** [rows, positions, vocabSize], float32. */
+  logits: Float32Array;
+  positions: number;
+  vocabSize: number;
+  /** The call's new key/value slices in layer order (key, value), [rows, heads, newTokens, headDim]. */
+  newKv: KvData[];
+}
+
 const PAST_INPUT = /^past_key_values\.(\d+)\.(key|value)$/;
 const PRESENT_OUTPUT = /^present\.(\d+)\.(key|value)$/;
 
@@ -44,11 +57,14 @@ export class OnnxSession {
   readonly #session: ort.InferenceSession;
   readonly #pastNames: string[];
   readonly #presentNames: string[];
+  /** Graph outputs holding each layer's new key/value slice (added at load), or undefined. */
+  readonly #newKvNames: string[] | undefined;
 
-  private constructor(session: ort.InferenceSession) {
+  private constructor(session: ort.InferenceSession, newKvNames: string[] | undefined) {
     this.#session = session;
     this.#pastNames = orderedKvNames(session.inputNames, PAST_INPUT);
     this.#presentNames = orderedKvNames(session.outputNames, PRESENT_OUTPUT);
+    this.#newKvNames = newKvNames !== undefined && newKvNames.every((name) => session.outputNames.includes(name)) ? newKvNames : undefined;
     if (this.#pastNames.length === 0 || this.#pastNames.length !== this.#presentNames.length) {
       throw new EngineError(
         'internal',
@@ -97,8 +113,13 @@ export class OnnxSession {
       }
     }
     let session: ort.InferenceSession;
+    let newKvNames: string[] | undefined;
     try {
-      session = await ort.InferenceSession.create(options.modelPath, sessionOptions);
+      const rewritten = options.newKvOutputs === false ? undefined : await withNewKvOutputs(options.modelPath);
+      newKvNames = rewritten?.newKvNames;
+      session = rewritten === undefined
+        ? await ort.InferenceSession.create(options.modelPath, sessionOptions)
+        : await ort.InferenceSession.create(rewritten.bytes, sessionOptions);
     } catch (cause) {
       if (executionProvider === 'cpu') {
         throw new EngineError('internal', `Could not load ${options.modelPath}: ${errorText(cause)}`, { cause });
@@ -112,26 +133,43 @@ export class OnnxSession {
         { cause },
       );
     }
-    return new OnnxSession(session);
+    return new OnnxSession(session, newKvNames);
+  }
+
+  /**
+   * True when the graph was rewritten to also output each layer's new key/value slice, so a decode
+   * step can fetch those instead of the whole `present.*` cache ({@link runNewKv}).
+   */
+  get outputsNewKv(): boolean {
+    return this.#newKvNames !== undefined;
+  }
+
+  /**
+   * One forward pass fetching only logits and the new key/value slices (requires
+   * {@link outputsNewKv}): onnxruntime-node then copies O(rows × newTokens) KV out, not the cache.
+   */
+  async runNewKv(inputs: PackedInputs, past: { data: readonly KvData[] }): Promise<DecodeOutputs> {
+    const names = this.#newKvNames;
+    if (names === undefined) throw new EngineError('internal', 'The session has no new key/value outputs.');
+    const results = await this.#session.run(this.#feeds(inputs, past), ['logits', ...names]);
+    const logits = results['logits'];
+    if (logits === undefined) throw new EngineError('internal', 'The model returned no logits.');
+    const [, positions, vocabSize] = logits.dims;
+    return {
+      logits: toFloat32(logits),
+      positions: positions ?? 1,
+      vocabSize: vocabSize ?? 0,
+      newKv: names.map((name) => {
+        const tensor = results[name];
+        if (tensor === undefined) throw new EngineError('internal', `The model returned no ${name}.`);
+        return tensor.data as KvData;
+      }),
+    };
   }
 
   /** One forward pass: new tokens of every row on top of the batch's cache. */
-  async run(inputs: PackedInputs, past: KvBatch): Promise<ModelOutputs> {
-    const { rows, newTokens, pastLength } = inputs;
-    const { numKvHeads, headDim, dtype } = this.io.kv;
-    const feeds: Record<string, ort.Tensor> = {
-      input_ids: new ort.Tensor('int64', inputs.inputIds, [rows, newTokens]),
-      attention_mask: new ort.Tensor('int64', inputs.attentionMask, [rows, pastLength + newTokens]),
-    };
-    if (this.io.hasPositionIds) feeds['position_ids'] = new ort.Tensor('int64', inputs.positionIds, [rows, newTokens]);
-    if (this.io.hasUseCacheBranch) feeds['use_cache_branch'] = new ort.Tensor('bool', new Uint8Array([pastLength > 0 ? 1 : 0]), [1]);
-    if (this.io.hasNumLogitsToKeep) feeds['num_logits_to_keep'] = new ort.Tensor('int64', new BigInt64Array([1n]), []);
-    const pastDims = [rows, numKvHeads, pastLength, headDim];
-    this.#pastNames.forEach((name, k) => {
-      feeds[name] = new ort.Tensor(dtype, past.data[k]!, pastDims);
-    });
-
-    const results = await this.#session.run(feeds);
+  async run(inputs: PackedInputs, past: { data: readonly KvData[] }): Promise<ModelOutputs> {
+    const results = await this.#session.run(this.#feeds(inputs, past), ['logits', ...this.#presentNames]);
     const logits = results['logits'];
     if (logits === undefined) throw new EngineError('internal', 'The model returned no logits.');
     const [, positions, vocabSize] = logits.dims;
@@ -147,9 +185,79 @@ export class OnnxSession {
     };
   }
 
+  #feeds(inputs: PackedInputs, past: { data: readonly KvData[] }): Record<string, ort.Tensor> {
+    const { rows, newTokens, pastLength } = inputs;
+    const { numKvHeads, headDim, dtype } = this.io.kv;
+    const feeds: Record<string, ort.Tensor> = {
+      input_ids: new ort.Tensor('int64', inputs.inputIds, [rows, newTokens]),
+      attention_mask: new ort.Tensor('int64', inputs.attentionMask, [rows, pastLength + newTokens]),
+    };
+    if (this.io.hasPositionIds) feeds['position_ids'] = new ort.Tensor('int64', inputs.positionIds, [rows, newTokens]);
+    if (this.io.hasUseCacheBranch) feeds['use_cache_branch'] = new ort.Tensor('bool', new Uint8Array([pastLength > 0 ? 1 : 0]), [1]);
+    if (this.io.hasNumLogitsToKeep) feeds['num_logits_to_keep'] = new ort.Tensor('int64', new BigInt64Array([1n]), []);
+    const pastDims = [rows, numKvHeads, pastLength, headDim];
+    this.#pastNames.forEach((name, k) => {
+      feeds[name] = new ort.Tensor(dtype, past.data[k]!, pastDims);
+    });
+    return feeds;
+  }
+
   async dispose(): Promise<void> {
     await this.#session.release();
   }
+}
+
+const { onnx } = onnxProto;
+
+/**
+ * Reads the model and, where every layer's `present.{i}.key|value` is a Concat along the slot axis
+ * of `past_key_values.{i}.key|value` and the step's new slice, returns the model bytes with those
+ * new slices added as graph outputs (names in layer order, key then value). Otherwise (another
+ * pattern, e.g. GroupQueryAttention, or weights in an external-data file, which a session created
+ * from bytes could not locate) undefined: the engine then fetches `present.*` as before.
+ *
+ * The outputs are appended as a second serialized `graph` field holding only `output` entries:
+ * protobuf merges repeated occurrences of a message field, so the original bytes are not re-encoded.
+ */
+async function withNewKvOutputs(modelPath: string): Promise<{ bytes: Uint8Array; newKvNames: string[] } | undefined> {
+  let model: onnxProto.onnx.ModelProto;
+  let bytes: Uint8Array;
+  try {
+    bytes = await readFile(modelPath);
+    model = onnx.ModelProto.decode(bytes);
+  } catch {
+    return undefined;
+  }
+  const graph = model.graph;
+  if (graph == null) return undefined;
+  if ((graph.initializer ?? []).some((tensor) => tensor.dataLocation === onnx.TensorProto.DataLocation.EXTERNAL)) return undefined;
+  const pastNames = orderedKvNames((graph.input ?? []).map((input) => input.name ?? ''), PAST_INPUT);
+  const presentNames = orderedKvNames((graph.output ?? []).map((output) => output.name ?? ''), PRESENT_OUTPUT);
+  if (pastNames.length === 0 || pastNames.length !== presentNames.length) return undefined;
+  const producers = new Map<string, onnxProto.onnx.INodeProto>();
+  for (const node of graph.node ?? []) for (const output of node.output ?? []) producers.set(output, node);
+  const graphNames = new Set([...(graph.input ?? []), ...(graph.output ?? [])].map((value) => value.name ?? ''));
+  const pastInfo = new Map((graph.input ?? []).map((input) => [input.name ?? '', input]));
+  const newKvNames: string[] = [];
+  for (let k = 0; k < presentNames.length; k++) {
+    const node = producers.get(presentNames[k]!);
+    const inputs = node?.input ?? [];
+    if (node?.opType !== 'Concat' || (node.domain ?? '') !== '' || inputs.length !== 2 || inputs[0] !== pastNames[k]) return undefined;
+    const axis = (node.attribute ?? []).find((attribute) => attribute.name === 'axis');
+    const axisValue = Number(axis?.i ?? NaN);
+    if (axisValue !== 2 && axisValue !== -2) return undefined;
+    const slice = inputs[1]!;
+    if (slice === '' || graphNames.has(slice)) return undefined;
+    newKvNames.push(slice);
+  }
+  const elemType = pastInfo.get(pastNames[0]!)?.type?.tensorType?.elemType ?? onnx.TensorProto.DataType.FLOAT;
+  const extra = onnx.ModelProto.encode({
+    graph: { output: newKvNames.map((name) => ({ name, type: { tensorType: { elemType } } })) },
+  }).finish();
+  const merged = new Uint8Array(bytes.length + extra.length);
+  merged.set(bytes, 0);
+  merged.set(extra, bytes.length);
+  return { bytes: merged, newKvNames };
 }
 
 /** Names matching `pattern` (layer, key|value) ordered layer 0 key, layer 0 value, layer 1 key, ... */

@@ -52,3 +52,25 @@ export function packInputs(pastLength: number, rows: readonly RowInput[], padTok
   });
   return { rows: rows.length, pastLength, newTokens, inputIds, attentionMask, positionIds };
 }
+
+/**
+ * Inputs of one decode call over a {@link LaneKv}-style cache: `capacity` past slots per row with
+ * the row's real slots left-aligned in [0, cachedLength) (the rest masked) and one new token in
+ * slot `capacity`, at the row's true position `cachedLength`.
+ */
+export function packLaneInputs(capacity: number, rows: ReadonlyArray<{ cachedLength: number; token: number }>): PackedInputs {
+  const total = capacity + 1;
+  const inputIds = new BigInt64Array(rows.length);
+  const attentionMask = new BigInt64Array(rows.length * total);
+  const positionIds = new BigInt64Array(rows.length);
+  const ids32 = new Int32Array(inputIds.buffer);
+  const mask32 = new Int32Array(attentionMask.buffer);
+  const positions32 = new Int32Array(positionIds.buffer);
+  rows.forEach((row, r) => {
+    ids32[r * 2] = row.token;
+    positions32[r * 2] = row.cachedLength;
+    for (let s = 0; s < row.cachedLength; s++) mask32[(r * total + s) * 2] = 1;
+    mask32[(r * total + capacity) * 2] = 1;
+  });
+  return { rows: rows.length, pastLength: capacity, newTokens: 1, inputIds, attentionMask, positionIds };
+}

@@ -1,0 +1,168 @@
+import type { KvData, KvRowSource, KvShape } from './kv-batch.js';
+
+/** Capacity grows (and shrinks) in blocks of this many slots. */
+export const KV_BLOCK = 64;
+
+/**
+ * The decode rows' KV cache in engine-owned buffers, used when the session outputs each layer's
+ * new key/value slice (`OnnxSession.outputsNewKv`). Per layer, key and value are fed as one tensor
+ * [rows, numKvHeads, capacity, headDim] (a prefix view of a larger reusable buffer), each row's
+ * real slots LEFT-aligned in [0, length), the slots after it zero and masked. The step's new token
+ * sits in the graph's slot `capacity`; its key/value slice is written into the row's slot `length`
+ * in place ({@link append}). A step copies O(rows) slots out of onnxruntime, not the whole cache.
+ *
+ * Rows change in place: a leaving row is replaced by the last row (one row copied), a joining row
+ * is copied into the next free row. The capacity tracks the longest row rounded up to
+ * {@link KV_BLOCK} (never past `limit`, the rows' longest reservation), re-laid out in place when
+ * the buffer has room; buffers are reallocated (with headroom) only when they are too small.
+ */
+export class LaneKv {
+  readonly shape: KvShape;
+  /** Per layer key/value: the whole buffer (views of its prefix are fed). */
+  #buffers: KvData[];
+  readonly lengths: number[] = [];
+  capacity = 0;
+
+  /** The most rows the lane will hold (row headroom is never allocated past it). */
+  readonly maxRows: number;
+
+  constructor(shape: KvShape, maxRows = Infinity) {
+    this.shape = shape;
+    this.maxRows = maxRows;
+    this.#buffers = Array.from({ length: shape.numLayers * 2 }, () => allocate(shape, 0));
+  }
+
+  get rows(): number {
+    return this.lengths.length;
+  }
+
+  /** Slots held in use, unused capacity of live rows included (what the memory cap counts). */
+  get slotCount(): number {
+    return this.rows * this.capacity;
+  }
+
+  /** The tensors fed as past: [rows, heads, capacity, headDim] views. */
+  get data(): KvData[] {
+    const size = this.rows * this.#rowSize(this.capacity);
+    return this.#buffers.map((buffer) => buffer.subarray(0, size));
+  }
+
+  /** The compact source of one of this lane's rows (valid until the lane next changes). */
+  rowSource(row: number): KvRowSource {
+    return { data: this.#buffers, slots: this.capacity, row, segments: [[0, this.lengths[row] ?? 0]] };
+  }
+
+  /** Removes a row by moving the last row into its place (the caller mirrors that on its rows). */
+  removeRow(row: number): void {
+    const last = this.rows - 1;
+    if (row !== last) {
+      const size = this.#rowSize(this.capacity);
+      for (const buffer of this.#buffers) buffer.copyWithin(row * size, last * size, (last + 1) * size);
+      this.lengths[row] = this.lengths[last]!;
+    }
+    this.lengths.pop();
+  }
+
+  /** Copies a row in as the last row; `limit` bounds the capacity (the rows' longest reservation). */
+  addRow(source: KvRowSource, limit: number): void {
+    const length = source.segments.reduce((sum, [, count]) => sum + count, 0);
+    this.#fit(Math.max(length, ...this.lengths) + 1, this.rows + 1, limit);
+    const { numKvHeads: heads, headDim } = this.shape;
+    const row = this.rows;
+    const capacity = this.capacity;
+    this.#buffers.forEach((out, k) => {
+      const input = source.data[k]!;
+      for (let h = 0; h < heads; h++) {
+        const base = (row * heads + h) * capacity * headDim;
+        let at = base;
+        for (const [start, count] of source.segments) {
+          const from = ((source.row * heads + h) * source.slots + start) * headDim;
+          out.set(input.subarray(from, from + count * headDim), at);
+          at += count * headDim;
+        }
+        out.fill(0, at, base + capacity * headDim);
+      }
+    });
+    this.lengths.push(length);
+  }
+
+  /** Makes room for every row's next token (grows, or shrinks after long rows left). */
+  reserveNext(limit: number): void {
+    this.#fit(Math.max(0, ...this.lengths) + 1, this.rows, limit);
+  }
+
+  /** Writes one step's new slices ([rows, heads, 1, headDim] per layer key/value) into each row's next slot. */
+  append(newKv: readonly KvData[]): void {
+    const { numKvHeads: heads, headDim } = this.shape;
+    const capacity = this.capacity;
+    this.#buffers.forEach((out, k) => {
+      const input = newKv[k]!;
+      for (let row = 0; row < this.rows; row++) {
+        const slot = this.lengths[row]!;
+        for (let h = 0; h < heads; h++) {
+          const from = (row * heads + h) * headDim;
+          out.set(input.subarray(from, from + headDim), ((row * heads + h) * capacity + slot) * headDim);
+        }
+      }
+    });
+    for (let row = 0; row < this.rows; row++) this.lengths[row]! += 1;
+  }
+
+  #rowSize(capacity: number): number {
+    return this.shape.numKvHeads * capacity * this.shape.headDim;
+  }
+
+  /** Sets the capacity for `need` slots and room for `rows` rows, moving the current rows' slots. */
+  #fit(need: number, rows: number, limit: number): void {
+    const rounded = Math.max(need, Math.min(Math.ceil(need / KV_BLOCK) * KV_BLOCK, limit));
+    // Keep the capacity while it fits and wastes less than two blocks.
+    const keep = need <= this.capacity && this.capacity < rounded + 2 * KV_BLOCK && this.capacity <= Math.max(need, limit);
+    const capacity = keep ? this.capacity : rounded;
+    const elements = rows * this.#rowSize(capacity);
+    if (elements <= (this.#buffers[0]?.length ?? 0)) {
+      if (capacity !== this.capacity) this.#relayout(capacity);
+      return;
+    }
+    // Reallocate with headroom (a fresh allocation is slow: its pages are faulted in as they are
+    // written): twice the rows (at least 8, at most maxRows) and a block more slots.
+    const roomRows = Math.max(rows, Math.min(Math.max(8, rows * 2), this.maxRows));
+    const size = roomRows * this.#rowSize(capacity + KV_BLOCK);
+    const { numKvHeads: heads, headDim } = this.shape;
+    const old = this.capacity;
+    this.#buffers = this.#buffers.map((input) => {
+      const out = allocate(this.shape, size);
+      for (let row = 0; row < this.rows; row++) {
+        const length = this.lengths[row]!;
+        for (let h = 0; h < heads; h++) {
+          const from = (row * heads + h) * old * headDim;
+          out.set(input.subarray(from, from + length * headDim), (row * heads + h) * capacity * headDim);
+        }
+      }
+      return out;
+    });
+    this.capacity = capacity;
+  }
+
+  /** Re-lays the rows out with another capacity inside the same buffers. */
+  #relayout(capacity: number): void {
+    const { numKvHeads: heads, headDim } = this.shape;
+    const old = this.capacity;
+    const blocks = this.rows * heads;
+    for (const buffer of this.#buffers) {
+      // Growing moves blocks to higher offsets: go from the last; shrinking: from the first.
+      for (let i = 0; i < blocks; i++) {
+        const block = capacity > old ? blocks - 1 - i : i;
+        const length = this.lengths[Math.floor(block / heads)]!;
+        const from = block * old * headDim;
+        const to = block * capacity * headDim;
+        if (from !== to) buffer.copyWithin(to, from, from + length * headDim);
+        buffer.fill(0, to + length * headDim, to + capacity * headDim);
+      }
+    }
+    this.capacity = capacity;
+  }
+}
+
+function allocate(shape: KvShape, size: number): KvData {
+  return shape.dtype === 'float16' ? new Uint16Array(size) : new Float32Array(size);
+}
