@@ -80,17 +80,23 @@ describe('when the client goes away', () => {
       const start = await worker.health();
       const fillers = [new LiveStream(`${gateway.url}/v1/completions`, long('Filler one')), new LiveStream(`${gateway.url}/v1/completions`, long('Filler two'))];
       await Promise.all(fillers.map((s) => s.until('filler running', () => s.contentChunks >= 1)));
-      // Both batch slots are busy: this one waits in the queue (no headers yet: HEADERS_WAIT_MS is 1 s).
-      const queued = new LiveStream(`${gateway.url}/v1/chat/completions`, {
-        model: MODEL,
-        messages: [{ role: 'user', content: 'I will not wait' }],
-        max_tokens: 8,
-        stream: true,
-      });
-      await waitFor('the job waiting in Redis', async () => ((await redis.llen('sluice:bull:generate:wait')) === 1 ? true : undefined));
-      queued.abort();
-      expect(await queued.ended).toBe('aborted');
-      await waitFor('the waiting job removed', async () => ((await redis.llen('sluice:bull:generate:wait')) === 0 ? true : undefined), 5_000);
+      // Both batch slots are busy, and frozen so the fillers cannot finish first on a fast machine:
+      // this one waits in the queue (no headers yet: HEADERS_WAIT_MS is 1 s).
+      worker.process.signal('SIGSTOP');
+      try {
+        const queued = new LiveStream(`${gateway.url}/v1/chat/completions`, {
+          model: MODEL,
+          messages: [{ role: 'user', content: 'I will not wait' }],
+          max_tokens: 8,
+          stream: true,
+        });
+        await waitFor('the job waiting in Redis', async () => ((await redis.llen('sluice:bull:generate:wait')) === 1 ? true : undefined));
+        queued.abort();
+        expect(await queued.ended).toBe('aborted');
+        await waitFor('the waiting job removed', async () => ((await redis.llen('sluice:bull:generate:wait')) === 0 ? true : undefined), 5_000);
+      } finally {
+        worker.process.signal('SIGCONT');
+      }
 
       for (const filler of fillers) filler.abort();
       await waitFor('worker idle', async () => ((await worker.health()).running === 0 ? true : undefined));
