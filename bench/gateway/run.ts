@@ -120,7 +120,7 @@ function markdown(result: Awaited<ReturnType<typeof collect>>): string {
     `| | events/s (wall clock) | events per server CPU-second |`,
     `|---|---:|---:|`,
     `| minimal \`node:http\` SSE writer | ${s.baseline.eventsPerSecond} | ${s.baseline.eventsPerCpuSecond} |`,
-    `| gateway (Hono app, sessions, decode + demultiplex, chunk formatting, SSE writer) | ${s.gateway.eventsPerSecond} | ${s.gateway.eventsPerCpuSecond} |`,
+    `| gateway (Hono app, sessions, decode + demultiplex, chunk formatting, SSE writer, Prometheus metrics) | ${s.gateway.eventsPerSecond} | ${s.gateway.eventsPerCpuSecond} |`,
     `| **gateway ÷ baseline** (median of the pairs; target ≥ ${s.target}) | **${s.ratio.wallClock}** | **${s.ratio.perCpuSecond}** |`,
     '',
     `${s.eventsPerStream} events per stream per round, ${s.pairs.length} alternating pairs of rounds (medians)${s.pinnedCores ? ', server and load client pinned to separate cores' : ''}. Each server runs in its own process and starts writing once all streams are connected; one load-client process reads all streams. The gateway side is the real HTTP app fed in process by a driver that plays the worker: one gateway-channel message per step carrying a delta for every stream, decoded and dispatched as the relay does (the Redis socket is not in this measurement; it is in the latency figures below). Hono's \`streamSSE\` helper measured ~0.35× on this path, which is why the stream writes straight to the Node response.`,

@@ -16,8 +16,10 @@ import { createServer, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { serve, type ServerType } from '@hono/node-server';
 import { pino } from 'pino';
+import { createGatewayMetrics } from '@sluice/metrics';
 import { decodeGatewayMessage, encodeGatewayMessage, type GatewayEntry } from '@sluice/protocol';
 import { createApp } from '../../apps/gateway/dist/app.js';
+import { createGatewayObserver } from '../../apps/gateway/dist/gateway-observer.js';
 import { loadGatewayConfig } from '../../apps/gateway/dist/config.js';
 import { SessionManager } from '../../apps/gateway/dist/session-manager.js';
 import { HeartbeatTicker } from '../../apps/gateway/dist/sse-writer.js';
@@ -115,7 +117,8 @@ async function gateway(): Promise<number> {
     channel: 'bench',
     sessions,
     heartbeats: new HeartbeatTicker(config.heartbeatMs),
-    hooks: {},
+    // The metrics a deployed gateway records (apps/gateway/src/main.ts): they run on this hot path too.
+    hooks: createGatewayObserver(createGatewayMetrics(), logger),
     jobs: {
       submit: async (job) => {
         submitted.push(job.requestId);

@@ -153,17 +153,30 @@ export function createGatewayMetrics(
     help: 'Completion tokens written to clients, streaming and non-streaming, all choices.',
     registers,
   });
-  const sseEvents = new Counter({
+  // The SSE write path runs per chunk per client, and prom-client hashes the labels on every inc even
+  // through a bound child: writes add to plain numbers, moved into the counters when they are read.
+  const pendingFrames = new Map<SseEventKind, number>(SSE_EVENT_KINDS.map((kind) => [kind, 0]));
+  const pendingBytes = new Map<SseEventKind, number>(SSE_EVENT_KINDS.map((kind) => [kind, 0]));
+  const flushPending = (counter: Counter<'kind'>, pending: Map<SseEventKind, number>): void => {
+    for (const [kind, value] of pending) {
+      if (value === 0) continue;
+      counter.inc({ kind }, value);
+      pending.set(kind, 0);
+    }
+  };
+  const sseEvents: Counter<'kind'> = new Counter({
     name: 'sluice_gateway_sse_events_total',
     help: 'SSE frames written to clients, by kind: chunk, heartbeat, error or done.',
     labelNames: ['kind'] as const,
     registers,
+    collect: () => flushPending(sseEvents, pendingFrames),
   });
-  const sseBytes = new Counter({
+  const sseBytes: Counter<'kind'> = new Counter({
     name: 'sluice_gateway_sse_bytes_total',
     help: 'Bytes of SSE frames written to clients, by kind of frame.',
     labelNames: ['kind'] as const,
     registers,
+    collect: () => flushPending(sseBytes, pendingBytes),
   });
   const rejected = new Counter({
     name: 'sluice_gateway_rejected_total',
@@ -175,11 +188,10 @@ export function createGatewayMetrics(
   // Series that exist from the first scrape, so rate() and increase() see their first increment.
   for (const stage of REQUEST_STAGES) disconnects.labels(stage).inc(0);
   for (const outcome of REQUEST_OUTCOMES) requestOutcomes.labels(outcome).inc(0);
-  // The SSE write path runs per chunk per client: bind the children once instead of hashing labels.
-  const sseEventsByKind = new Map(SSE_EVENT_KINDS.map((kind) => [kind, sseEvents.labels(kind)]));
-  const sseBytesByKind = new Map(SSE_EVENT_KINDS.map((kind) => [kind, sseBytes.labels(kind)]));
-  for (const child of sseEventsByKind.values()) child.inc(0);
-  for (const child of sseBytesByKind.values()) child.inc(0);
+  for (const kind of SSE_EVENT_KINDS) {
+    sseEvents.inc({ kind }, 0);
+    sseBytes.inc({ kind }, 0);
+  }
 
   const instruments = {
     activeStreams,
@@ -216,8 +228,10 @@ export function createGatewayMetrics(
       requests.labels(route, String(status)).inc();
     },
     sseWritten(kind, bytes, frames = 1) {
-      sseEventsByKind.get(kind)?.inc(frames);
-      sseBytesByKind.get(kind)?.inc(bytes);
+      const seen = pendingFrames.get(kind);
+      if (seen === undefined) return;
+      pendingFrames.set(kind, seen + frames);
+      pendingBytes.set(kind, pendingBytes.get(kind)! + bytes);
     },
     trackRequest({ stream, receivedAt }) {
       requestsAccepted.inc();
