@@ -29,7 +29,7 @@ export function renderNote(targets: Targets): string {
   }
   if (!targets.newcomerWithinOneStep) {
     lines.push(
-      '- **Newcomers.** Some requests waited longer than one step. Besides a full batch or the KV cap, a step that grows the lane\'s capacity (one 64-slot block, the whole lane re-laid out in place: ~100–135 ms at 30 rows) or reallocates its buffers for more rows (~120–175 ms) stalls everyone once; growing with more headroom is the next fix (docs/engine.md).',
+      '- **Newcomers.** Some requests waited longer than one step. Besides a full batch or the KV cap, a step that grows the lane\'s capacity (one 64-slot block: the whole lane re-laid out in place, ~100 ms at 30 rows, or copied into a new buffer when the slot headroom is used up) stalls everyone once; buffers are allocated once for the engine\'s max batch of rows, so adding rows no longer reallocates. Growing slots with more headroom, or per-row block tables, is the next fix (docs/engine.md).',
     );
   }
   if (lines.length === 1) lines.push('- All targets met in this run.');

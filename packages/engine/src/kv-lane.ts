@@ -123,9 +123,10 @@ export class LaneKv {
       if (capacity !== this.capacity) this.#relayout(capacity);
       return;
     }
-    // Reallocate with headroom (a fresh allocation is slow: its pages are faulted in as they are
-    // written): twice the rows (at least 8, at most maxRows) and a block more slots.
-    const roomRows = Math.max(rows, Math.min(Math.max(8, rows * 2), this.maxRows));
+    // Reallocate with headroom: room for every row the lane may hold (a fresh allocation's pages are
+    // only faulted in as rows are written, so unused room costs address space, not memory or time;
+    // growing by rows later would copy and fault the whole cache in one step) and a block more slots.
+    const roomRows = Number.isFinite(this.maxRows) ? Math.max(rows, this.maxRows) : Math.max(rows, 8, rows * 2);
     const size = roomRows * this.#rowSize(capacity + KV_BLOCK);
     const { numKvHeads: heads, headDim } = this.shape;
     const old = this.capacity;
