@@ -151,25 +151,23 @@ export class OnnxSession {
   async runNewKv(inputs: PackedInputs, past: { data: readonly KvData[] }): Promise<DecodeOutputs> {
     const names = this.#newKvNames;
     if (names === undefined) throw new EngineError('internal', 'The session has no new key/value outputs.');
-    const results = await this.#session.run(this.#feeds(inputs, past), ['logits', ...names]);
-    const logits = results['logits'];
-    if (logits === undefined) throw new EngineError('internal', 'The model returned no logits.');
-    const [, positions, vocabSize] = logits.dims;
-    return {
-      logits: toFloat32(logits),
-      positions: positions ?? 1,
-      vocabSize: vocabSize ?? 0,
-      newKv: names.map((name) => {
-        const tensor = results[name];
-        if (tensor === undefined) throw new EngineError('internal', `The model returned no ${name}.`);
-        return tensor.data as KvData;
-      }),
-    };
+    const { kv, ...outputs } = await this.#runFetching(inputs, past, names);
+    return { ...outputs, newKv: kv };
   }
 
   /** One forward pass: new tokens of every row on top of the batch's cache. */
   async run(inputs: PackedInputs, past: { data: readonly KvData[] }): Promise<ModelOutputs> {
-    const results = await this.#session.run(this.#feeds(inputs, past), ['logits', ...this.#presentNames]);
+    const { kv, ...outputs } = await this.#runFetching(inputs, past, this.#presentNames);
+    return { ...outputs, present: kv };
+  }
+
+  /** Runs the model fetching the logits and the named key/value outputs, in that order. */
+  async #runFetching(
+    inputs: PackedInputs,
+    past: { data: readonly KvData[] },
+    kvNames: readonly string[],
+  ): Promise<{ logits: Float32Array; positions: number; vocabSize: number; kv: KvData[] }> {
+    const results = await this.#session.run(this.#feeds(inputs, past), ['logits', ...kvNames]);
     const logits = results['logits'];
     if (logits === undefined) throw new EngineError('internal', 'The model returned no logits.');
     const [, positions, vocabSize] = logits.dims;
@@ -177,7 +175,7 @@ export class OnnxSession {
       logits: toFloat32(logits),
       positions: positions ?? 1,
       vocabSize: vocabSize ?? 0,
-      present: this.#presentNames.map((name) => {
+      kv: kvNames.map((name) => {
         const tensor = results[name];
         if (tensor === undefined) throw new EngineError('internal', `The model returned no ${name}.`);
         return tensor.data as KvData;
