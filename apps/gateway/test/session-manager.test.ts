@@ -41,7 +41,7 @@ describe('SessionManager', () => {
     manager.dispatch({ workerId: 'w', entries: [{ requestId: 'gap', seq: 0, type: 'accepted', workerId: 'w', promptTokens: 1 }, { requestId: 'gap', ...delta, seq: 2 }] });
     expect(events.at(-1)).toMatchObject({ type: 'failed', error: { code: 'stream_interrupted' } });
     manager.dispatch({ workerId: 'w', entries: [{ requestId: 'retried', seq: 0, type: 'accepted', workerId: 'w', promptTokens: 1 }, { requestId: 'retried', ...delta, seq: 1 }] });
-    const lost = { code: 'worker_lost', message: 'The worker serving the request stopped.', param: null };
+    const lost = { code: 'worker_lost' as const, message: 'The worker serving the request stopped.', param: null };
     manager.dispatch({ workerId: 'w2', entries: [{ requestId: 'retried', seq: 0, type: 'error', error: lost }] });
     expect(events.at(-1)).toMatchObject({ type: 'error', error: { code: 'worker_lost' } });
     expect(manager.size).toBe(0);
