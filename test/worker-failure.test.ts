@@ -55,7 +55,8 @@ describe('worker and gateway lifecycle', () => {
   });
 
   it('on SIGTERM a gateway turns /readyz to 503, lets streams finish within its bound, ends the rest with an error frame', async () => {
-    await cluster.worker(fastWorker);
+    // A long TTL: the worker is frozen below, and must not look lost before the gateway's drain bound.
+    await cluster.worker({ ...fastWorker, WORKER_TTL_MS: '60000' });
     const draining = await cluster.gateway({ DRAIN_TIMEOUT_MS: '1500' });
     const short = new LiveStream(`${draining.url}/v1/completions`, { ...long('Short'), max_tokens: 40 });
     const endless = new LiveStream(`${draining.url}/v1/completions`, long('Endless'));
