@@ -172,10 +172,7 @@ export class EngineCore {
       const inputs = packLaneInputs(batch.capacity, rows.map((sequence, row) => ({ cachedLength: batch.lengths[row]!, token: lastToken(sequence) })));
       const output = await this.#session.runNewKv(inputs, batch);
       batch.append(output.newKv);
-      rows.forEach((sequence, row) => {
-        const offset = (row * output.positions + output.positions - 1) * output.vocabSize;
-        this.#accept(sequence, sequence.sampler.sample(output.logits, offset, output.vocabSize));
-      });
+      this.#sampleRows(rows, output);
       return rows.length;
     }
     const inputs = packInputs(
@@ -185,11 +182,16 @@ export class EngineCore {
     );
     const output = await this.#session.run(inputs, batch);
     lane.batch = batch.appended(output.present, 1, rows.map(() => 1));
+    this.#sampleRows(rows, output);
+    return rows.length;
+  }
+
+  /** Samples each row's next token from the last logit position of its row. */
+  #sampleRows(rows: readonly Sequence[], output: { logits: Float32Array; positions: number; vocabSize: number }): void {
     rows.forEach((sequence, row) => {
       const offset = (row * output.positions + output.positions - 1) * output.vocabSize;
       this.#accept(sequence, sequence.sampler.sample(output.logits, offset, output.vocabSize));
     });
-    return rows.length;
   }
 
   /** Feeds one prompt chunk; when it completes the prompt, samples each sibling's first token. */
