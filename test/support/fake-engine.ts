@@ -1,4 +1,4 @@
-import type { Engine, EngineEvent, GenerateRequest, StepStats } from '@sluice/engine';
+import type { Engine, EngineEvent, GenerateRequest, StepEvent, StepStats } from '@sluice/engine';
 
 /**
  * A stand-in engine with the real one's contract (batched steps on a timer, all events of a step in
@@ -58,7 +58,23 @@ export function createFakeEngine(options: FakeEngineOptions): Engine {
   const maxBatchSize = options.maxBatchSize ?? 32;
   const active = new Set<Active>();
   const listeners = new Set<(stats: StepStats) => void>();
+  const eventListeners = new Set<(events: ReadonlyArray<StepEvent>) => void>();
+  /** Events of submitted requests in the current step, delivered together at its end. */
+  let stepEvents: StepEvent[] = [];
   let timer: NodeJS.Timeout | undefined;
+
+  const start = (request: GenerateRequest, signal: AbortSignal | undefined, push: (event: EngineEvent) => void) => {
+    active.add({
+      request,
+      produced: 0,
+      maxTokens: request.sampling.maxTokens ?? 16,
+      seedBase: request.promptTokenIds.reduce((sum, id) => sum + id, 0),
+      push,
+      signal,
+      startedAt: Date.now(),
+    });
+    timer ??= setInterval(step, options.stepMs);
+  };
 
   const step = () => {
     const started = performance.now();
@@ -93,6 +109,9 @@ export function createFakeEngine(options: FakeEngineOptions): Engine {
       generationTokens: generated,
     };
     for (const listener of listeners) listener(stats);
+    const events = stepEvents;
+    stepEvents = [];
+    if (events.length > 0) for (const listener of eventListeners) listener(events);
     if (active.size === 0) {
       clearInterval(timer);
       timer = undefined;
@@ -108,17 +127,15 @@ export function createFakeEngine(options: FakeEngineOptions): Engine {
     },
     generate(request, signal) {
       const queue = new EventQueue();
-      active.add({
-        request,
-        produced: 0,
-        maxTokens: request.sampling.maxTokens ?? 16,
-        seedBase: request.promptTokenIds.reduce((sum, id) => sum + id, 0),
-        push: (event) => queue.push(event),
-        signal,
-        startedAt: Date.now(),
-      });
-      timer ??= setInterval(step, options.stepMs);
+      start(request, signal, (event) => queue.push(event));
       return queue;
+    },
+    submit(request, signal) {
+      start(request, signal, (event) => stepEvents.push([request.id, event]));
+    },
+    onEvents(listener) {
+      eventListeners.add(listener);
+      return () => eventListeners.delete(listener);
     },
     onStep(listener) {
       listeners.add(listener);

@@ -1,7 +1,8 @@
 /** Reading an SSE response raw, as bytes arrive, for checks the official client hides. */
 
 export type SseItem =
-  | { kind: 'data'; data: string; at: number }
+  /** `id`: the event's `id:` field (the stream cursor), when it has one. */
+  | { kind: 'data'; data: string; at: number; id?: string }
   | { kind: 'comment'; text: string; at: number }
   | { kind: 'other'; line: string; at: number };
 
@@ -10,6 +11,7 @@ export async function* readSse(body: ReadableStream<Uint8Array>): AsyncGenerator
   const decoder = new TextDecoder();
   let buffer = '';
   let data: string[] = [];
+  let id: string | undefined;
   for await (const chunk of body as unknown as AsyncIterable<Uint8Array>) {
     const at = Date.now();
     buffer += decoder.decode(chunk, { stream: true });
@@ -18,8 +20,11 @@ export async function* readSse(body: ReadableStream<Uint8Array>): AsyncGenerator
       const line = buffer.slice(0, newline).replace(/\r$/, '');
       buffer = buffer.slice(newline + 1);
       if (line === '') {
-        if (data.length > 0) yield { kind: 'data', data: data.join('\n'), at };
+        if (data.length > 0) yield { kind: 'data', data: data.join('\n'), at, ...(id === undefined ? {} : { id }) };
         data = [];
+        id = undefined;
+      } else if (line.startsWith('id:')) {
+        id = line.slice(3).replace(/^ /, '');
       } else if (line.startsWith(':')) {
         yield { kind: 'comment', text: line.slice(1).trim(), at };
       } else if (line.startsWith('data:')) {

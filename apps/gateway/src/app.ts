@@ -10,7 +10,9 @@ import type { JobSubmitter } from './job-queue.js';
 import { generateHandler } from './routes/generate.js';
 import { healthHandler, readyHandler } from './routes/health.js';
 import { modelsHandler } from './routes/models.js';
+import { cancelHandler, resumeHandler } from './routes/resume.js';
 import type { SessionManager } from './session-manager.js';
+import type { TokenLog } from './token-log-reader.js';
 import type { HeartbeatTicker } from './sse-writer.js';
 import type { ModelCatalog } from './worker-registry.js';
 
@@ -22,6 +24,8 @@ export interface AppDeps {
   channel: string;
   sessions: SessionManager;
   jobs: JobSubmitter;
+  /** Token logs and request metas: resume and cancel by id. */
+  log: TokenLog;
   registry: ModelCatalog;
   heartbeats: HeartbeatTicker;
   checkRedis(): Promise<boolean>;
@@ -33,6 +37,12 @@ export type AppEnv = { Bindings: HttpBindings; Variables: { requestId: string } 
 
 /** Route patterns for `sluice_gateway_requests_total{route}`; any other path counts as `other`. */
 const ROUTES = new Set(['/healthz', '/readyz', '/metrics', '/v1/models', '/v1/chat/completions', '/v1/completions']);
+
+/** The route pattern of a resume or cancel path (the id never becomes a label). */
+function resumeRoute(path: string): string | undefined {
+  const match = /^\/v1\/(chat\/completions|completions)\/[^/]+(\/cancel)?$/.exec(path);
+  return match === null ? undefined : `/v1/${match[1]}/{id}${match[2] ?? ''}`;
+}
 
 /** The client's (or nginx's) `X-Request-Id` when it is a sane id, else a fresh one. */
 export function requestIdFrom(header: string | undefined): string {
@@ -50,7 +60,7 @@ export function createApp(deps: AppDeps) {
     const requestId = requestIdFrom(c.req.header('x-request-id'));
     c.set('requestId', requestId);
     if (hooks.responded !== undefined) {
-      const route = ROUTES.has(c.req.path) ? c.req.path : 'other';
+      const route = ROUTES.has(c.req.path) ? c.req.path : (resumeRoute(c.req.path) ?? 'other');
       const outgoing = c.env.outgoing;
       const responded = hooks.responded;
       outgoing.once('close', () => responded(route, outgoing.headersSent ? outgoing.statusCode : 499));
@@ -86,5 +96,10 @@ export function createApp(deps: AppDeps) {
   // The body (size-limited by MAX_BODY_BYTES) is read in the handler, straight off the Node request.
   app.post('/v1/chat/completions', generateHandler(deps, 'chat'));
   app.post('/v1/completions', generateHandler(deps, 'completion'));
+  // Durable streams: resume after a cursor, and cancel, by the chunks' id, from any gateway.
+  app.get('/v1/chat/completions/:id', resumeHandler(deps, 'chat'));
+  app.get('/v1/completions/:id', resumeHandler(deps, 'completion'));
+  app.post('/v1/chat/completions/:id/cancel', cancelHandler(deps, 'chat'));
+  app.post('/v1/completions/:id/cancel', cancelHandler(deps, 'completion'));
   return app;
 }

@@ -42,6 +42,12 @@ export const gatewayEnvSchema = z.object({
   REGISTRY_POLL_MS: int(50).default(1000),
   /** Max request body size in bytes (413 beyond). @defaultValue 4194304 */
   MAX_BODY_BYTES: int(1024).default(4 * 1024 * 1024),
+  /** How long a request's token log stays readable after it ends: resume and gap repair. @defaultValue 600000 */
+  STREAM_RETENTION_MS: int(1000).default(600_000),
+  /** Default `resume_grace_ms` of a streaming request (0: a client that leaves cancels its work at once). @defaultValue 0 */
+  RESUME_GRACE_MS: int(0).default(0),
+  /** Cap on a request's `resume_grace_ms` (larger values are lowered to it). @defaultValue 600000 */
+  MAX_RESUME_GRACE_MS: int(0).default(600_000),
   /** pino log level. @defaultValue info */
   LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
 });
@@ -65,6 +71,9 @@ export interface GatewayConfig {
   drainTimeoutMs: number;
   registryPollMs: number;
   maxBodyBytes: number;
+  streamRetentionMs: number;
+  resumeGraceMs: number;
+  maxResumeGraceMs: number;
   logLevel: GatewayEnv['LOG_LEVEL'];
 }
 
@@ -99,6 +108,9 @@ export function loadGatewayConfig(env: NodeJS.ProcessEnv = process.env): Gateway
     drainTimeoutMs: e.DRAIN_TIMEOUT_MS,
     registryPollMs: e.REGISTRY_POLL_MS,
     maxBodyBytes: e.MAX_BODY_BYTES,
+    streamRetentionMs: e.STREAM_RETENTION_MS,
+    resumeGraceMs: e.RESUME_GRACE_MS,
+    maxResumeGraceMs: e.MAX_RESUME_GRACE_MS,
     logLevel: e.LOG_LEVEL,
   };
 }

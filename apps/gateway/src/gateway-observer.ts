@@ -14,6 +14,7 @@ export function createGatewayObserver(metrics: GatewayMetrics, logger: Logger): 
     // Bound once: the SSE writer calls this per write per client.
     sseWritten: metrics.sseWritten,
     streamGap: () => metrics.streamGaps.inc(),
+    streamResumed: () => metrics.streamResumes.inc(),
     requestStarted({ requestId, jobId, endpoint, model, stream, receivedAt }): RequestObserver {
       const tracker = metrics.trackRequest({ stream, receivedAt });
       const log = logger.child({ requestId, jobId });
@@ -34,10 +35,11 @@ export function createGatewayObserver(metrics: GatewayMetrics, logger: Logger): 
           switch (end.outcome) {
             case 'stop':
             case 'length':
+            case 'cancelled':
               tracker.finish(end.outcome);
               break;
             case 'disconnect':
-              tracker.disconnect();
+              tracker.disconnect(end.detached === true);
               break;
             case 'timeout':
               tracker.timeout(end.kind);

@@ -12,6 +12,7 @@ import { RedisJobQueue } from './job-queue.js';
 import { Relay } from './relay.js';
 import { SessionManager } from './session-manager.js';
 import { HeartbeatTicker } from './sse-writer.js';
+import { RedisTokenLog } from './token-log-reader.js';
 import { WorkerRegistry } from './worker-registry.js';
 
 export interface RunningGateway {
@@ -44,21 +45,25 @@ export async function startGateway(config: GatewayConfig, logger: Logger, option
 
   const queue = new Queue(GENERATE_QUEUE, { connection: queueConnection, prefix: names.bullPrefix });
   queue.on('error', (err: Error) => logger.warn({ err: err.message }, 'queue error'));
-  const jobs = new RedisJobQueue(queue, redis, names, logger);
+  const jobs = new RedisJobQueue(queue, redis, names, channel, config.streamRetentionMs, logger);
+  const log = new RedisTokenLog(redis, names);
   const sessions = new SessionManager(
     { queueTimeoutMs: config.queueTimeoutMs, idleTimeoutMs: config.idleTimeoutMs },
     jobs,
+    log,
     logger,
     (gap) => hooks.streamGap?.(gap),
   );
-  const relay = new Relay(
-    subscriber,
-    channel,
-    (message) => sessions.dispatch(message),
-    () => sessions.failAll(new GatewayError('stream_interrupted'), 'stream_failed'),
-    logger,
-  );
+  // A subscriber that reconnected missed what was published meanwhile: the token logs have it.
+  const relay = new Relay(subscriber, channel, (message) => sessions.dispatch(message), () => sessions.repairAll(), logger);
   await relay.start();
+  // Workers whose publish reaches nobody check this key before they count this gateway's clients as gone.
+  const aliveKey = names.gatewayAliveKey(channel);
+  const aliveTtlMs = Math.max(3_000, config.registryPollMs * 3);
+  const keepAlive = () => redis.set(aliveKey, '1', 'PX', aliveTtlMs).catch((error: unknown) => logger.warn({ err: error }, 'gateway heartbeat failed'));
+  await keepAlive();
+  const aliveTimer = setInterval(() => void keepAlive(), Math.floor(aliveTtlMs / 3));
+  aliveTimer.unref();
   const registry = new WorkerRegistry(redis, names, config.registryPollMs, logger, (live, takenAt) =>
     sessions.failLostWorkers(live, takenAt),
   );
@@ -73,6 +78,7 @@ export async function startGateway(config: GatewayConfig, logger: Logger, option
     channel,
     sessions,
     jobs,
+    log,
     registry,
     heartbeats,
     hooks,
@@ -116,6 +122,10 @@ export async function startGateway(config: GatewayConfig, logger: Logger, option
         if ('closeIdleConnections' in server) server.closeIdleConnections();
       })],
       ['registry', () => registry.stop()],
+      ['alive key', async () => {
+        clearInterval(aliveTimer);
+        await redis.del(aliveKey);
+      }],
       ['sessions', () => sessions.close()],
       ['heartbeats', () => heartbeats.close()],
       // Let the cancels of failed streams go out before the connections close.

@@ -6,7 +6,10 @@ export type SseFrameKind = 'chunk' | 'heartbeat' | 'error' | 'done';
 /** How an accepted request ended. `stop`/`length` are complete answers; the rest say why not. */
 export type RequestEnd =
   | { outcome: 'stop' | 'length' }
-  | { outcome: 'disconnect' }
+  /** Ended by `POST .../{id}/cancel`: its choices finished with reason `abort`. */
+  | { outcome: 'cancelled' }
+  /** `detached`: the client left, and the request goes on within its resume grace. */
+  | { outcome: 'disconnect'; detached?: boolean }
   | { outcome: 'timeout'; kind: 'queue' | 'idle' | 'deadline'; code: string }
   | { outcome: 'error'; code: string };
 
@@ -47,7 +50,9 @@ export interface GatewayHooks {
    * it to counter increments.
    */
   sseWritten?(kind: SseFrameKind, bytes: number, frames: number): void;
-  /** Entries of a request were lost between worker and gateway (a sequence gap). */
+  /** A client resumed a stream here (`GET .../{id}?stream=true`). */
+  streamResumed?(): void;
+  /** Entries of a request were lost between worker and gateway (a sequence gap, repaired from the token log). */
   streamGap?(info: { requestId: string; expected: number; got: number }): void;
   /**
    * A request was validated and admitted and is about to be enqueued. `receivedAt` is on the

@@ -1,13 +1,31 @@
 import type { Queue } from 'bullmq';
 import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
-import { encodeCancelMessage, GENERATE_JOB, type CancelReason, type GenerateJob, type RedisNames } from '@sluice/protocol';
+import {
+  APPEND_LOG_SCRIPT,
+  encodeControlMessage,
+  encodeGatewayMessage,
+  type GatewayEntry,
+  type RequestMeta,
+  encodeRequestMeta,
+  GENERATE_JOB,
+  ROUTE_SCRIPT,
+  type CancelReason,
+  type GenerateJob,
+  type RedisNames,
+  type StreamFormat,
+} from '@sluice/protocol';
 import type { RequestSession } from './request-session.js';
 import type { WorkCanceller } from './session-manager.js';
 
-/** Hands a job to the workers. */
+/** Hands a job to the workers, and steers it later from any gateway. */
 export interface JobSubmitter {
-  submit(job: GenerateJob): Promise<void>;
+  /** Writes the request's meta (route, grace, how its chunks look), then enqueues the job. */
+  submit(job: GenerateJob, format: StreamFormat): Promise<void>;
+  /** Routes a request's live entries to this gateway (a resume). */
+  attach(requestId: string): Promise<void>;
+  /** Stops a request wherever it runs or waits (`POST .../{id}/cancel`). */
+  cancelRequest(requestId: string, meta: RequestMeta): Promise<void>;
 }
 
 /** A cancel marker outlives the request's deadline by this much: a worker never starts a job after it. */
@@ -16,7 +34,7 @@ const MARKER_MARGIN_MS = 5_000;
 /**
  * The gateway's side of the BullMQ queue: enqueues jobs and cancels them. A cancel removes the job
  * while it still waits, and always sets a cancel marker (for a worker that takes the job later) and
- * publishes on the cancel channel (for the worker running it). Cancels of one tick go out in one
+ * publishes on the control channel (for the worker running it). Cancels of one tick go out in one
  * round trip.
  */
 export class RedisJobQueue implements JobSubmitter, WorkCanceller {
@@ -24,12 +42,26 @@ export class RedisJobQueue implements JobSubmitter, WorkCanceller {
 
   constructor(
     private readonly queue: Queue,
-    private readonly redis: Redis,
+    private readonly redis: Redis & { routeRequest?: (meta: string, channel: string, from: string, now: number) => Promise<number> },
     private readonly names: RedisNames,
+    /** This gateway's channel: its cancels and detaches apply only while a request still routes here. */
+    private readonly channel: string,
+    /** How long a request's meta and log outlive its deadline at most. */
+    private readonly retentionMs: number,
     private readonly logger: Logger,
-  ) {}
+  ) {
+    redis.defineCommand('routeRequest', { numberOfKeys: 1, lua: ROUTE_SCRIPT });
+    redis.defineCommand('appendLog', { numberOfKeys: 2, lua: APPEND_LOG_SCRIPT });
+  }
 
-  async submit(job: GenerateJob): Promise<void> {
+  async submit(job: GenerateJob, format: StreamFormat): Promise<void> {
+    const meta = this.names.metaKey(job.requestId);
+    const ttlMs = Math.max(1, job.deadlineAt - Date.now()) + this.retentionMs;
+    await this.redis
+      .multi()
+      .hset(meta, encodeRequestMeta({ channel: job.channel, graceMs: job.resumeGraceMs, attempt: 1, enqueuedAt: job.enqueuedAt, deadlineAt: job.deadlineAt, format }))
+      .pexpire(meta, ttlMs)
+      .exec();
     await this.queue.add(GENERATE_JOB, job, {
       jobId: job.requestId,
       // Job data holds the prompt in clear: nothing stays in Redis once the job settles.
@@ -57,7 +89,7 @@ export class RedisJobQueue implements JobSubmitter, WorkCanceller {
       byReason.set(reason, ids);
     }
     for (const [reason, requestIds] of byReason) {
-      multi.publish(this.names.cancelChannel, encodeCancelMessage({ requestIds, reason }));
+      multi.publish(this.names.controlChannel, encodeControlMessage({ type: 'cancel', requestIds, reason, channel: this.channel }));
     }
     multi.exec().catch((error: unknown) => this.logger.error({ err: error }, 'publishing cancels failed'));
     for (const { requestId, wasQueued } of batch) {
@@ -65,5 +97,47 @@ export class RedisJobQueue implements JobSubmitter, WorkCanceller {
       // Removes a waiting job; a job a worker holds is locked and stays (the cancel reaches that worker).
       this.queue.remove(requestId).catch((error: unknown) => this.logger.warn({ err: error, requestId }, 'removing job failed'));
     }
+  }
+
+  /** The client left with a grace: the request stops publishing here and waits for a resume (or its grace). */
+  detach(session: RequestSession): void {
+    const requestId = session.requestId;
+    const now = Date.now();
+    // The meta tells a worker that takes the job later; the message tells the worker running it.
+    (this.redis.routeRequest?.(this.names.metaKey(requestId), '', this.channel, now) ?? Promise.resolve(0))
+      .then(() => this.redis.publish(this.names.controlChannel, encodeControlMessage({ type: 'route', requestId, channel: null, from: this.channel })))
+      .catch((error: unknown) => this.logger.warn({ err: error, requestId }, 'detaching a request failed'));
+  }
+
+  /**
+   * Routes a request's live entries to this gateway (a client resumed it here). Resolves once the
+   * route is recorded, so a log read started afterwards misses nothing this gateway will not get live.
+   */
+  async attach(requestId: string): Promise<void> {
+    await this.redis.routeRequest?.(this.names.metaKey(requestId), this.channel, '', Date.now());
+    await this.redis.publish(this.names.controlChannel, encodeControlMessage({ type: 'route', requestId, channel: this.channel }));
+  }
+
+  /**
+   * `POST .../{id}/cancel`, from any gateway: stops the request wherever it runs. A request still in
+   * the queue is removed, and its stream (if a gateway holds one) is ended here: an `accepted`, each
+   * choice ended `abort`, and a `finish`, as a worker would have written them.
+   */
+  async cancelRequest(requestId: string, meta: RequestMeta): Promise<void> {
+    const ttlMs = Math.max(1, meta.deadlineAt - Date.now()) + MARKER_MARGIN_MS;
+    await this.redis
+      .multi()
+      .set(this.names.cancelMarkerKey(requestId), 'cancelled', 'PX', ttlMs)
+      .publish(this.names.controlChannel, encodeControlMessage({ type: 'cancel', requestIds: [requestId], reason: 'cancelled' }))
+      .exec();
+    if ((await this.queue.remove(requestId)) !== 1) return;
+    const entries: GatewayEntry[] = [{ requestId, seq: 0, type: 'accepted', workerId: '', promptTokens: 0 }];
+    for (let index = 0; index < meta.format.n; index++) entries.push({ requestId, seq: entries.length, type: 'text-end', index, finishReason: 'abort' });
+    entries.push({ requestId, seq: entries.length, type: 'finish', usage: { promptTokens: 0, completionTokens: 0 } });
+    const pairs = entries.flatMap((entry) => [String(entry.seq), JSON.stringify(entry)]);
+    const pipeline = this.redis.pipeline() as ReturnType<Redis['pipeline']> & { appendLog(...args: Array<string | number>): unknown };
+    pipeline.appendLog(this.names.metaKey(requestId), this.names.logKey(requestId), meta.attempt, 100, this.retentionMs, '', ...pairs);
+    if (meta.channel !== '') pipeline.publish(meta.channel, encodeGatewayMessage({ workerId: '', entries }));
+    await pipeline.exec();
   }
 }

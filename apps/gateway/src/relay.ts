@@ -6,7 +6,7 @@ import { decodeGatewayMessage, type GatewayMessage } from '@sluice/protocol';
  * The gateway's one subscription: one connection, one channel for the whole instance. Workers publish
  * one message per engine step carrying the entries of all this gateway's requests; the relay decodes it
  * and hands it on. A reconnect means messages may have been lost (pub/sub is at-most-once): the relay
- * reports it, and the caller fails the open streams rather than let them end silently short.
+ * reports it, and the caller repairs the open streams from their token logs.
  */
 export class Relay {
   private subscribedOnce = false;
@@ -35,7 +35,7 @@ export class Relay {
     this.subscriber.on('ready', () => {
       // ioredis resubscribes on its own after a reconnect; what was published meanwhile is gone.
       if (this.subscribedOnce && !this.closing) {
-        this.logger.warn('subscriber reconnected: failing open streams');
+        this.logger.warn('subscriber reconnected: repairing open streams from their logs');
         this.onMessagesLost();
       }
     });

@@ -15,6 +15,14 @@ export class RequestSession {
   workerId: string | undefined;
   /** Sequence number the next entry must carry. */
   nextSeq = 0;
+  /** The attempt (worker epoch) whose entries count; older ones are fenced out. */
+  attempt = 1;
+  /** A read of the token log is under way: live entries only note how far the stream got. */
+  repairing = false;
+  /** Highest sequence number seen live while a repair ran (or that revealed a gap). */
+  seenSeq = -1;
+  /** When an idle session last read its log (the sweep's safety net). */
+  lastRepairAt = 0;
   acceptedAt = 0;
   lastEventAt: number;
 
@@ -23,6 +31,8 @@ export class RequestSession {
     readonly enqueuedAt: number,
     readonly deadlineAt: number,
     readonly listener: (event: SessionEvent) => void,
+    /** How long the request outlives its client's connection (0: a client that leaves cancels it). */
+    readonly graceMs = 0,
   ) {
     this.lastEventAt = enqueuedAt;
   }

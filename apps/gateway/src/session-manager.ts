@@ -1,11 +1,14 @@
-import type { CancelReason, GatewayMessage } from '@sluice/protocol';
+import type { CancelReason, GatewayEntry, GatewayMessage } from '@sluice/protocol';
 import type { Logger } from 'pino';
 import { GatewayError } from './errors.js';
 import { RequestSession, type SessionEvent } from './request-session.js';
+import type { TokenLog } from './token-log-reader.js';
 
-/** Stops the work of a request that nobody waits for any more. */
+/** Stops the work of a request that nobody waits for any more, or lets it outlive its client. */
 export interface WorkCanceller {
   cancel(session: RequestSession, reason: CancelReason, wasQueued: boolean): void;
+  /** The client left with a resume grace: the request goes on into its log until resumed or the grace ends. */
+  detach(session: RequestSession): void;
 }
 
 export interface SessionManagerOptions {
@@ -15,11 +18,16 @@ export interface SessionManagerOptions {
   idleTimeoutMs: number;
 }
 
+/** A session that heard nothing for this long reads its token log once (and again after as long). */
+const REPAIR_IDLE_MS = 1_000;
+
 /**
- * The demultiplexer's table: request id → session. Checks every entry's sequence number, runs the
- * queue / idle / deadline timeouts from one sweep timer, and fails the streams of workers that
- * stopped heartbeating. Every way a session ends goes through here, so work is cancelled exactly when
- * the answer is no longer wanted.
+ * The demultiplexer's table: request id → session. Delivers every request's entries exactly once and
+ * in order: pub/sub is the fast path, and a sequence gap (a lost message, a subscriber that reconnected)
+ * is repaired from the request's token log in Redis; a stream fails only when the log lacks the
+ * entries. Runs the queue / idle / deadline timeouts from one sweep timer and fails the streams of
+ * workers that stopped heartbeating. Every way a session ends goes through here, so work is cancelled
+ * exactly when the answer is no longer wanted.
  */
 export class SessionManager {
   private readonly sessions = new Map<string, RequestSession>();
@@ -30,6 +38,7 @@ export class SessionManager {
   constructor(
     private readonly options: SessionManagerOptions,
     private readonly canceller: WorkCanceller,
+    private readonly log: TokenLog,
     private readonly logger: Logger,
     /** Told of every sequence gap (metrics). */
     private readonly onGap: (info: { requestId: string; expected: number; got: number }) => void = () => {},
@@ -48,48 +57,133 @@ export class SessionManager {
     return this.sessions.size;
   }
 
-  open(requestId: string, deadlineAt: number, listener: (event: SessionEvent) => void): RequestSession {
-    const session = new RequestSession(requestId, Date.now(), deadlineAt, listener);
+  /**
+   * @param options.nextSeq first entry the session wants (a resumed stream starts after its cursor)
+   * @param options.graceMs how long the request outlives its client (see {@link clientLeft})
+   * @param options.accepted a worker already accepted it (a resumed stream past its first entry)
+   */
+  open(
+    requestId: string,
+    deadlineAt: number,
+    listener: (event: SessionEvent) => void,
+    options: { nextSeq?: number; graceMs?: number; accepted?: boolean } = {},
+  ): RequestSession {
+    const session = new RequestSession(requestId, Date.now(), deadlineAt, listener, options.graceMs ?? 0);
+    session.nextSeq = options.nextSeq ?? 0;
     this.sessions.set(requestId, session);
-    this.queued++;
+    if (options.accepted === true) {
+      // A resumed stream past its `accepted`: it waits for entries, not for a worker.
+      session.state = 'running';
+      session.acceptedAt = session.enqueuedAt;
+    } else {
+      this.queued++;
+    }
     return session;
   }
 
   /** Routes one message from the gateway channel to its sessions. */
   dispatch(message: GatewayMessage): void {
-    const now = Date.now();
     for (const entry of message.entries) {
       const session = this.sessions.get(entry.requestId);
       // A late entry of a session that already ended (cancelled, timed out): nothing waits for it.
-      if (session === undefined) continue;
-      // An error ends the stream whatever came before it, and says why better than a gap would: a
-      // job retried after its worker died reports worker_lost from sequence 0 of its new attempt.
-      if (entry.seq !== session.nextSeq && entry.type !== 'error') {
-        const gap = { requestId: session.requestId, expected: session.nextSeq, got: entry.seq };
-        this.logger.warn(gap, 'sequence gap');
-        this.onGap(gap);
-        this.fail(session, new GatewayError('stream_interrupted'), 'stream_failed');
-        continue;
-      }
-      session.nextSeq++;
-      session.lastEventAt = now;
-      switch (entry.type) {
-        case 'accepted':
-          if (session.state === 'queued') this.queued--;
-          session.state = 'running';
-          session.workerId = entry.workerId;
-          session.acceptedAt = now;
-          break;
-        case 'rejected':
-        case 'finish':
-        case 'error':
-          this.remove(session);
-          break;
-        default:
-          break;
-      }
-      this.emit(session, entry);
+      if (session !== undefined) this.deliver(session, entry, false);
     }
+  }
+
+  /**
+   * Reads what the session missed from the token log and delivers it; live entries that arrive
+   * meanwhile only note how far the stream got, and a read that leaves the session behind them runs
+   * again. Fails the stream only when the log cannot fill the gap.
+   */
+  repair(session: RequestSession): void {
+    if (session.repairing || session.state === 'closed') return;
+    session.repairing = true;
+    const from = session.nextSeq;
+    this.log.read(session.requestId, from).then(
+      ({ entries, known }) => {
+        session.repairing = false;
+        for (const entry of entries) {
+          if (session.state === 'closed') return;
+          this.deliver(session, entry, true);
+        }
+        if (session.state === 'closed') return;
+        if (!known && entries.length === 0) {
+          this.logger.warn({ requestId: session.requestId }, 'token log lost');
+          this.fail(session, new GatewayError('stream_interrupted'), 'stream_failed');
+        } else if (session.seenSeq >= session.nextSeq) {
+          // Entries went live past what the read returned: read again, unless it made no progress.
+          if (session.nextSeq === from) this.fail(session, new GatewayError('stream_interrupted'), 'stream_failed');
+          else this.repair(session);
+        }
+      },
+      (error: unknown) => {
+        session.repairing = false;
+        this.logger.warn({ err: error, requestId: session.requestId }, 'reading the token log failed');
+        this.fail(session, new GatewayError('stream_interrupted'), 'stream_failed');
+      },
+    );
+  }
+
+  /** The subscriber reconnected: whatever was published meanwhile is in the logs. */
+  repairAll(): void {
+    for (const session of [...this.sessions.values()]) this.repair(session);
+  }
+
+  private deliver(session: RequestSession, entry: GatewayEntry, fromLog: boolean): void {
+    // Entries of a superseded attempt (a worker taken for dead that came back) are fenced out.
+    if ((entry.attempt ?? 1) < session.attempt) return;
+    if (!fromLog && session.repairing) {
+      session.seenSeq = Math.max(session.seenSeq, entry.seq);
+      return;
+    }
+    // An error ends the stream whatever came before it: a job BullMQ retried after its worker died
+    // reports worker_lost from sequence 0 of its new attempt.
+    const terminalError = entry.type === 'error' && !fromLog && entry.seq !== session.nextSeq;
+    // Already delivered (from the log, or live before a repair read it again).
+    if (entry.seq < session.nextSeq && !terminalError) return;
+    if (entry.seq > session.nextSeq && !terminalError) {
+      if (fromLog) {
+        // The log itself lacks entries (trimmed, or Redis lost data): the answer cannot be completed.
+        this.logger.warn({ requestId: session.requestId, expected: session.nextSeq, got: entry.seq }, 'token log has a gap');
+        this.fail(session, new GatewayError('stream_interrupted'), 'stream_failed');
+        return;
+      }
+      const gap = { requestId: session.requestId, expected: session.nextSeq, got: entry.seq };
+      this.logger.info(gap, 'sequence gap: repairing from the token log');
+      this.onGap(gap);
+      session.seenSeq = Math.max(session.seenSeq, entry.seq);
+      this.repair(session);
+      return;
+    }
+    session.nextSeq = entry.seq + 1;
+    session.lastEventAt = Date.now();
+    switch (entry.type) {
+      case 'accepted':
+        if (session.state === 'queued') this.queued--;
+        session.state = 'running';
+        session.workerId = entry.workerId;
+        session.acceptedAt = session.lastEventAt;
+        break;
+      case 'rejected':
+      case 'finish':
+      case 'error':
+        this.remove(session);
+        break;
+      default:
+        break;
+    }
+    this.emit(session, entry);
+  }
+
+  /**
+   * The client went away. Without a resume grace nobody wants the answer: the work stops. With one,
+   * the request goes on into its log, and any gateway may resume it within the grace.
+   */
+  clientLeft(session: RequestSession): void {
+    if (session.state === 'closed') return;
+    if (session.graceMs === 0) return this.cancel(session, 'client_closed');
+    this.remove(session);
+    this.canceller.detach(session);
   }
 
   /** The answer was delivered (or the responder gave up on its own): forget the session, cancel nothing. */
@@ -150,6 +244,11 @@ export class SessionManager {
         this.fail(session, new GatewayError('queue_timeout'), 'timeout');
       } else if (session.state === 'running' && now - session.lastEventAt >= this.options.idleTimeoutMs) {
         this.fail(session, new GatewayError('idle_timeout'), 'timeout');
+      } else if (session.state === 'running' && now - session.lastEventAt >= REPAIR_IDLE_MS && now - session.lastRepairAt >= REPAIR_IDLE_MS) {
+        // A stream quiet for a while may have missed its last entries with nothing after them to
+        // reveal the gap (a message lost just as a route moved here): one cheap log read settles it.
+        session.lastRepairAt = now;
+        this.repair(session);
       }
     }
   }

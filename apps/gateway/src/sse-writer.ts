@@ -69,11 +69,19 @@ export class SseWriter {
     this.meter('heartbeat', PING_BYTES, 1);
   }
 
-  /** Ends the stream normally: optional last frame (the usage chunk), then `[DONE]`. */
-  done(frame = ''): void {
+  /**
+   * Ends the stream normally: optional last frame (the usage chunk), then `[DONE]`.
+   * @param idLine `id: <cursor>\n` of the last event (on the usage chunk, else on `[DONE]`)
+   */
+  done(frame = '', idLine = ''): void {
     if (this.ended) return;
-    this.finish(frame + DONE);
-    if (frame !== '') this.meter('chunk', Buffer.byteLength(frame), 1);
+    if (frame === '') {
+      this.finish(idLine + DONE);
+      this.meter('done', idLine.length + DONE_BYTES, 1);
+      return;
+    }
+    this.finish(idLine + frame + DONE);
+    this.meter('chunk', idLine.length + Buffer.byteLength(frame), 1);
     this.meter('done', DONE_BYTES, 1);
   }
 

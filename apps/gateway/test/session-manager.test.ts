@@ -1,19 +1,52 @@
 import { pino } from 'pino';
 import { describe, expect, it } from 'vitest';
-import type { CancelReason } from '@sluice/protocol';
+import type { CancelReason, GatewayEntry } from '@sluice/protocol';
 import type { SessionEvent } from '../src/request-session.js';
 import { SessionManager } from '../src/session-manager.js';
+import type { TokenLog } from '../src/token-log-reader.js';
+
+/** The token logs as the sessions see them: entries by request, in memory. */
+function memoryLog() {
+  const logs = new Map<string, GatewayEntry[]>();
+  let reads = 0;
+  const log: TokenLog = {
+    read: async (requestId, fromSeq) => {
+      reads++;
+      const entries = logs.get(requestId);
+      return { entries: (entries ?? []).filter((e) => e.seq >= fromSeq), known: entries !== undefined };
+    },
+    meta: async () => undefined,
+    lastSeq: async (requestId) => logs.get(requestId)?.at(-1)?.seq ?? -1,
+  };
+  return { log, logs, reads: () => reads };
+}
 
 function setup() {
   const cancels: Array<{ requestId: string; reason: CancelReason; wasQueued: boolean }> = [];
+  const detached: string[] = [];
+  const { log, logs, reads } = memoryLog();
   const manager = new SessionManager(
     { queueTimeoutMs: 1_000, idleTimeoutMs: 500 },
-    { cancel: (session, reason, wasQueued) => cancels.push({ requestId: session.requestId, reason, wasQueued }) },
+    {
+      cancel: (session, reason, wasQueued) => cancels.push({ requestId: session.requestId, reason, wasQueued }),
+      detach: (session) => detached.push(session.requestId),
+    },
+    log,
     pino({ level: 'silent' }),
   );
   const events: SessionEvent[] = [];
-  return { manager, cancels, events, open: (id: string, deadlineAt = Date.now() + 60_000) => manager.open(id, deadlineAt, (e) => events.push(e)) };
+  return {
+    manager,
+    cancels,
+    detached,
+    events,
+    logs,
+    reads,
+    open: (id: string, deadlineAt = Date.now() + 60_000, graceMs = 0) => manager.open(id, deadlineAt, (e) => events.push(e), { graceMs }),
+  };
 }
+
+const tick = () => new Promise((resolve) => setImmediate(resolve));
 
 describe('SessionManager', () => {
   it('counts queued sessions until a worker accepts them', () => {
@@ -33,13 +66,95 @@ describe('SessionManager', () => {
     manager.close();
   });
 
-  it('ends a stream with a gap as stream_interrupted, but passes on an error entry out of sequence', () => {
+  it('repairs a sequence gap from the token log, delivering each entry once and in order', async () => {
+    const { manager, events, logs, open } = setup();
+    open('r');
+    const entries: GatewayEntry[] = [
+      { requestId: 'r', seq: 0, type: 'accepted', workerId: 'w', promptTokens: 1 },
+      { requestId: 'r', seq: 1, type: 'text-delta', index: 0, text: 'a', tokens: 1 },
+      { requestId: 'r', seq: 2, type: 'text-delta', index: 0, text: 'b', tokens: 1 },
+      { requestId: 'r', seq: 3, type: 'text-delta', index: 0, text: 'c', tokens: 1 },
+    ];
+    logs.set('r', entries);
+    manager.dispatch({ workerId: 'w', entries: [entries[0]!] });
+    // seq 1 and 2 were lost on the live path; 3 reveals the gap, and arrives again while the repair runs.
+    manager.dispatch({ workerId: 'w', entries: [entries[3]!] });
+    manager.dispatch({ workerId: 'w', entries: [entries[3]!] });
+    await tick();
+    manager.dispatch({ workerId: 'w', entries: [entries[2]!] });
+    expect(events.map((e) => ('seq' in e ? e.seq : e.type))).toEqual([0, 1, 2, 3]);
+    manager.close();
+  });
+
+  it('reads the log again when entries went live past what a repair read returned', async () => {
+    const { manager, events, logs, reads, open } = setup();
+    open('r');
+    const e = (seq: number): GatewayEntry => ({ requestId: 'r', seq, type: 'text-delta', index: 0, text: String(seq), tokens: 1 });
+    logs.set('r', [{ requestId: 'r', seq: 0, type: 'accepted', workerId: 'w', promptTokens: 1 }, e(1)]);
+    manager.dispatch({ workerId: 'w', entries: [e(1)] });
+    // While the first read runs, seq 2 is logged and published.
+    logs.get('r')!.push(e(2));
+    manager.dispatch({ workerId: 'w', entries: [e(2)] });
+    await tick();
+    await tick();
+    expect(events.map((x) => ('seq' in x ? x.seq : x.type))).toEqual([0, 1, 2]);
+    expect(reads()).toBe(2);
+    manager.close();
+  });
+
+  it('repairs every open stream after the subscriber reconnected, the last entries included', async () => {
+    const { manager, events, logs, open } = setup();
+    open('a');
+    logs.set('a', [
+      { requestId: 'a', seq: 0, type: 'accepted', workerId: 'w', promptTokens: 1 },
+      { requestId: 'a', seq: 1, type: 'finish', usage: { promptTokens: 1, completionTokens: 0 } },
+    ]);
+    manager.repairAll();
+    await tick();
+    expect(events.map((e) => e.type)).toEqual(['accepted', 'finish']);
+    expect(manager.size).toBe(0);
+    manager.close();
+  });
+
+  it('fails a stream only when the log lacks the missing entries', async () => {
+    const { manager, events, logs, open } = setup();
+    open('trimmed');
+    open('lost');
+    logs.set('trimmed', [{ requestId: 'trimmed', seq: 3, type: 'text-delta', index: 0, text: 'x', tokens: 1 }]);
+    manager.dispatch({ workerId: 'w', entries: [{ requestId: 'trimmed', seq: 3, type: 'text-delta', index: 0, text: 'x', tokens: 1 }] });
+    manager.dispatch({ workerId: 'w', entries: [{ requestId: 'lost', seq: 1, type: 'text-delta', index: 0, text: 'x', tokens: 1 }] });
+    await tick();
+    expect(events).toMatchObject([
+      { type: 'failed', error: { code: 'stream_interrupted' } },
+      { type: 'failed', error: { code: 'stream_interrupted' } },
+    ]);
+    manager.close();
+  });
+
+  it('fences out entries of a superseded attempt', () => {
     const { manager, events, open } = setup();
-    open('gap');
+    const session = open('f');
+    session.attempt = 2;
+    manager.dispatch({ workerId: 'w', entries: [{ requestId: 'f', seq: 0, type: 'accepted', workerId: 'old', promptTokens: 1 }] });
+    manager.dispatch({ workerId: 'w', entries: [{ requestId: 'f', seq: 0, attempt: 2, type: 'accepted', workerId: 'new', promptTokens: 1 }] });
+    expect(events).toMatchObject([{ type: 'accepted', workerId: 'new' }]);
+    manager.close();
+  });
+
+  it('lets a request with a resume grace outlive its client instead of cancelling it', () => {
+    const { manager, cancels, detached, open } = setup();
+    manager.clientLeft(open('graced', Date.now() + 60_000, 5_000));
+    manager.clientLeft(open('plain'));
+    expect(detached).toEqual(['graced']);
+    expect(cancels).toEqual([{ requestId: 'plain', reason: 'client_closed', wasQueued: true }]);
+    expect(manager.size).toBe(0);
+    manager.close();
+  });
+
+  it('passes on an error entry out of sequence (a job BullMQ retried reports worker_lost from seq 0)', () => {
+    const { manager, events, open } = setup();
     open('retried');
     const delta = { seq: 0, type: 'text-delta' as const, index: 0, text: 'x', tokens: 1 };
-    manager.dispatch({ workerId: 'w', entries: [{ requestId: 'gap', seq: 0, type: 'accepted', workerId: 'w', promptTokens: 1 }, { requestId: 'gap', ...delta, seq: 2 }] });
-    expect(events.at(-1)).toMatchObject({ type: 'failed', error: { code: 'stream_interrupted' } });
     manager.dispatch({ workerId: 'w', entries: [{ requestId: 'retried', seq: 0, type: 'accepted', workerId: 'w', promptTokens: 1 }, { requestId: 'retried', ...delta, seq: 1 }] });
     const lost = { code: 'worker_lost' as const, message: 'The worker serving the request stopped.', param: null };
     manager.dispatch({ workerId: 'w2', entries: [{ requestId: 'retried', seq: 0, type: 'error', error: lost }] });

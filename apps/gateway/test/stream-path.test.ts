@@ -3,9 +3,21 @@ import { closeAppHarnesses, startAppHarness as start, type AppHarness as Harness
 
 afterEach(closeAppHarnesses);
 
-async function readAll(res: Response): Promise<string[]> {
+/** The SSE events of a reply: their `id:` (if any) and their other lines. */
+async function readEvents(res: Response): Promise<Array<{ id: string | undefined; frame: string }>> {
   const text = await res.text();
-  return text.split('\n\n').filter((frame) => frame !== '');
+  return text
+    .split('\n\n')
+    .filter((event) => event !== '')
+    .map((event) => {
+      const lines = event.split('\n');
+      const id = lines.find((line) => line.startsWith('id: '))?.slice(4);
+      return { id, frame: lines.filter((line) => !line.startsWith('id: ')).join('\n') };
+    });
+}
+
+async function readAll(res: Response): Promise<string[]> {
+  return (await readEvents(res)).map((event) => event.frame);
 }
 
 const chatBody = (extra: Record<string, unknown> = {}) =>
@@ -30,7 +42,10 @@ describe('the SSE stream path', () => {
     ]);
     const res = await reply;
     expect(res.headers.get('content-type')).toBe('text/event-stream; charset=utf-8');
-    const frames = await readAll(res);
+    const events = await readEvents(res);
+    // Each event's id is the cursor of the last entry it completes; [DONE] needs none.
+    expect(events.map((e) => e.id)).toEqual(['0', '1', '2', '3', '4', undefined]);
+    const frames = events.map((e) => e.frame);
     expect(frames.at(-1)).toBe('data: [DONE]');
     const chunks = frames.slice(0, -1).map((f) => JSON.parse(f.replace(/^data: /, '')) as Record<string, any>);
     expect(chunks.map((c) => c.choices[0]?.delta ?? null)).toEqual([{ role: 'assistant', content: '' }, { content: 'Hel' }, { content: 'lo' }, {}, null]);
@@ -39,7 +54,7 @@ describe('the SSE stream path', () => {
     expect(chunks[4]).toMatchObject({ choices: [], usage: { prompt_tokens: 3, completion_tokens: 2, total_tokens: 5 } });
   });
 
-  it('ends the stream with an error frame when a sequence number is skipped', async () => {
+  it('ends the stream with an error frame when a sequence gap cannot be repaired from the token log', async () => {
     const h = await start();
     const job = h.nextJob();
     const reply = post(h, '/v1/chat/completions', chatBody());

@@ -35,6 +35,10 @@ export const workerEnvSchema = z.object({
   WORKER_HEARTBEAT_MS: int(50).default(1000),
   /** Registry record TTL: gateways fail this worker's streams this long after its last heartbeat. @defaultValue 5000 */
   WORKER_TTL_MS: int(100).default(5000),
+  /** How long a request's token log stays readable after it ends (resume, gap repair). @defaultValue 600000 */
+  STREAM_RETENTION_MS: int(1000).default(600_000),
+  /** Approximate cap on the entries of one request's token log (Redis XADD MAXLEN ~). @defaultValue 100000 */
+  STREAM_MAX_ENTRIES: int(100).default(100_000),
   /** On SIGTERM: how long running sequences may take to finish before they are ended. @defaultValue 30000 */
   DRAIN_TIMEOUT_MS: int(0).default(30_000),
   /** BullMQ job lock duration; a job whose worker died is retried this long after (stalled check). @defaultValue 30000 */
@@ -63,6 +67,8 @@ export interface WorkerConfig {
   heartbeatMs: number;
   ttlMs: number;
   drainTimeoutMs: number;
+  streamRetentionMs: number;
+  maxLogEntries: number;
   lockDurationMs: number;
   metricsPort: number;
   metricsHost: string;
@@ -101,6 +107,8 @@ export function loadWorkerConfig(env: NodeJS.ProcessEnv = process.env): WorkerCo
     heartbeatMs: e.WORKER_HEARTBEAT_MS,
     ttlMs: e.WORKER_TTL_MS,
     drainTimeoutMs: e.DRAIN_TIMEOUT_MS,
+    streamRetentionMs: e.STREAM_RETENTION_MS,
+    maxLogEntries: e.STREAM_MAX_ENTRIES,
     lockDurationMs: e.LOCK_DURATION_MS,
     metricsPort: e.METRICS_PORT,
     metricsHost: e.METRICS_HOST,

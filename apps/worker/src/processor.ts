@@ -1,17 +1,10 @@
 import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
-import type { Engine, EngineErrorCode, SamplingParams } from '@sluice/engine';
-import {
-  generateJobSchema,
-  type GatewayEntryDraft,
-  type GenerateJob,
-  type RedisNames,
-  type TokenLogprobWire,
-  type WireError,
-} from '@sluice/protocol';
-import type { CancelListener } from './cancel-listener.js';
+import type { Engine, EngineErrorCode, EngineEvent, SamplingParams } from '@sluice/engine';
+import { decodeRequestMeta, generateJobSchema, type GenerateJob, type RedisNames, type WireError } from '@sluice/protocol';
+import type { ControlListener } from './control-listener.js';
 import type { PromptEncoder } from './prompt-encoder.js';
-import type { StepPublisher } from './step-publisher.js';
+import type { Route, StepRouter } from './step-router.js';
 
 /** The reason a drain passes to `abort()`: the client gets `worker_shutdown` instead of silence. */
 export const SHUTDOWN_REASON = 'worker_shutdown';
@@ -74,11 +67,11 @@ export interface WorkerHooks {
 }
 
 export interface ProcessorDeps {
-  engine: Pick<Engine, 'generate' | 'info'>;
+  engine: Pick<Engine, 'submit' | 'info'>;
   prompts: PromptEncoder;
-  publisher: StepPublisher;
-  cancels: CancelListener;
-  /** Command connection (markers). */
+  router: StepRouter;
+  controls: ControlListener;
+  /** Command connection (cancel marker, request meta). */
   redis: Redis;
   names: RedisNames;
   workerId: string;
@@ -87,9 +80,10 @@ export interface ProcessorDeps {
 }
 
 /**
- * Job → prompt tokens → validate → accepted/rejected → engine.generate → entries per step. The job
- * settles when its sequence finishes. A job retried after its first worker died mid-answer is not run
- * again: its client already got part of an answer, so the stream fails instead of restarting.
+ * Job → prompt tokens → validate → accepted/rejected → engine.submit; the step router turns the
+ * request's engine events into entries, and the job settles when its sequence finishes. A job retried
+ * after its first worker died mid-answer is not run again: its client already got part of an answer,
+ * so the stream fails instead of restarting.
  */
 export class JobProcessor {
   readonly counters: ProcessorCounters = { running: 0, processed: 0, skipped: 0, lastCancel: undefined };
@@ -112,43 +106,59 @@ export class JobProcessor {
     const controller = new AbortController();
     const onBullAbort = () => controller.abort(SHUTDOWN_REASON);
     bullSignal?.addEventListener('abort', onBullAbort, { once: true });
-    this.deps.cancels.register(job.requestId, controller);
+    this.deps.controls.register(job.requestId, controller);
+    let finished!: () => void;
+    const done = new Promise<void>((resolve) => (finished = resolve));
+    const route = this.deps.router.open({
+      requestId: job.requestId,
+      channel: job.channel,
+      attempt: 1,
+      deadlineAt: job.deadlineAt,
+      graceMs: job.resumeGraceMs,
+      nextSeq: 0,
+      abort: (reason) => controller.abort(reason),
+      onFinish: (event) => {
+        this.finish(route, event, controller.signal, log);
+        finished();
+      },
+    });
     try {
-      await this.run(job, attempt, controller.signal, log);
+      if (await this.start(job, attempt, route, controller.signal, log)) await done;
     } catch (error) {
       log.error({ err: error }, 'job failed');
-      this.send(job, { type: 'error', error: { code: 'internal', message: 'The worker failed.', param: null } });
+      this.deps.router.push(route, { type: 'error', error: { code: 'internal', message: 'The worker failed.', param: null } });
     } finally {
       bullSignal?.removeEventListener('abort', onBullAbort);
-      this.deps.cancels.unregister(job.requestId);
-      this.deps.publisher.forget(job.requestId);
+      this.deps.controls.unregister(job.requestId);
+      this.deps.router.close(route);
       this.counters.processed++;
     }
   }
 
-  private async run(job: GenerateJob, attempt: number, signal: AbortSignal, logger: Logger): Promise<void> {
-    const { redis, names, engine } = this.deps;
-    const startedAt = performance.now();
+  /** Validates and submits the request; false when it never reached the engine. */
+  private async start(job: GenerateJob, attempt: number, route: Route, signal: AbortSignal, logger: Logger): Promise<boolean> {
+    const { redis, names, engine, router } = this.deps;
     if (signal.aborted || Date.now() >= job.deadlineAt) return this.skip(logger);
     if (attempt > 1) {
       this.counters.skipped++;
       // A retry (stalled-job recovery): the first attempt may have streamed tokens already.
       logger.warn('job retried after a worker was lost: failing its stream');
-      this.send(job, { type: 'error', error: { code: 'worker_lost', message: 'The worker serving the request stopped.', param: null } });
-      return;
+      router.push(route, { type: 'error', error: { code: 'worker_lost', message: 'The worker serving the request stopped.', param: null } });
+      return false;
     }
 
     logger.debug({ pickupMs: Date.now() - job.enqueuedAt }, 'job started');
-    // The cancel marker (a client that left while the job waited) is read while the prompt is
-    // prepared, and checked before the engine sees the request.
-    const cancelled = redis.exists(names.cancelMarkerKey(job.requestId));
-    cancelled.catch(() => undefined);
+    // The cancel marker (a client that left while the job waited) and the request's route (a client
+    // that left with a grace, or resumed elsewhere) are read while the prompt is prepared, and checked
+    // before the engine sees the request.
+    const state = redis.multi().exists(names.cancelMarkerKey(job.requestId)).hgetall(names.metaKey(job.requestId)).exec();
+    state.catch(() => undefined);
     const promptTokenIds = this.encode(job, logger);
-    if (!Array.isArray(promptTokenIds)) return this.reject(job, promptTokenIds, logger);
+    if (!Array.isArray(promptTokenIds)) return this.reject(route, promptTokenIds, logger);
     const maxContext = engine.info.maxContextLength;
     if (promptTokenIds.length >= maxContext) {
       return this.reject(
-        job,
+        route,
         {
           code: 'context_length_exceeded',
           message: `This model's maximum context length is ${maxContext} tokens. However, your prompt is ${promptTokenIds.length} tokens long.`,
@@ -161,7 +171,7 @@ export class JobProcessor {
       job.sampling.maxTokens ?? (job.defaultMaxTokens === 'context' ? maxContext - promptTokenIds.length : job.defaultMaxTokens);
     if (promptTokenIds.length + maxTokens > maxContext) {
       return this.reject(
-        job,
+        route,
         {
           code: 'context_length_exceeded',
           message:
@@ -173,99 +183,73 @@ export class JobProcessor {
       );
     }
 
-    // zod's optional fields may hold `undefined`; the engine's options must not.
-    if ((await cancelled) === 1 || signal.aborted) return this.skip(logger);
+    const [[, cancelled], [, rawMeta]] = ((await state) ?? [[null, 0], [null, {}]]) as [[unknown, number], [unknown, Record<string, string>]];
+    if (cancelled === 1 || signal.aborted) return this.skip(logger);
+    const meta = decodeRequestMeta(rawMeta ?? {});
+    if (meta !== undefined) {
+      route.channel = meta.channel === '' ? null : meta.channel;
+      // Its client left while it waited: it runs only for what is left of its grace.
+      if (route.channel === null) {
+        if (meta.graceMs - (Date.now() - (meta.detachedAt ?? 0)) <= 0) return this.skip(logger);
+        router.detach(route.requestId, null, meta.detachedAt);
+      }
+    }
 
+    // zod's optional fields may hold `undefined`; the engine's options must not.
     const sampling = Object.fromEntries(
       Object.entries({ ...job.sampling, maxTokens }).filter(([, value]) => value !== undefined),
     ) as SamplingParams;
-    let events: AsyncIterable<import('@sluice/engine').EngineEvent>;
     try {
-      events = engine.generate({ id: job.requestId, promptTokenIds, sampling }, signal);
+      engine.submit({ id: job.requestId, promptTokenIds, sampling }, signal);
     } catch (error) {
-      if (isEngineError(error)) return this.reject(job, toWireError(error.code, error.message), logger);
+      if (isEngineError(error)) return this.reject(route, toWireError(error.code, error.message), logger);
       throw error;
     }
-
-    this.send(job, { type: 'accepted', workerId: this.deps.workerId, promptTokens: promptTokenIds.length });
+    router.push(route, { type: 'accepted', workerId: this.deps.workerId, promptTokens: promptTokenIds.length });
     this.counters.running++;
-    let cancelledAt: number | undefined;
-    let lastFinishReason: 'stop' | 'length' | undefined;
-    const onCancel = () => (cancelledAt = performance.now());
+    route.startedAt = performance.now();
+    const onCancel = () => (route.cancelledAt = performance.now());
     signal.addEventListener('abort', onCancel, { once: true });
-    // Tokens per choice whose text the detokenizer still holds back (an incomplete UTF-8 sequence):
-    // they ride on the next delta of that choice, so the tokens a gateway writes add up to the
-    // tokens generated.
-    const heldTokens: number[] = [];
-    try {
-      for await (const event of events) {
-        switch (event.type) {
-          case 'text-delta': {
-            const tokens = event.tokenIds.length + (heldTokens[event.index] ?? 0);
-            if (event.text === '' && event.logprobs === undefined) {
-              heldTokens[event.index] = tokens;
-              break;
-            }
-            heldTokens[event.index] = 0;
-            this.send(job, {
-              type: 'text-delta',
-              index: event.index,
-              text: event.text,
-              tokens,
-              ...(event.logprobs === undefined ? {} : { logprobs: event.logprobs.map(toWireLogprob) }),
-            });
-            break;
-          }
-          case 'text-end':
-            if (event.finishReason === 'stop' || event.finishReason === 'length') {
-              lastFinishReason = event.finishReason;
-              // Tokens whose text never showed (held back to the end): an empty delta carries them.
-              const held = heldTokens[event.index] ?? 0;
-              if (held > 0) this.send(job, { type: 'text-delta', index: event.index, text: '', tokens: held });
-              heldTokens[event.index] = 0;
-              this.send(job, { type: 'text-end', index: event.index, finishReason: event.finishReason });
-            }
-            break;
-          case 'finish': {
-            const finishReason = signal.aborted ? 'abort' : event.error !== undefined ? 'error' : (lastFinishReason ?? 'stop');
-            this.deps.hooks?.requestFinished?.({ finishReason, usage: event.usage, timings: event.timings });
-            logger.info(
-              {
-                outcome: finishReason,
-                ...(signal.aborted ? { abortReason: String(signal.reason) } : {}),
-                promptTokens: event.usage.promptTokens,
-                completionTokens: event.usage.completionTokens,
-                ms: Math.round(performance.now() - startedAt),
-              },
-              'request finished',
-            );
-            if (signal.aborted) {
-              // A client-side cancel needs no answer; a drain tells the client why its stream ends.
-              if (signal.reason === SHUTDOWN_REASON) {
-                this.send(job, { type: 'error', error: { code: 'worker_shutdown', message: 'The worker shut down.', param: null } });
-              }
-            } else if (event.error !== undefined) {
-              logger.error({ code: event.error.code, message: event.error.message }, 'engine error');
-              this.send(job, { type: 'error', error: toWireError(event.error.code, event.error.message) });
-            } else {
-              this.send(job, { type: 'finish', usage: event.usage });
-            }
-            break;
-          }
-        }
-      }
-    } finally {
-      this.counters.running--;
-      signal.removeEventListener('abort', onCancel);
-      if (cancelledAt !== undefined) {
-        this.counters.lastCancel = { requestId: job.requestId, ms: Math.round(performance.now() - cancelledAt) };
-      }
+    return true;
+  }
+
+  /** The engine's finish event: metrics, the log line, and the request's last entry. */
+  private finish(route: Route, event: Extract<EngineEvent, { type: 'finish' }>, signal: AbortSignal, logger: Logger): void {
+    this.counters.running--;
+    if (route.cancelledAt !== undefined) {
+      this.counters.lastCancel = { requestId: route.requestId, ms: Math.round(performance.now() - route.cancelledAt) };
+    }
+    const finishReason = signal.aborted ? 'abort' : event.error !== undefined ? 'error' : (route.lastFinishReason ?? 'stop');
+    this.deps.hooks?.requestFinished?.({ finishReason, usage: event.usage, timings: event.timings });
+    logger.info(
+      {
+        outcome: finishReason,
+        ...(signal.aborted ? { abortReason: String(signal.reason) } : {}),
+        promptTokens: event.usage.promptTokens,
+        completionTokens: event.usage.completionTokens,
+        ms: Math.round(performance.now() - (route.startedAt ?? 0)),
+      },
+      'request finished',
+    );
+    const { router } = this.deps;
+    if (signal.aborted && signal.reason === SHUTDOWN_REASON) {
+      // A drain tells the client why its stream ends.
+      router.push(route, { type: 'error', error: { code: 'worker_shutdown', message: 'The worker shut down.', param: null } });
+    } else if (signal.aborted && signal.reason === 'superseded') {
+      // A newer attempt owns the request: this one writes nothing more.
+    } else if (!signal.aborted && event.error !== undefined) {
+      logger.error({ code: event.error.code, message: event.error.message }, 'engine error');
+      router.push(route, { type: 'error', error: toWireError(event.error.code, event.error.message) });
+    } else {
+      // A cancel ends the log like an answer (its choices ended `abort`): a late resume sees why it ended.
+      router.push(route, { type: 'finish', usage: event.usage });
     }
   }
 
-  private skip(logger: Logger): void {
+  private skip(logger: Logger): false {
     this.counters.skipped++;
     logger.info({ outcome: 'skipped' }, 'skipped a cancelled or expired job');
+    return false;
   }
 
   private encode(job: GenerateJob, logger: Logger): number[] | WireError {
@@ -287,20 +271,9 @@ export class JobProcessor {
     }
   }
 
-  private reject(job: GenerateJob, error: WireError, logger: Logger): void {
+  private reject(route: Route, error: WireError, logger: Logger): false {
     logger.info({ outcome: 'rejected', code: error.code }, 'request rejected');
-    this.send(job, { type: 'rejected', error });
+    this.deps.router.push(route, { type: 'rejected', error });
+    return false;
   }
-
-  private send(job: GenerateJob, entry: DistributiveOmit<GatewayEntryDraft, 'requestId'>): void {
-    this.deps.publisher.push(job.channel, { ...entry, requestId: job.requestId } as GatewayEntryDraft);
-  }
-}
-
-type DistributiveOmit<T, K extends PropertyKey> = T extends unknown ? Omit<T, K> : never;
-
-function toWireLogprob(lp: import('@sluice/engine').TokenLogprob): TokenLogprobWire {
-  const out: TokenLogprobWire = { token: lp.token, logprob: lp.logprob };
-  if (lp.topLogprobs !== undefined) out.top = lp.topLogprobs.map((t) => ({ token: t.token, logprob: t.logprob }));
-  return out;
 }

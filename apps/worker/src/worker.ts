@@ -5,13 +5,13 @@ import type { Logger } from 'pino';
 import type { Engine, StepStats } from '@sluice/engine';
 import { QUEUE_JOB_STATES, type WorkerMetrics } from '@sluice/metrics';
 import { GENERATE_QUEUE, redisNames } from '@sluice/protocol';
-import { CancelListener } from './cancel-listener.js';
+import { ControlListener } from './control-listener.js';
 import type { WorkerConfig } from './config.js';
 import { HealthServer } from './health-server.js';
 import { JobProcessor, SHUTDOWN_REASON, type WorkerHooks } from './processor.js';
 import type { PromptEncoder } from './prompt-encoder.js';
 import { RegistryHeartbeat } from './registry-heartbeat.js';
-import { StepPublisher } from './step-publisher.js';
+import { StepRouter } from './step-router.js';
 
 export interface RunningWorker {
   readonly workerId: string;
@@ -33,7 +33,7 @@ function withTimeout<T>(promise: Promise<T>, ms: number): Promise<'timeout' | T>
   );
 }
 
-/** Wires a running engine to Redis: BullMQ worker, step publisher, cancel listener, registry heartbeat. */
+/** Wires a running engine to Redis: BullMQ worker, step router (live path + token log), control listener, registry heartbeat. */
 export async function startWorker(
   config: WorkerConfig,
   deps: {
@@ -57,16 +57,21 @@ export async function startWorker(
   }
   await Promise.all([redis.connect(), subscriber.connect(), bullConnection.connect()]);
 
-  const publisher = new StepPublisher(redis, config.workerId, logger);
-  const cancels = new CancelListener(subscriber, names.cancelChannel, logger);
-  await cancels.start();
+  const router = new StepRouter(
+    redis,
+    { workerId: config.workerId, names, retentionMs: config.streamRetentionMs, maxLogEntries: config.maxLogEntries },
+    logger,
+  );
+  const stopRouting = engine.onEvents(router.onEvents);
+  const controls = new ControlListener(subscriber, names.controlChannel, router, logger);
+  await controls.start();
   let lastStep: StepStats | undefined;
   let steps = 0;
   const processor = new JobProcessor({
     engine,
     prompts,
-    publisher,
-    cancels,
+    router,
+    controls,
     redis,
     names,
     workerId: config.workerId,
@@ -164,14 +169,17 @@ export async function startWorker(
     const closing = worker.close();
     if ((await withTimeout(closing, config.drainTimeoutMs)) === 'timeout') {
       logger.warn({ running: processor.counters.running }, 'drain timeout: ending the running sequences');
-      cancels.abortAll(SHUTDOWN_REASON);
+      controls.abortAll(SHUTDOWN_REASON);
       if ((await withTimeout(closing, 5_000)) === 'timeout') await withTimeout(worker.close(true), 5_000);
     }
     const steps: Array<[string, () => Promise<unknown>]> = [
-      ['publisher', () => publisher.drained()],
+      ['router', async () => {
+        await router.drained();
+        stopRouting();
+      }],
       ['registry', () => heartbeat.stop()],
       ['engine', () => withTimeout(engine.close(), 5_000)],
-      ['cancel listener', () => cancels.close()],
+      ['control listener', () => controls.close()],
       ['health server', () => health.close()],
       [
         'metrics',

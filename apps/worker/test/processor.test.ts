@@ -1,69 +1,226 @@
+import { Redis } from 'ioredis';
 import { pino } from 'pino';
-import { describe, expect, it } from 'vitest';
-import type { EngineEvent } from '@sluice/engine';
-import { redisNames, type GatewayEntryDraft, type GenerateJob } from '@sluice/protocol';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import type { EngineEvent, GenerateRequest } from '@sluice/engine';
+import { decodeGatewayMessage, encodeRequestMeta, LOG_FIELD, redisNames, type GatewayEntry, type GenerateJob } from '@sluice/protocol';
+import { startRedis, type RedisServer } from '../../../test/support/redis-server.js';
+import { waitFor } from '../../../test/support/processes.js';
+import { ControlListener } from '../src/control-listener.js';
 import { JobProcessor } from '../src/processor.js';
+import { StepRouter } from '../src/step-router.js';
 
-/** A processor around an engine that replays `events`, recording what it would publish. */
-function processorFor(events: EngineEvent[]) {
-  const published: GatewayEntryDraft[] = [];
+const names = redisNames('t');
+let server: RedisServer;
+let redis: Redis;
+
+beforeAll(async () => {
+  server = await startRedis();
+  redis = server.client();
+});
+afterAll(async () => {
+  redis?.disconnect();
+  await server?.stop();
+});
+
+/** A processor and router on the real Redis around an engine the test drives step by step. */
+async function harness() {
+  const submitted: Array<{ request: GenerateRequest; signal: AbortSignal | undefined }> = [];
+  const router = new StepRouter(redis, { workerId: 'w1', names, retentionMs: 60_000, maxLogEntries: 1000 }, pino({ level: 'silent' }));
+  const subscriber = server.client();
+  const controls = new ControlListener(subscriber, names.controlChannel, router, pino({ level: 'silent' }));
   const finished: Array<{ finishReason: string; completionTokens: number }> = [];
   const processor = new JobProcessor({
     engine: {
       info: { modelId: 'm', maxContextLength: 100, maxBatchSize: 4, executionProvider: 'cpu' },
-      generate: () =>
-        (async function* () {
-          yield* events;
-        })(),
+      submit: (request, signal) => void submitted.push({ request, signal }),
     },
     prompts: { chat: () => [1, 2, 3], text: () => [1, 2, 3] },
-    publisher: { push: (_channel: string, entry: GatewayEntryDraft) => published.push(entry), forget: () => {} } as never,
-    cancels: { register: () => {}, unregister: () => {} } as never,
-    redis: { exists: async () => 0 } as never,
-    names: redisNames('t'),
+    router,
+    controls,
+    redis,
+    names,
     workerId: 'w1',
     logger: pino({ level: 'silent' }),
     hooks: { requestFinished: (s) => finished.push({ finishReason: s.finishReason, completionTokens: s.usage.completionTokens }) },
   });
-  return { processor, published, finished };
+  /** Feeds one engine step and waits for its pipeline. */
+  const step = async (events: Array<[string, EngineEvent]>) => {
+    router.onEvents(events);
+    await router.drained();
+  };
+  return { processor, router, submitted, finished, step, close: () => subscriber.quit() };
 }
 
-const job: GenerateJob = {
-  requestId: 'job-1',
-  correlationId: 'client-1',
-  channel: 'gw',
-  model: 'm',
-  input: { kind: 'text', prompt: 'hi' },
-  sampling: { maxTokens: 8 },
-  defaultMaxTokens: 16,
-  enqueuedAt: Date.now(),
-  deadlineAt: Date.now() + 60_000,
-};
+let jobCount = 0;
+function job(channel: string, extra: Partial<GenerateJob> = {}): GenerateJob {
+  jobCount++;
+  return {
+    requestId: `job-${jobCount}`,
+    correlationId: `client-${jobCount}`,
+    channel,
+    model: 'm',
+    input: { kind: 'text', prompt: 'hi' },
+    sampling: { maxTokens: 8 },
+    defaultMaxTokens: 16,
+    resumeGraceMs: 0,
+    enqueuedAt: Date.now(),
+    deadlineAt: Date.now() + 60_000,
+    ...extra,
+  };
+}
 
-const finish: EngineEvent = { type: 'finish', usage: { promptTokens: 3, completionTokens: 5 }, timings: { queueMs: 1, prefillMs: 1, firstTokenMs: 1 } } as EngineEvent;
+async function writeMeta(j: GenerateJob, fields: Partial<Record<string, string>> = {}): Promise<void> {
+  const meta = encodeRequestMeta({
+    channel: j.channel,
+    graceMs: j.resumeGraceMs,
+    attempt: 1,
+    enqueuedAt: j.enqueuedAt,
+    deadlineAt: j.deadlineAt,
+    format: { endpoint: 'completion', model: 'm', created: 1, includeUsage: false, n: 1, maxTokensParam: 'max_tokens' },
+  });
+  await redis.hset(names.metaKey(j.requestId), { ...meta, ...fields });
+}
 
-describe('JobProcessor', () => {
-  it('carries the tokens of deltas the detokenizer held back into the next delta, and to the end', async () => {
-    const { processor, published, finished } = processorFor([
-      { type: 'text-delta', index: 0, tokenIds: [10], text: 'a' },
+async function logOf(requestId: string): Promise<GatewayEntry[]> {
+  const range = await redis.xrange(names.logKey(requestId), '-', '+');
+  return range.map(([, fields]) => JSON.parse(fields[fields.indexOf(LOG_FIELD) + 1]!) as GatewayEntry);
+}
+
+/** Subscribes to `channel` and collects its messages. */
+async function listen(channel: string) {
+  const sub = server.client();
+  const messages: GatewayEntry[][] = [];
+  sub.on('message', (_c: string, raw: string) => messages.push(decodeGatewayMessage(raw).entries));
+  await sub.subscribe(channel);
+  await redis.set(names.gatewayAliveKey(channel), '1');
+  return { messages, close: () => sub.quit() };
+}
+
+const finish = (completionTokens: number): EngineEvent =>
+  ({ type: 'finish', usage: { promptTokens: 3, completionTokens }, timings: { queueMs: 1, prefillMs: 1, firstTokenMs: 1 } }) as EngineEvent;
+
+describe('the worker routes each engine step as a whole', () => {
+  it('logs every entry with its token ids and publishes the same entries, carrying held-back tokens to the next delta', async () => {
+    const h = await harness();
+    const live = await listen('gw-a');
+    const j = job('gw-a');
+    await writeMeta(j);
+    const done = h.processor.process(j, 1);
+    await waitFor('submitted', () => (h.submitted.length === 1 ? true : undefined));
+    await h.step([
+      [j.requestId, { type: 'text-delta', index: 0, tokenIds: [10], text: 'a' }],
       // Two tokens that are parts of one character: no text yet.
-      { type: 'text-delta', index: 0, tokenIds: [11], text: '' },
-      { type: 'text-delta', index: 0, tokenIds: [12], text: 'é' },
+      [j.requestId, { type: 'text-delta', index: 0, tokenIds: [11], text: '' }],
+    ]);
+    await h.step([
+      [j.requestId, { type: 'text-delta', index: 0, tokenIds: [12], text: 'é' }],
       // A trailing partial character the detokenizer never releases.
-      { type: 'text-delta', index: 0, tokenIds: [13], text: '' },
-      { type: 'text-delta', index: 0, tokenIds: [14], text: '' },
-      { type: 'text-end', index: 0, finishReason: 'length' },
-      finish,
+      [j.requestId, { type: 'text-delta', index: 0, tokenIds: [13], text: '' }],
+      [j.requestId, { type: 'text-delta', index: 0, tokenIds: [14], text: '' }],
+      [j.requestId, { type: 'text-end', index: 0, finishReason: 'length' }],
+      [j.requestId, finish(5)],
     ]);
-    await processor.process(job, 1);
-    const deltas = published.filter((e) => e.type === 'text-delta');
-    expect(deltas.map((e) => [e.text, e.tokens])).toEqual([
-      ['a', 1],
-      ['é', 2],
-      ['', 2],
+    await done;
+    const log = await logOf(j.requestId);
+    expect(log.map((e) => e.seq)).toEqual([0, 1, 2, 3, 4, 5]);
+    expect(log.map((e) => e.type)).toEqual(['accepted', 'text-delta', 'text-delta', 'text-delta', 'text-end', 'finish']);
+    const deltas = log.filter((e) => e.type === 'text-delta');
+    expect(deltas.map((e) => [e.text, e.tokens, e.tokenIds])).toEqual([
+      ['a', 1, [10]],
+      ['é', 2, [11, 12]],
+      ['', 2, [13, 14]],
     ]);
-    expect(deltas.reduce((sum, e) => sum + e.tokens, 0)).toBe(5);
-    expect(published.map((e) => e.type)).toEqual(['accepted', 'text-delta', 'text-delta', 'text-delta', 'text-end', 'finish']);
-    expect(finished).toEqual([{ finishReason: 'length', completionTokens: 5 }]);
+    expect(h.finished).toEqual([{ finishReason: 'length', completionTokens: 5 }]);
+    await waitFor('live messages', () => (live.messages.flat().length === 6 ? true : undefined));
+    expect(live.messages.flat()).toEqual(log);
+    // The TTL starts when the request ends: the retention, not the deadline.
+    const ttl = await redis.pttl(names.logKey(j.requestId));
+    expect(ttl).toBeGreaterThan(50_000);
+    expect(ttl).toBeLessThanOrEqual(60_000);
+    await live.close();
+    await h.close();
+  });
+
+  it('sends one message per gateway per step with the entries of all its requests', async () => {
+    const h = await harness();
+    const a = await listen('gw-one');
+    const b = await listen('gw-two');
+    const jobs = [job('gw-one'), job('gw-one'), job('gw-two')];
+    const runs = jobs.map((j) => h.processor.process(j, 1));
+    await waitFor('submitted', () => (h.submitted.length === 3 ? true : undefined));
+    await h.step(jobs.map((j) => [j.requestId, { type: 'text-delta', index: 0, tokenIds: [1], text: 'x' }]));
+    await h.step(jobs.flatMap((j): Array<[string, EngineEvent]> => [[j.requestId, { type: 'text-end', index: 0, finishReason: 'stop' }], [j.requestId, finish(1)]]));
+    await Promise.all(runs);
+    await waitFor('messages', () => (a.messages.flat().length === 8 && b.messages.flat().length === 4 ? true : undefined));
+    // accepted (one message per job start: they start apart), then one message per step per gateway.
+    expect(a.messages.slice(-2).map((m) => m.map((e) => e.type))).toEqual([
+      ['text-delta', 'text-delta'],
+      ['text-end', 'finish', 'text-end', 'finish'],
+    ]);
+    await a.close();
+    await b.close();
+    await h.close();
+  });
+});
+
+describe('the worker keeps each request route', () => {
+  it('stops a request fenced out by a newer attempt', async () => {
+    const h = await harness();
+    const live = await listen('gw-f');
+    const j = job('gw-f');
+    await writeMeta(j);
+    const done = h.processor.process(j, 1);
+    await waitFor('submitted', () => (h.submitted.length === 1 ? true : undefined));
+    await redis.hset(names.metaKey(j.requestId), 'attempt', '2');
+    await h.step([[j.requestId, { type: 'text-delta', index: 0, tokenIds: [1], text: 'x' }]]);
+    const signal = h.submitted[0]!.signal!;
+    await waitFor('aborted', () => (signal.aborted ? true : undefined));
+    expect(signal.reason).toBe('superseded');
+    await h.step([[j.requestId, { type: 'text-end', index: 0, finishReason: 'abort' }], [j.requestId, finish(1)]]);
+    await done;
+    // Only what the request's own attempt wrote before the fence is in its log.
+    expect((await logOf(j.requestId)).map((e) => e.type)).toEqual(['accepted']);
+    await live.close();
+    await h.close();
+  });
+
+  it('cancels the requests of a gateway that is gone (no subscriber, no alive key) when they have no grace', async () => {
+    const h = await harness();
+    const j = job('gw-dead');
+    const done = h.processor.process(j, 1);
+    await waitFor('submitted', () => (h.submitted.length === 1 ? true : undefined));
+    const signal = h.submitted[0]!.signal!;
+    await waitFor('cancelled', () => (signal.aborted ? true : undefined));
+    expect(signal.reason).toBe('client_closed');
+    await h.step([[j.requestId, { type: 'text-end', index: 0, finishReason: 'abort' }], [j.requestId, finish(0)]]);
+    await done;
+    expect((await logOf(j.requestId)).map((e) => e.type)).toEqual(['accepted', 'text-end', 'finish']);
+    await h.close();
+  });
+
+  it('keeps a detached request running for its grace, and a client that attaches keeps it', async () => {
+    const h = await harness();
+    const live = await listen('gw-g');
+    const j = job('gw-g', { resumeGraceMs: 300 });
+    const k = job('gw-g', { resumeGraceMs: 300 });
+    const runs = [h.processor.process(j, 1), h.processor.process(k, 1)];
+    await waitFor('submitted', () => (h.submitted.length === 2 ? true : undefined));
+    const [sj, sk] = h.submitted.map((s) => s.signal!);
+    h.router.detach(j.requestId, 'gw-g');
+    h.router.detach(k.requestId, 'gw-g');
+    h.router.attach(k.requestId, 'gw-other');
+    await waitFor('grace over', () => (sj!.aborted ? true : undefined), 5_000);
+    expect(sj!.reason).toBe('client_closed');
+    expect(sk!.aborted).toBe(false);
+    expect(h.router.channelOf(k.requestId)).toBe('gw-other');
+    await h.step([
+      [j.requestId, { type: 'text-end', index: 0, finishReason: 'abort' }],
+      [j.requestId, finish(0)],
+      [k.requestId, { type: 'text-end', index: 0, finishReason: 'stop' }],
+      [k.requestId, finish(0)],
+    ]);
+    await Promise.all(runs);
+    await live.close();
+    await h.close();
   });
 });

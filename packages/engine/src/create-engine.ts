@@ -3,7 +3,7 @@ import { EngineError } from './engine-error.js';
 import type { EngineThreadData, HostMessage, ThreadMessage, ThreadReady } from './engine-protocol.js';
 import { RequestStream } from './request-stream.js';
 import { resolveRequest, type RequestLimits } from './resolve-request.js';
-import type { Engine, EngineEvent, EngineInfo, EngineOptions, GenerateRequest, StepStats } from './types.js';
+import type { Engine, EngineEvent, EngineInfo, EngineOptions, GenerateRequest, StepEvent, StepStats } from './types.js';
 
 /**
  * Starts an engine: the model loads and runs in its own worker thread, so the calling thread stays
@@ -77,6 +77,9 @@ class ThreadEngine implements Engine {
   readonly #limits: RequestLimits;
   readonly #requests = new Map<number, { stream: RequestStream; release: () => void }>();
   readonly #stepListeners = new Set<(stats: StepStats) => void>();
+  readonly #eventListeners = new Set<(events: ReadonlyArray<StepEvent>) => void>();
+  /** Events of submitted requests of the step being delivered; handed over in one microtask. */
+  #stepEvents: StepEvent[] = [];
   #nextKey = 1;
   #closed: Promise<void> | undefined;
   #dead = false;
@@ -96,6 +99,20 @@ class ThreadEngine implements Engine {
   }
 
   generate(request: GenerateRequest, signal?: AbortSignal): AsyncIterable<EngineEvent> {
+    return this.#start(request, signal, undefined);
+  }
+
+  submit(request: GenerateRequest, signal?: AbortSignal): void {
+    const id = request.id;
+    this.#start(request, signal, (event) => this.#emit(id, event));
+  }
+
+  onEvents(listener: (events: ReadonlyArray<StepEvent>) => void): () => void {
+    this.#eventListeners.add(listener);
+    return () => this.#eventListeners.delete(listener);
+  }
+
+  #start(request: GenerateRequest, signal: AbortSignal | undefined, sink: ((event: EngineEvent) => void) | undefined): RequestStream {
     if (this.#closed !== undefined || this.#dead) throw new EngineError('engine_closed', 'The engine is closed.');
     const resolved = resolveRequest(request, this.#limits);
     const key = this.#nextKey++;
@@ -106,6 +123,7 @@ class ThreadEngine implements Engine {
       promptTokens: resolved.promptTokenIds.length,
       submittedAt,
       cancel: onAbort,
+      ...(sink === undefined ? {} : { sink }),
     });
     if (signal?.aborted) {
       stream.endHere('abort');
@@ -139,6 +157,24 @@ class ThreadEngine implements Engine {
     await closed;
     this.#dead = true;
     await this.#worker.terminate();
+  }
+
+  /** Collects a submitted request's event; the step's events reach the listeners together. */
+  #emit(requestId: string, event: EngineEvent): void {
+    if (this.#stepEvents.length === 0) queueMicrotask(() => this.#deliverEvents());
+    this.#stepEvents.push([requestId, event]);
+  }
+
+  #deliverEvents(): void {
+    const events = this.#stepEvents;
+    this.#stepEvents = [];
+    for (const listener of this.#eventListeners) {
+      try {
+        listener(events);
+      } catch {
+        // One failing listener must not starve the others.
+      }
+    }
   }
 
   #post(message: HostMessage): void {

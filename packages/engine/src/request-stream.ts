@@ -13,6 +13,7 @@ export class RequestStream implements AsyncIterableIterator<EngineEvent> {
   /** Choices not ended yet. */
   readonly #open: Set<number>;
   readonly #submittedAt: number;
+  readonly #sink: ((event: EngineEvent) => void) | undefined;
   #completionTokens = 0;
   #waiting: ((result: IteratorResult<EngineEvent>) => void) | undefined;
   /** The finish event was pushed: nothing more will come. */
@@ -20,8 +21,10 @@ export class RequestStream implements AsyncIterableIterator<EngineEvent> {
   /** The caller stopped reading. */
   #returned = false;
 
-  constructor(options: { n: number; promptTokens: number; submittedAt: number; cancel: () => void }) {
+  /** @param options.sink takes every event instead of the iterator (a submitted request: nobody iterates). */
+  constructor(options: { n: number; promptTokens: number; submittedAt: number; cancel: () => void; sink?: (event: EngineEvent) => void }) {
     this.#cancel = options.cancel;
+    this.#sink = options.sink;
     this.#promptTokens = options.promptTokens;
     this.#submittedAt = options.submittedAt;
     this.#open = new Set(Array.from({ length: options.n }, (_, index) => index));
@@ -32,6 +35,7 @@ export class RequestStream implements AsyncIterableIterator<EngineEvent> {
     if (event.type === 'finish') this.#ended = true;
     else if (event.type === 'text-end') this.#open.delete(event.index);
     else this.#completionTokens += event.tokenIds.length;
+    if (this.#sink !== undefined) return this.#sink(event);
     if (this.#returned) return;
     const waiting = this.#waiting;
     if (waiting !== undefined) {

@@ -98,6 +98,9 @@ export type EngineEvent =
   | { type: 'text-end'; index: number; finishReason: FinishReason }
   | { type: 'finish'; usage: Usage; timings: RequestTimings; error?: { code: EngineErrorCode; message: string } };
 
+/** One event of a submitted request, with the request's id. */
+export type StepEvent = readonly [requestId: string, event: EngineEvent];
+
 export type EngineErrorCode =
   | 'context_length_exceeded'
   | 'invalid_request'
@@ -143,6 +146,16 @@ export interface Engine {
    * removes the request at the next step boundary; the stream then ends with finish reason 'abort'.
    */
   generate(request: GenerateRequest, signal?: AbortSignal): AsyncIterable<EngineEvent>;
+  /**
+   * Starts a request like {@link generate}, but its events go to the {@link onEvents} listeners only, a
+   * whole step at a time (a caller that routes each step as a whole: the worker). Throws like generate.
+   */
+  submit(request: GenerateRequest, signal?: AbortSignal): void;
+  /**
+   * Called once per engine step with the events of every submitted request in that step, in order,
+   * each with its request's id. Returns an unsubscribe function.
+   */
+  onEvents(listener: (events: ReadonlyArray<StepEvent>) => void): () => void;
   /** Called after every step with its numbers. Returns an unsubscribe function. */
   onStep(listener: (stats: StepStats) => void): () => void;
   close(): Promise<void>;

@@ -13,7 +13,7 @@ export type SseEventKind = 'chunk' | 'heartbeat' | 'error' | 'done';
 
 const SSE_EVENT_KINDS: readonly SseEventKind[] = ['chunk', 'heartbeat', 'error', 'done'];
 const REQUEST_STAGES: readonly RequestStage[] = ['queued', 'prefill', 'decode'];
-const REQUEST_OUTCOMES: readonly RequestOutcome[] = ['stop', 'length', 'disconnect', 'timeout', 'error'];
+const REQUEST_OUTCOMES: readonly RequestOutcome[] = ['stop', 'length', 'cancelled', 'detached', 'disconnect', 'timeout', 'error'];
 
 export interface GatewayMetricsOptions {
   /** Monotonic clock in milliseconds, for tests. @defaultValue performance.now */
@@ -45,6 +45,7 @@ export interface GatewayMetrics {
   readonly timeouts: Counter<'kind'>;
   readonly streamErrors: Counter<'code'>;
   readonly streamGaps: Counter;
+  readonly streamResumes: Counter;
   readonly streamTokens: Counter;
   readonly sseEvents: Counter<'kind'>;
   readonly sseBytes: Counter<'kind'>;
@@ -143,9 +144,14 @@ export function createGatewayMetrics(
     labelNames: ['code'] as const,
     registers,
   });
+  const streamResumes = new Counter({
+    name: 'sluice_gateway_stream_resumes_total',
+    help: 'Streams resumed on this gateway (GET .../{id}?stream=true with a cursor).',
+    registers,
+  });
   const streamGaps = new Counter({
     name: 'sluice_gateway_stream_gaps_total',
-    help: 'Missing sequence numbers detected in the delta messages of a request (lost pub/sub messages).',
+    help: 'Sequence gaps detected in the live delta messages of a request (lost pub/sub messages), each repaired from the token log.',
     registers,
   });
   const streamTokens = new Counter({
@@ -220,6 +226,7 @@ export function createGatewayMetrics(
     timeouts,
     streamErrors,
     streamGaps,
+    streamResumes,
     streamTokens,
     sseEvents,
     sseBytes,

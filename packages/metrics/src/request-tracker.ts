@@ -4,7 +4,8 @@ import type { Counter, Gauge, Histogram } from 'prom-client';
 export type RequestStage = 'queued' | 'prefill' | 'decode';
 
 /** How an accepted request ended, as `sluice_gateway_request_outcomes_total{outcome}` counts it. */
-export type RequestOutcome = 'stop' | 'length' | 'disconnect' | 'timeout' | 'error';
+/** `cancelled`: ended by `POST .../{id}/cancel` (finish reason `abort`); `detached`: its client left with a resume grace. */
+export type RequestOutcome = 'stop' | 'length' | 'cancelled' | 'detached' | 'disconnect' | 'timeout' | 'error';
 
 /** The gateway instruments a tracker writes to. */
 export interface RequestInstruments {
@@ -96,16 +97,19 @@ export class RequestTracker {
     this.#instruments.streamTokens.inc(tokens);
   }
 
-  /** The answer is complete (finish reason `stop` or `length`) and its last byte was written. */
-  finish(reason: 'stop' | 'length'): void {
+  /** The answer is complete (finish reason `stop` or `length`, or `abort`: cancelled) and its last byte was written. */
+  finish(reason: 'stop' | 'length' | 'cancelled'): void {
     if (!this.#end(reason)) return;
     this.#instruments.e2eRequestLatency.observe(this.#secondsSince(this.receivedAt));
   }
 
-  /** The client went away before the request ended. Counted by the stage the request was in. */
-  disconnect(): void {
+  /**
+   * The client went away before the request ended. Counted by the stage the request was in.
+   * @param detached the request goes on within its resume grace (not a disconnect that stops the work)
+   */
+  disconnect(detached = false): void {
     const stage = this.#stage;
-    if (!this.#end('disconnect')) return;
+    if (!this.#end(detached ? 'detached' : 'disconnect')) return;
     this.#instruments.disconnects.labels(stage).inc();
   }
 

@@ -13,8 +13,13 @@ export type TokenLogprobWire = z.infer<typeof tokenLogprobSchema>;
 
 const entryBase = {
   requestId: z.string(),
-  /** Per-request sequence number: 0 for the first entry of a request, then +1 for each entry. */
+  /**
+   * Per-request sequence number: 0 for the first entry of a request, then +1 for each entry, carrying
+   * on across attempts. It is the entry's id in the request's token log and the SSE cursor (`id:`).
+   */
   seq: z.number().int().nonnegative(),
+  /** The attempt (worker epoch) that wrote it; absent = 1. Entries of a superseded attempt are fenced out. */
+  attempt: z.number().int().positive().optional(),
 };
 
 /** The worker took the job and the prompt fits: the gateway may send its 200. */
@@ -36,6 +41,11 @@ export const textDeltaEntrySchema = z.object({
   text: z.string(),
   /** Tokens this delta accounts for. */
   tokens: z.number().int().nonnegative(),
+  /**
+   * The sampled token ids of this delta and of earlier held-back ones (`tokens` of them): what a
+   * continuation on another worker is rebuilt from.
+   */
+  tokenIds: z.array(z.number().int().nonnegative()).optional(),
   logprobs: z.array(tokenLogprobSchema).optional(),
 });
 
@@ -44,7 +54,8 @@ export const textEndEntrySchema = z.object({
   ...entryBase,
   type: z.literal('text-end'),
   index: z.number().int().nonnegative(),
-  finishReason: z.enum(['stop', 'length']),
+  /** `abort`: cancelled (`POST .../{id}/cancel`, or its client left for good). */
+  finishReason: z.enum(['stop', 'length', 'abort']),
 });
 
 /** The request finished; nothing follows. */
@@ -117,6 +128,8 @@ function isPlainTextDelta(entry: unknown): boolean {
     typeof e.text === 'string' &&
     isCount(e.seq) &&
     isCount(e.index) &&
-    isCount(e.tokens)
+    isCount(e.tokens) &&
+    (e.attempt === undefined || (isCount(e.attempt) && (e.attempt as number) > 0)) &&
+    (e.tokenIds === undefined || (Array.isArray(e.tokenIds) && e.tokenIds.every(isCount)))
   );
 }

@@ -59,6 +59,11 @@ export const generateJobSchema = z.object({
   sampling: jobSamplingSchema,
   /** Default max tokens when `sampling.maxTokens` is absent: `'context'` = the rest of the context. */
   defaultMaxTokens: z.union([z.number().int().positive(), z.literal('context')]),
+  /**
+   * How long (ms) the request outlives its client's connection: detached, it decodes into its log until
+   * a client resumes it or the grace runs out. 0: a client that leaves cancels the work at once.
+   */
+  resumeGraceMs: z.number().int().nonnegative().default(0),
   /** When the gateway enqueued the job (ms since epoch). */
   enqueuedAt: z.number(),
   /** After this instant (ms since epoch) nobody waits for the answer: a worker skips the job. */

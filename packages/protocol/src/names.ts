@@ -19,8 +19,17 @@ export function redisNames(prefix: string = DEFAULT_PREFIX) {
     bullPrefix: `${prefix}:bull`,
     /** The one channel of a gateway instance: every message for its requests arrives here. */
     gatewayChannel: (gatewayId: string) => `${prefix}:gw:${gatewayId}`,
-    /** The channel every worker subscribes to for cancels. */
-    cancelChannel: `${prefix}:cancel`,
+    /** The channel every worker subscribes to for cancels and route changes (control messages). */
+    controlChannel: `${prefix}:control`,
+    /** Set by a live gateway (PX TTL): a worker whose publish reached nobody checks it before it gives up on the gateway. */
+    gatewayAliveKey: (channel: string) => `${channel}:alive`,
+    /**
+     * A request's token log (a Redis Stream of its entries, ids `<seq>-1`). The `{<id>}` hash tag keeps a
+     * request's keys in one Redis Cluster slot, so its Lua scripts stay legal there.
+     */
+    logKey: (requestId: string) => `${prefix}:{${requestId}}:log`,
+    /** A request's state hash (route, attempt, grace, format of its chunks): see request-meta.ts. */
+    metaKey: (requestId: string) => `${prefix}:{${requestId}}:meta`,
     /** Marker that a request was cancelled; a worker that takes the job later skips it. */
     cancelMarkerKey: (requestId: string) => `${prefix}:cancelled:${requestId}`,
     /** A worker's registry record, kept alive by its heartbeat (PX TTL). */

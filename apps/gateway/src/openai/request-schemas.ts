@@ -38,6 +38,8 @@ const commonFields = {
   ignore_eos: opt(z.boolean()),
   user: opt(z.string()),
   max_tokens: opt(z.number().int().min(1)),
+  /** Sluice: how long (ms) the request outlives its client's connection, resumable from any gateway. */
+  resume_grace_ms: opt(z.number().int().min(0)),
 };
 
 /** Fields that would change the answer in ways the engine does not support: refused when set. */
@@ -86,6 +88,8 @@ export interface ParsedRequest {
   /** Field name the client used for the completion length (errors name it). */
   maxTokensParam: 'max_tokens' | 'max_completion_tokens';
   user: string | undefined;
+  /** `resume_grace_ms` as sent (the gateway applies its default and cap). */
+  resumeGraceMs: number | undefined;
 }
 
 /** `messages[0].content` style path of a zod issue: the `param` of the error body. */
@@ -188,6 +192,7 @@ export function parseChatRequest(body: unknown): ParsedRequest {
     logprobs: req.logprobs === true,
     maxTokensParam,
     user: req.user,
+    resumeGraceMs: req.resume_grace_ms,
   };
 }
 
@@ -216,5 +221,6 @@ export function parseCompletionRequest(body: unknown): ParsedRequest {
     logprobs: req.logprobs !== undefined,
     maxTokensParam: 'max_tokens',
     user: req.user,
+    resumeGraceMs: req.resume_grace_ms,
   };
 }

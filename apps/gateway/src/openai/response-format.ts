@@ -7,7 +7,8 @@ import type { Endpoint } from './request-schemas.js';
  * gateway's hot path, and a template is several times cheaper than JSON.stringify of a fresh object.
  */
 
-export type FinishReason = 'stop' | 'length';
+/** `abort`: cancelled (`POST .../{id}/cancel`), as vLLM names it. */
+export type FinishReason = 'stop' | 'length' | 'abort';
 
 export interface UsageNumbers {
   promptTokens: number;
@@ -46,7 +47,7 @@ function usageJson(usage: UsageNumbers) {
 
 export class ResponseFormat {
   readonly id: string;
-  readonly created = Math.floor(Date.now() / 1000);
+  readonly created: number;
   private readonly head: string;
   private readonly tail: string;
   private readonly deltaPrefixes: string[] = [];
@@ -59,7 +60,10 @@ export class ResponseFormat {
     requestId: string,
     readonly model: string,
     private readonly includeUsage: boolean,
+    /** The chunks' `created` (s since epoch): a resumed stream keeps the original's. */
+    created = Math.floor(Date.now() / 1000),
   ) {
+    this.created = created;
     this.id = endpoint === 'chat' ? `chatcmpl-${requestId}` : `cmpl-${requestId}`;
     const object = endpoint === 'chat' ? 'chat.completion.chunk' : 'text_completion';
     // Each chunk is built whole as one SSE frame: `data: {json}\n\n`.

@@ -13,7 +13,7 @@ export class CompleteResponder {
   private readonly choices: ChoiceResult[];
   private readonly outcome: Outcome;
   /** The latest choice's finish reason (with n > 1, the last choice to finish decides). */
-  private finishReason: 'stop' | 'length' = 'stop';
+  private finishReason: 'stop' | 'length' | 'abort' = 'stop';
 
   constructor(private readonly ctx: ResponderContext) {
     this.outcome = new Outcome(ctx);
@@ -65,7 +65,7 @@ export class CompleteResponder {
             headers: { 'Content-Type': 'application/json', 'X-Request-Id': this.ctx.requestId },
           }),
         );
-        this.outcome.report({ outcome: this.finishReason }, 200);
+        this.outcome.report(this.finishReason === 'abort' ? { outcome: 'cancelled' } : { outcome: this.finishReason }, 200);
         return;
       }
       case 'rejected':

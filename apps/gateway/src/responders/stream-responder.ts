@@ -38,7 +38,12 @@ export class StreamResponder {
   /** Tokens of the coalesced text not yet written. */
   private pendingTokens = 0;
   /** The latest choice's finish reason (with n > 1, the last choice to finish decides). */
-  private finishReason: 'stop' | 'length' = 'stop';
+  private finishReason: 'stop' | 'length' | 'abort' = 'stop';
+  /**
+   * The SSE cursor: sequence number of the last entry handled. Every write leaves no coalesced text
+   * behind, so the last event of each write completes every entry up to it and carries `id: <seq>`.
+   */
+  private seq = -1;
 
   constructor(
     private readonly ctx: ResponderContext,
@@ -64,20 +69,19 @@ export class StreamResponder {
 
   handle(event: SessionEvent): void {
     if (this.phase === 'done') return;
+    if (event.type !== 'failed') this.seq = event.seq;
     switch (event.type) {
       case 'accepted': {
         this.outcome.promptTokens = event.promptTokens;
         this.ctx.observer.accepted();
         if (this.phase === 'pending') this.commit();
         let roles = '';
-        let count = 0;
-        for (let index = 0; index < this.ctx.request.n; index++) {
+        const n = this.ctx.request.n;
+        for (let index = 0; index < n; index++) {
           const chunk = this.ctx.format.roleChunk(index);
-          if (chunk === undefined) continue;
-          roles += chunk;
-          count++;
+          if (chunk !== undefined) roles += index === n - 1 ? this.idLine() + chunk : chunk;
         }
-        this.writer.frames(roles, count);
+        this.writer.frames(roles, this.ctx.format.endpoint === 'chat' ? n : 0);
         return;
       }
       case 'text-delta':
@@ -90,8 +94,8 @@ export class StreamResponder {
         this.text(event.index, event.text, event.logprobs, event.tokens);
         return;
       case 'text-end':
-        this.flushChoice(event.index);
-        this.writer.frames(this.ctx.format.finishChunk(event.index, event.finishReason));
+        this.flushAll();
+        this.writer.frames(this.idLine() + this.ctx.format.finishChunk(event.index, event.finishReason));
         this.finishReason = event.finishReason;
         return;
       case 'finish': {
@@ -99,28 +103,36 @@ export class StreamResponder {
         this.outcome.promptTokens = event.usage.promptTokens;
         this.phase = 'done';
         this.clearTimers();
-        this.writer.done(this.ctx.request.includeUsage ? this.ctx.format.usageChunk(event.usage) : '');
-        this.outcome.report({ outcome: this.finishReason }, 200);
+        this.writer.done(this.ctx.request.includeUsage ? this.ctx.format.usageChunk(event.usage) : '', this.idLine());
+        this.outcome.report(this.finishReason === 'abort' ? { outcome: 'cancelled' } : { outcome: this.finishReason }, 200);
         return;
       }
       case 'rejected':
       case 'error':
-        this.fail(fromWireError(event.error, paramRenamer(this.ctx.request)));
+        this.fail(fromWireError(event.error, paramRenamer(this.ctx.request)), this.idLine());
         return;
       case 'failed':
-        this.fail(event.error);
+        this.fail(event.error, '');
         return;
     }
   }
 
-  /** The client went away: release everything, write nothing. */
-  clientClosed(): void {
+  /** The `id:` line of the event that completes the entries handled so far. */
+  private idLine(): string {
+    return this.seq < 0 ? '' : `id: ${this.seq}\n`;
+  }
+
+  /**
+   * The client went away: release everything, write nothing.
+   * @param detached the request goes on within its resume grace
+   */
+  clientClosed(detached = false): void {
     if (this.phase === 'done') return;
     const wasPending = this.phase === 'pending';
     this.phase = 'done';
     this.clearTimers();
     this.writer.abandon();
-    this.outcome.report({ outcome: 'disconnect' }, wasPending ? 499 : 200);
+    this.outcome.report({ outcome: 'disconnect', detached }, wasPending ? 499 : 200);
     if (wasPending) this.resolveReply(RESPONSE_ALREADY_SENT);
   }
 
@@ -132,7 +144,8 @@ export class StreamResponder {
     this.resolveReply(RESPONSE_ALREADY_SENT);
   }
 
-  private fail(error: GatewayError): void {
+  /** @param idLine the cursor of a worker's error entry ('' for the gateway's own failures) */
+  private fail(error: GatewayError, idLine: string): void {
     const wasPending = this.phase === 'pending';
     this.phase = 'done';
     this.clearTimers();
@@ -143,7 +156,7 @@ export class StreamResponder {
       return;
     }
     this.flushAll();
-    this.writer.endWith(toSseErrorFrames(error));
+    this.writer.endWith(idLine + toSseErrorFrames(error));
     this.outcome.report(errorEnd(error), 200);
   }
 
@@ -151,7 +164,7 @@ export class StreamResponder {
     const now = Date.now();
     const interval = this.options.streamIntervalMs;
     if (interval === 0 || (this.flushTimer === undefined && now - this.lastFlushAt >= interval)) {
-      this.writer.frames(this.ctx.format.deltaChunk(index, text, logprobs));
+      this.writer.frames(this.idLine() + this.ctx.format.deltaChunk(index, text, logprobs));
       this.ctx.observer.contentWritten(tokens);
       this.lastFlushAt = now;
       return;
@@ -171,21 +184,15 @@ export class StreamResponder {
     }, this.lastFlushAt + interval - now);
   }
 
-  private flushChoice(index: number): void {
-    const pending = this.pendingText.get(index);
-    if (pending === undefined) return;
-    this.pendingText.delete(index);
-    this.writer.frames(this.ctx.format.deltaChunk(index, pending.text, pending.logprobs));
-    this.lastFlushAt = Date.now();
-    // Pending tokens are not tracked per choice: the last choice flushed carries them.
-    if (this.pendingText.size === 0) this.notePendingWritten();
-  }
-
   private flushAll(): void {
     if (this.pendingText.size === 0) return;
     let frames = '';
-    for (const [index, pending] of this.pendingText) frames += this.ctx.format.deltaChunk(index, pending.text, pending.logprobs);
     const count = this.pendingText.size;
+    let i = 0;
+    for (const [index, pending] of this.pendingText) {
+      const chunk = this.ctx.format.deltaChunk(index, pending.text, pending.logprobs);
+      frames += ++i === count ? this.idLine() + chunk : chunk;
+    }
     this.pendingText.clear();
     this.writer.frames(frames, count);
     this.lastFlushAt = Date.now();

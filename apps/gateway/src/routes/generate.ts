@@ -2,7 +2,7 @@ import { randomUUID } from 'node:crypto';
 import type { IncomingMessage } from 'node:http';
 import type { Context } from 'hono';
 import type { HttpBindings } from '@hono/node-server';
-import type { GenerateJob } from '@sluice/protocol';
+import type { GenerateJob, StreamFormat } from '@sluice/protocol';
 import type { AppDeps } from '../app.js';
 import { GatewayError } from '../errors.js';
 import { parseChatRequest, parseCompletionRequest, type Endpoint } from '../openai/request-schemas.js';
@@ -76,12 +76,16 @@ export function generateHandler(deps: AppDeps, endpoint: Endpoint) {
         })
       : new CompleteResponder(ctx);
     const deadlineAt = receivedAt + config.requestTimeoutMs;
-    const session = sessions.open(jobId, deadlineAt, (event) => responder.handle(event));
-    // The stream owns its cleanup: a client that leaves at any stage cancels the work.
+    // Only a stream can be resumed: a complete reply's client that leaves takes nothing with it.
+    const graceMs = request.stream ? Math.min(request.resumeGraceMs ?? config.resumeGraceMs, config.maxResumeGraceMs) : 0;
+    const session = sessions.open(jobId, deadlineAt, (event) => responder.handle(event), { graceMs });
+    // The stream owns its cleanup: a client that leaves at any stage cancels the work (or, with a
+    // resume grace, leaves it running for a resume from any gateway).
     res.once('close', () => {
       if (responder.done) return;
-      responder.clientClosed();
-      sessions.cancel(session, 'client_closed');
+      if (responder instanceof StreamResponder) responder.clientClosed(graceMs > 0);
+      else responder.clientClosed();
+      sessions.clientLeft(session);
     });
 
     const job: GenerateJob = {
@@ -92,11 +96,20 @@ export function generateHandler(deps: AppDeps, endpoint: Endpoint) {
       input: request.input,
       sampling: request.sampling,
       defaultMaxTokens: request.defaultMaxTokens,
+      resumeGraceMs: graceMs,
       enqueuedAt: Date.now(),
       deadlineAt,
     };
+    const format: StreamFormat = {
+      endpoint,
+      model: request.model,
+      created: ctx.format.created,
+      includeUsage: request.includeUsage,
+      n: request.n,
+      maxTokensParam: request.maxTokensParam,
+    };
     try {
-      await jobs.submit(job);
+      await jobs.submit(job, format);
     } catch (error) {
       sessions.release(session);
       const refusal = new GatewayError('no_workers', { message: 'The job queue is unavailable.', cause: error });

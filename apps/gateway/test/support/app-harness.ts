@@ -9,6 +9,7 @@ import { createGatewayObserver } from '../../src/gateway-observer.js';
 import type { RequestSession } from '../../src/request-session.js';
 import { SessionManager } from '../../src/session-manager.js';
 import { HeartbeatTicker } from '../../src/sse-writer.js';
+import type { TokenLog } from '../../src/token-log-reader.js';
 
 type DistributiveOmit<T, K extends PropertyKey> = T extends unknown ? Omit<T, K> : never;
 
@@ -44,9 +45,15 @@ export async function startAppHarness(env: Record<string, string> = {}): Promise
   const jobs: GenerateJob[] = [];
   const cancels: AppHarness['cancels'] = [];
   const jobWaiters: Array<(job: GenerateJob) => void> = [];
+  const log: TokenLog = { read: async () => ({ entries: [], known: false }), meta: async () => undefined, lastSeq: async () => -1 };
   const sessions = new SessionManager(
     { queueTimeoutMs: config.queueTimeoutMs, idleTimeoutMs: config.idleTimeoutMs },
-    { cancel: (session: RequestSession, reason, wasQueued) => cancels.push({ requestId: session.requestId, reason, wasQueued }) },
+    {
+      cancel: (session: RequestSession, reason, wasQueued) => cancels.push({ requestId: session.requestId, reason, wasQueued }),
+      detach: () => {},
+    },
+    // No worker writes a log here: a gap finds nothing to repair with.
+    log,
     logger,
     (gap) => hooks.streamGap?.(gap),
   );
@@ -63,7 +70,10 @@ export async function startAppHarness(env: Record<string, string> = {}): Promise
         jobs.push(job);
         jobWaiters.shift()?.(job);
       },
+      attach: async () => {},
+      cancelRequest: async () => {},
     },
+    log,
     registry: {
       liveWorkerCount: 1,
       models: () => [{ id: 'm', maxContextLength: 100, workers: 1 }],

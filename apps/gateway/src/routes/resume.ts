@@ -1,0 +1,117 @@
+import type { Context } from 'hono';
+import type { AppDeps, AppEnv } from '../app.js';
+import { GatewayError } from '../errors.js';
+import type { Endpoint, ParsedRequest } from '../openai/request-schemas.js';
+import { ResponseFormat } from '../openai/response-format.js';
+import { noObserver, type ResponderContext } from '../responders/responder-context.js';
+import { StreamResponder } from '../responders/stream-responder.js';
+
+/** The job id inside a chunk id (`chatcmpl-<id>` / `cmpl-<id>`), or undefined when it is not one of ours. */
+function jobIdOf(endpoint: Endpoint, chunkId: string): string | undefined {
+  const prefix = endpoint === 'chat' ? 'chatcmpl-' : 'cmpl-';
+  return chunkId.startsWith(prefix) && chunkId.length > prefix.length ? chunkId.slice(prefix.length) : undefined;
+}
+
+/** `Last-Event-ID` (what a browser's EventSource sends) or `starting_after`; -1 = from the start. */
+function cursorOf(c: Context<AppEnv>): number {
+  const header = c.req.header('last-event-id');
+  const query = c.req.query('starting_after');
+  const [raw, param] = header !== undefined && header !== '' ? [header, 'Last-Event-ID'] : [query, 'starting_after'];
+  if (raw === undefined || raw === '') return -1;
+  if (!/^(-1|0|[1-9]\d{0,15})$/.test(raw)) {
+    throw new GatewayError('invalid_request', { message: `${param}: must be an event id of this stream (an integer ≥ -1).`, param });
+  }
+  return Number(raw);
+}
+
+function notFound(id: string): GatewayError {
+  return new GatewayError('not_found', { message: `No stream '${id}' (unknown, or its retention ended).`, param: 'id' });
+}
+
+/**
+ * `GET /v1/chat/completions/{id}?stream=true` (and `/v1/completions/{id}`): the rest of a stream after
+ * a cursor, from whichever gateway the client reaches, while the request runs and for the retention
+ * after it ended. Live delivery moves here; what was written before comes from the token log.
+ */
+export function resumeHandler(deps: AppDeps, endpoint: Endpoint) {
+  const { sessions, jobs, log, heartbeats, config, hooks } = deps;
+  return async (c: Context<AppEnv>): Promise<Response> => {
+    const chunkId = c.req.param('id') ?? '';
+    const jobId = jobIdOf(endpoint, chunkId);
+    if (jobId === undefined) throw notFound(chunkId);
+    if (c.req.query('stream') !== 'true') {
+      throw new GatewayError('invalid_request', { message: 'stream: only stream=true is supported when resuming.', param: 'stream' });
+    }
+    const cursor = cursorOf(c);
+    if (deps.isDraining()) throw new GatewayError('shutting_down');
+    const [meta, lastSeq] = await Promise.all([log.meta(jobId), log.lastSeq(jobId)]);
+    if (meta === undefined || meta.format.endpoint !== endpoint) throw notFound(chunkId);
+    if (cursor > lastSeq) {
+      throw new GatewayError('invalid_request', {
+        message: `The cursor ${cursor} is past the end of the stream (last event id ${lastSeq}).`,
+        param: c.req.header('last-event-id') !== undefined ? 'Last-Event-ID' : 'starting_after',
+      });
+    }
+    const { format } = meta;
+    const request: ParsedRequest = {
+      endpoint,
+      model: format.model,
+      input: { kind: 'tokens', promptTokenIds: [] },
+      sampling: {},
+      defaultMaxTokens: 'context',
+      stream: true,
+      includeUsage: format.includeUsage,
+      n: format.n,
+      logprobs: false,
+      maxTokensParam: format.maxTokensParam,
+      user: undefined,
+      resumeGraceMs: meta.graceMs,
+    };
+    const ctx: ResponderContext = {
+      requestId: c.get('requestId'),
+      request,
+      format: new ResponseFormat(endpoint, jobId, format.model, format.includeUsage, format.created),
+      receivedAt: Date.now(),
+      retryAfterS: config.retryAfterS,
+      hooks,
+      // The request was counted where it started; a resume is one more delivery of it.
+      observer: noObserver(),
+    };
+    const res = c.env.outgoing;
+    const responder = new StreamResponder(ctx, res, heartbeats, { headersWaitMs: 0, streamIntervalMs: config.streamIntervalMs });
+    const session = sessions.open(jobId, meta.deadlineAt, (event) => responder.handle(event), {
+      nextSeq: cursor + 1,
+      graceMs: meta.graceMs,
+      accepted: cursor >= 0,
+    });
+    res.once('close', () => {
+      if (responder.done) return;
+      responder.clientClosed(meta.graceMs > 0);
+      sessions.clientLeft(session);
+    });
+    responder.begin();
+    try {
+      await jobs.attach(jobId);
+    } catch (error) {
+      sessions.release(session);
+      throw new GatewayError('no_workers', { message: 'The stream store is unavailable.', cause: error });
+    }
+    hooks.streamResumed?.();
+    sessions.repair(session);
+    return responder.reply;
+  };
+}
+
+/** `POST /v1/chat/completions/{id}/cancel` (and `/v1/completions/{id}/cancel`), from any gateway. */
+export function cancelHandler(deps: AppDeps, endpoint: Endpoint) {
+  const { jobs, log } = deps;
+  return async (c: Context<AppEnv>): Promise<Response> => {
+    const chunkId = c.req.param('id') ?? '';
+    const jobId = jobIdOf(endpoint, chunkId);
+    if (jobId === undefined) throw notFound(chunkId);
+    const meta = await log.meta(jobId);
+    if (meta === undefined || meta.format.endpoint !== endpoint) throw notFound(chunkId);
+    await jobs.cancelRequest(jobId, meta);
+    return c.json({ id: chunkId, object: endpoint === 'chat' ? 'chat.completion' : 'text_completion', cancelled: true });
+  };
+}

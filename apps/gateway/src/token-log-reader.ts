@@ -1,0 +1,57 @@
+import type { Redis } from 'ioredis';
+import {
+  decodeGatewayMessage,
+  decodeRequestMeta,
+  LOG_FIELD,
+  seqOfLogEntryId,
+  type GatewayEntry,
+  type RedisNames,
+  type RequestMeta,
+} from '@sluice/protocol';
+
+export interface LogRead {
+  /** Entries from the asked sequence number on, in order. */
+  entries: GatewayEntry[];
+  /** The request's meta exists: false when the request is unknown, expired, or Redis lost its data. */
+  known: boolean;
+}
+
+/** Reads a request's token log (see packages/protocol token-log.ts) and meta: gap repair and resume. */
+export interface TokenLog {
+  read(requestId: string, fromSeq: number): Promise<LogRead>;
+  /** The request's meta; undefined when unknown or expired. */
+  meta(requestId: string): Promise<RequestMeta | undefined>;
+  /** Sequence number of the log's last entry (-1 when it has none yet). */
+  lastSeq(requestId: string): Promise<number>;
+}
+
+export class RedisTokenLog implements TokenLog {
+  constructor(
+    private readonly redis: Redis,
+    private readonly names: RedisNames,
+  ) {}
+
+  async read(requestId: string, fromSeq: number): Promise<LogRead> {
+    const replies = await this.redis
+      .multi()
+      .xrange(this.names.logKey(requestId), `${fromSeq}-1`, '+')
+      .exists(this.names.metaKey(requestId))
+      .exec();
+    const [[rangeError, range], [, exists]] = (replies ?? []) as [[Error | null, Array<[string, string[]]>], [Error | null, number]];
+    if (rangeError) throw rangeError;
+    const json = (range ?? []).map(([, fields]) => fields[fields.indexOf(LOG_FIELD) + 1] ?? 'null');
+    // One decode for the whole range, through the same validation as live messages.
+    const entries = json.length === 0 ? [] : decodeGatewayMessage(`{"workerId":"log","entries":[${json.join(',')}]}`).entries;
+    return { entries, known: exists === 1 };
+  }
+
+  async meta(requestId: string): Promise<RequestMeta | undefined> {
+    return decodeRequestMeta(await this.redis.hgetall(this.names.metaKey(requestId)));
+  }
+
+  async lastSeq(requestId: string): Promise<number> {
+    const last = await this.redis.xrevrange(this.names.logKey(requestId), '+', '-', 'COUNT', 1);
+    const id = last[0]?.[0];
+    return id === undefined ? -1 : seqOfLogEntryId(id);
+  }
+}

@@ -1,0 +1,289 @@
+import type { Redis } from 'ioredis';
+import type { Logger } from 'pino';
+import type { EngineEvent, StepEvent, TokenLogprob } from '@sluice/engine';
+import {
+  APPEND_LOG_SCRIPT,
+  type GatewayEntry,
+  type GatewayEntryDraft,
+  type RedisNames,
+  type TokenLogprobWire,
+} from '@sluice/protocol';
+
+/** An entry before the router numbers it and names its request. */
+export type EntryDraft = GatewayEntryDraft extends infer E ? (E extends GatewayEntryDraft ? Omit<E, 'requestId'> : never) : never;
+
+export interface RouterOptions {
+  workerId: string;
+  names: RedisNames;
+  /** How long a finished request's log stays readable (resume, repair). */
+  retentionMs: number;
+  /** Approximate cap on a log's entries (XADD MAXLEN ~). */
+  maxLogEntries: number;
+}
+
+/** One request this worker runs, as the router sees it. */
+export interface Route {
+  readonly requestId: string;
+  /** Where live entries go; null while detached (entries only go to the log). */
+  channel: string | null;
+  readonly attempt: number;
+  /** ms since epoch after which nobody can want the answer: bounds the log's TTL while running. */
+  readonly deadlineAt: number;
+  /** How long the request may stay detached before it is cancelled. */
+  readonly graceMs: number;
+  /** Sequence number of the next entry. */
+  nextSeq: number;
+  /** Stops the request (grace ran out, fenced out by a newer attempt). */
+  readonly abort: (reason: string) => void;
+  /** Takes the engine's finish event: pushes the request's last entry (finish or error). */
+  readonly onFinish: (event: Extract<EngineEvent, { type: 'finish' }>) => void;
+  /** Tokens per choice whose text the detokenizer still holds back, and their ids. */
+  held: Array<{ tokens: number; ids: number[] } | undefined>;
+  graceTimer: NodeJS.Timeout | undefined;
+  ended: boolean;
+  /** The latest choice's stop/length (with n > 1, the last choice to finish decides the outcome). */
+  lastFinishReason?: 'stop' | 'length';
+  /** performance.now() when the engine took it, and when it was cancelled (metrics, logs). */
+  startedAt?: number;
+  cancelledAt?: number;
+}
+
+interface PendingAppend {
+  route: Route;
+  /** seq, json, seq, json, ... (the script's argument tail). */
+  pairs: string[];
+  workerId: string;
+}
+
+/**
+ * Routes every engine step as a whole, in one pass: each event becomes a numbered wire entry, serialized
+ * once, appended to its request's token log and added to its gateway's message; then ONE pipeline
+ * carries the step: an append (a small Lua script, fenced by attempt) per request, then one PUBLISH per
+ * gateway channel. Appends come first, so an entry a gateway sees live is always in the log already.
+ *
+ * It also keeps each request's live route: a gateway may move it (a resume on another gateway), detach
+ * it (its client left with a resume grace), or die — a PUBLISH that reaches nobody while the gateway's
+ * alive key is gone detaches all that gateway's requests. A detached request is cancelled when its
+ * grace runs out.
+ */
+export class StepRouter {
+  readonly #routes = new Map<string, Route>();
+  readonly #redis: Redis & { appendLog?: (...args: Array<string | number>) => Promise<number> };
+  #logs = new Map<string, PendingAppend>();
+  #channels = new Map<string, string[]>();
+  #scheduled = false;
+  #flushing: Promise<void> = Promise.resolve();
+  readonly #checking = new Set<string>();
+
+  constructor(
+    redis: Redis,
+    private readonly options: RouterOptions,
+    private readonly logger: Logger,
+  ) {
+    this.#redis = redis;
+    redis.defineCommand('appendLog', { numberOfKeys: 2, lua: APPEND_LOG_SCRIPT });
+  }
+
+  open(route: Omit<Route, 'held' | 'graceTimer' | 'ended' | 'lastFinishReason' | 'startedAt' | 'cancelledAt'>): Route {
+    const full: Route = { ...route, held: [], graceTimer: undefined, ended: false };
+    this.#routes.set(route.requestId, full);
+    return full;
+  }
+
+  /** The request's last entry was pushed (or it never started): forget it. */
+  close(route: Route): void {
+    route.ended = true;
+    clearTimeout(route.graceTimer);
+    if (this.#routes.get(route.requestId) === route) this.#routes.delete(route.requestId);
+  }
+
+  /** Where the request's live entries go now (null: detached; undefined: not running here). */
+  channelOf(requestId: string): string | null | undefined {
+    return this.#routes.get(requestId)?.channel;
+  }
+
+  get size(): number {
+    return this.#routes.size;
+  }
+
+  /** A whole engine step: the worker's `engine.onEvents` listener. */
+  readonly onEvents = (events: ReadonlyArray<StepEvent>): void => {
+    for (const [requestId, event] of events) {
+      const route = this.#routes.get(requestId);
+      if (route === undefined || route.ended) continue;
+      try {
+        this.#route(route, event);
+      } catch (error) {
+        this.logger.error({ err: error, requestId }, 'routing an engine event failed');
+      }
+    }
+  };
+
+  /** Numbers an entry and queues it for this step's pipeline. */
+  push(route: Route, draft: EntryDraft): void {
+    const seq = route.nextSeq++;
+    const entry = { ...draft, requestId: route.requestId, seq, ...(route.attempt > 1 ? { attempt: route.attempt } : {}) } as GatewayEntry;
+    const json = JSON.stringify(entry);
+    const log = this.#logs.get(route.requestId);
+    if (log === undefined) {
+      this.#logs.set(route.requestId, {
+        route,
+        pairs: [String(seq), json],
+        workerId: draft.type === 'accepted' ? draft.workerId : '',
+      });
+    } else {
+      log.pairs.push(String(seq), json);
+      if (draft.type === 'accepted') log.workerId = draft.workerId;
+    }
+    if (route.channel !== null) {
+      const entries = this.#channels.get(route.channel);
+      if (entries === undefined) this.#channels.set(route.channel, [json]);
+      else entries.push(json);
+    }
+    if (!this.#scheduled) {
+      this.#scheduled = true;
+      setImmediate(() => this.#flush());
+    }
+  }
+
+  /** Live entries go to `channel` from now on (a client resumed there). */
+  attach(requestId: string, channel: string): void {
+    const route = this.#routes.get(requestId);
+    if (route === undefined) return;
+    clearTimeout(route.graceTimer);
+    route.graceTimer = undefined;
+    route.channel = channel;
+  }
+
+  /**
+   * The client of `from` left (or `from` died): stop publishing live and cancel the request once its
+   * grace, counted from `detachedAt`, runs out — unless a client attaches first.
+   */
+  detach(requestId: string, from: string | null, detachedAt = Date.now()): void {
+    const route = this.#routes.get(requestId);
+    if (route === undefined || route.ended) return;
+    if (from !== null && route.channel !== from) return;
+    route.channel = null;
+    clearTimeout(route.graceTimer);
+    const left = route.graceMs - (Date.now() - detachedAt);
+    if (left <= 0) {
+      route.abort('client_closed');
+      return;
+    }
+    route.graceTimer = setTimeout(() => {
+      if (route.channel === null) route.abort('client_closed');
+    }, left);
+    route.graceTimer.unref();
+  }
+
+  /** Resolves when everything pushed so far has been handed to Redis. */
+  async drained(): Promise<void> {
+    if (this.#scheduled) await new Promise<void>((resolve) => setImmediate(resolve));
+    await this.#flushing;
+  }
+
+  #route(route: Route, event: EngineEvent): void {
+    switch (event.type) {
+      case 'text-delta': {
+        const held = route.held[event.index];
+        const tokens = event.tokenIds.length + (held?.tokens ?? 0);
+        const tokenIds = held === undefined ? event.tokenIds : [...held.ids, ...event.tokenIds];
+        if (event.text === '' && event.logprobs === undefined) {
+          // Text held back (an incomplete UTF-8 sequence): the tokens ride on the choice's next delta.
+          route.held[event.index] = { tokens, ids: tokenIds };
+          return;
+        }
+        route.held[event.index] = undefined;
+        this.push(route, {
+          type: 'text-delta',
+          index: event.index,
+          text: event.text,
+          tokens,
+          tokenIds,
+          ...(event.logprobs === undefined ? {} : { logprobs: event.logprobs.map(toWireLogprob) }),
+        });
+        return;
+      }
+      case 'text-end': {
+        // Tokens whose text never showed (held back to the end): an empty delta carries them.
+        const held = route.held[event.index];
+        if (held !== undefined) this.push(route, { type: 'text-delta', index: event.index, text: '', tokens: held.tokens, tokenIds: held.ids });
+        route.held[event.index] = undefined;
+        if (event.finishReason === 'stop' || event.finishReason === 'length') route.lastFinishReason = event.finishReason;
+        if (event.finishReason !== 'error') this.push(route, { type: 'text-end', index: event.index, finishReason: event.finishReason });
+        return;
+      }
+      case 'finish':
+        route.onFinish(event);
+        return;
+    }
+  }
+
+  #flush(): void {
+    this.#scheduled = false;
+    const logs = this.#logs;
+    const channels = this.#channels;
+    this.#logs = new Map();
+    this.#channels = new Map();
+    if (logs.size === 0 && channels.size === 0) return;
+    const { names, retentionMs, maxLogEntries, workerId } = this.options;
+    const pipeline = this.#redis.pipeline() as ReturnType<Redis['pipeline']> & { appendLog(...args: Array<string | number>): unknown };
+    const now = Date.now();
+    const appended: Route[] = [];
+    for (const [requestId, { route, pairs, workerId: accepting }] of logs) {
+      // The TTL starts when the request ends; until then it only bounds a request nobody finishes.
+      const ttlMs = route.ended ? retentionMs : Math.max(0, route.deadlineAt - now) + retentionMs;
+      pipeline.appendLog(names.metaKey(requestId), names.logKey(requestId), route.attempt, maxLogEntries, ttlMs, accepting, ...pairs);
+      appended.push(route);
+    }
+    const published: string[] = [];
+    for (const [channel, entries] of channels) {
+      pipeline.publish(channel, `{"workerId":${JSON.stringify(workerId)},"entries":[${entries.join(',')}]}`);
+      published.push(channel);
+    }
+    this.#flushing = pipeline.exec().then(
+      (results) => {
+        if (results === null) return;
+        appended.forEach((route, i) => {
+          const [error, value] = results[i] ?? [];
+          if (error) this.logger.error({ err: error, requestId: route.requestId }, 'appending to the token log failed');
+          else if (value === 0 && !route.ended) {
+            // A newer attempt owns the request (this worker was taken for dead): stop decoding it.
+            this.logger.warn({ requestId: route.requestId, attempt: route.attempt }, 'fenced out by a newer attempt');
+            route.channel = null;
+            route.abort('superseded');
+          }
+        });
+        published.forEach((channel, i) => {
+          const [, receivers] = results[appended.length + i] ?? [];
+          if (receivers === 0) this.#checkGateway(channel);
+        });
+      },
+      (error: unknown) => this.logger.error({ err: error }, 'publishing a step failed'),
+    );
+  }
+
+  /**
+   * A publish reached nobody: the gateway may be reconnecting its subscriber (its alive key is there:
+   * the log repairs the gap) or dead (its key expired: its clients count as gone).
+   */
+  #checkGateway(channel: string): void {
+    if (this.#checking.has(channel)) return;
+    this.#checking.add(channel);
+    this.#redis
+      .exists(this.options.names.gatewayAliveKey(channel))
+      .then((alive) => {
+        if (alive === 1) return;
+        this.logger.warn({ channel }, 'gateway gone: detaching its requests');
+        for (const route of [...this.#routes.values()]) if (route.channel === channel) this.detach(route.requestId, channel);
+      })
+      .catch((error: unknown) => this.logger.warn({ err: error, channel }, 'checking a gateway failed'))
+      .finally(() => this.#checking.delete(channel));
+  }
+}
+
+function toWireLogprob(lp: TokenLogprob): TokenLogprobWire {
+  const out: TokenLogprobWire = { token: lp.token, logprob: lp.logprob };
+  if (lp.topLogprobs !== undefined) out.top = lp.topLogprobs.map((t) => ({ token: t.token, logprob: t.logprob }));
+  return out;
+}

@@ -1,0 +1,53 @@
+import { z } from 'zod';
+
+export const cancelReasonSchema = z.enum([
+  /** The client went away (and its resume grace, if any, ran out). */
+  'client_closed',
+  /** A queue, idle or deadline timeout of the gateway fired. */
+  'timeout',
+  /** The gateway could not deliver the stream (the log lacks entries) and ended it. */
+  'stream_failed',
+  /** The gateway is shutting down and ran out of drain time. */
+  'shutdown',
+  /** `POST /v1/.../{id}/cancel`: the stream, if open, ends with finish reason `abort`. */
+  'cancelled',
+]);
+export type CancelReason = z.infer<typeof cancelReasonSchema>;
+
+/**
+ * Stop the listed requests. `channel` is the sending gateway's: a worker applies the cancel only while
+ * the request's live entries still go there, so a gateway that lost its client to another gateway (a
+ * resume) cannot cancel the resumed stream. Without `channel` (an API cancel) it always applies.
+ */
+export const cancelMessageSchema = z.object({
+  type: z.literal('cancel'),
+  requestIds: z.array(z.string()).min(1),
+  reason: cancelReasonSchema,
+  channel: z.string().optional(),
+});
+export type CancelMessage = z.infer<typeof cancelMessageSchema>;
+
+/**
+ * Where a request's live entries go from now on. `channel: null` detaches the request (its client left
+ * with a resume grace): entries only go to the log until someone attaches or the grace runs out. A
+ * detach names the gateway it comes `from`, and applies only while the request still routes there.
+ */
+export const routeMessageSchema = z.object({
+  type: z.literal('route'),
+  requestId: z.string(),
+  channel: z.string().nullable(),
+  from: z.string().optional(),
+});
+export type RouteMessage = z.infer<typeof routeMessageSchema>;
+
+/** Published by gateways on the control channel, read by every worker. */
+export const controlMessageSchema = z.discriminatedUnion('type', [cancelMessageSchema, routeMessageSchema]);
+export type ControlMessage = z.infer<typeof controlMessageSchema>;
+
+export function encodeControlMessage(message: ControlMessage): string {
+  return JSON.stringify(message);
+}
+
+export function decodeControlMessage(raw: string | Buffer): ControlMessage {
+  return controlMessageSchema.parse(JSON.parse(typeof raw === 'string' ? raw : raw.toString('utf8')));
+}

@@ -1,0 +1,72 @@
+import { z } from 'zod';
+
+/** How a request's chunks look: what a gateway resuming the stream needs to write them the same way. */
+export const streamFormatSchema = z.object({
+  endpoint: z.enum(['chat', 'completion']),
+  model: z.string(),
+  /** The chunks' `created` (s since epoch): the same in every chunk, on every gateway. */
+  created: z.number().int(),
+  includeUsage: z.boolean(),
+  n: z.number().int().positive(),
+  /** The field the client used for the completion length (errors name it). */
+  maxTokensParam: z.enum(['max_tokens', 'max_completion_tokens']),
+});
+export type StreamFormat = z.infer<typeof streamFormatSchema>;
+
+/**
+ * A request's state hash (`names.metaKey(id)`), written by the gateway at admission and kept by
+ * whoever owns the request. Expires `STREAM_RETENTION_MS` after the request ends (and never later than
+ * its deadline plus that).
+ */
+export const requestMetaSchema = z.object({
+  /** Where live entries go now; empty while detached (its client left with a resume grace). */
+  channel: z.string(),
+  /** When the request was detached (ms since epoch); empty while attached. */
+  detachedAt: z.coerce.number().optional(),
+  /** How long the request may stay detached before it is cancelled. */
+  graceMs: z.coerce.number().int().nonnegative(),
+  /** The current attempt (worker epoch); only its entries enter the log. */
+  attempt: z.coerce.number().int().positive(),
+  enqueuedAt: z.coerce.number(),
+  deadlineAt: z.coerce.number(),
+  /** The worker running the current attempt (set by its `accepted` entry). */
+  workerId: z.string().optional(),
+  format: z.string().transform((raw, ctx) => {
+    const parsed = streamFormatSchema.safeParse(safeJson(raw));
+    if (!parsed.success) {
+      ctx.addIssue({ code: 'custom', message: 'malformed stream format' });
+      return z.NEVER;
+    }
+    return parsed.data;
+  }),
+});
+export type RequestMeta = z.infer<typeof requestMetaSchema>;
+
+function safeJson(raw: string): unknown {
+  try {
+    return JSON.parse(raw);
+  } catch {
+    return undefined;
+  }
+}
+
+/** The hash fields of a new request's meta (`HSET key ...fields`). */
+export function encodeRequestMeta(meta: Omit<RequestMeta, 'workerId' | 'detachedAt'>): Record<string, string> {
+  return {
+    channel: meta.channel,
+    detachedAt: '',
+    graceMs: String(meta.graceMs),
+    attempt: String(meta.attempt),
+    enqueuedAt: String(meta.enqueuedAt),
+    deadlineAt: String(meta.deadlineAt),
+    format: JSON.stringify(meta.format),
+  };
+}
+
+/** Parses an `HGETALL` reply; undefined when the hash is missing (expired, never existed) or malformed. */
+export function decodeRequestMeta(hash: Record<string, string>): RequestMeta | undefined {
+  if (Object.keys(hash).length === 0) return undefined;
+  const cleaned = Object.fromEntries(Object.entries(hash).filter(([, value]) => value !== ''));
+  const result = requestMetaSchema.safeParse(cleaned);
+  return result.success ? result.data : undefined;
+}

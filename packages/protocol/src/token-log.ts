@@ -1,0 +1,55 @@
+/**
+ * The per-request token log: a Redis Stream holding every entry a request's workers published, in
+ * sequence order, stream id `<seq>-1` (so a range read by sequence number is a plain XRANGE). Workers
+ * append a step's entries with {@link APPEND_LOG_SCRIPT} in the same pipeline as the step's PUBLISH;
+ * gateways read it only to repair a gap and to resume a stream.
+ */
+
+/** Stream id of the entry with sequence number `seq`. */
+export function logEntryId(seq: number): string {
+  return `${seq}-1`;
+}
+
+/** Sequence number of a stream id written by {@link logEntryId}. */
+export function seqOfLogEntryId(id: string): number {
+  return Number.parseInt(id, 10);
+}
+
+/** The one field of each stream entry: the entry's JSON. */
+export const LOG_FIELD = 'e';
+
+/**
+ * Appends entries to a request's log, fenced by attempt: only the request's current attempt may write
+ * (a worker that merely looked dead and came back cannot). Sets the log's and the meta's TTL, and the
+ * worker id when the entries hold its `accepted`.
+ *
+ * KEYS: meta, log. ARGV: attempt, maxlen, ttlMs, workerId ('' = leave), then seq, json pairs.
+ * Returns 1 when appended, 0 when fenced out.
+ */
+export const APPEND_LOG_SCRIPT = `
+local current = redis.call('HGET', KEYS[1], 'attempt')
+if current and current ~= ARGV[1] then return 0 end
+for i = 5, #ARGV, 2 do
+  redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], ARGV[i] .. '-1', 'e', ARGV[i + 1])
+end
+redis.call('PEXPIRE', KEYS[2], ARGV[3])
+if current then
+  redis.call('PEXPIRE', KEYS[1], ARGV[3])
+  if ARGV[4] ~= '' then redis.call('HSET', KEYS[1], 'workerId', ARGV[4]) end
+end
+return 1
+`;
+
+/**
+ * Moves a request's live route. KEYS: meta. ARGV: channel ('' = detach), from ('' = whatever the route
+ * is now; else only while the route is still `from`), now (ms). Returns 1 when moved, 0 when the meta is
+ * gone or the route had already moved.
+ */
+export const ROUTE_SCRIPT = `
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+if ARGV[2] ~= '' and redis.call('HGET', KEYS[1], 'channel') ~= ARGV[2] then return 0 end
+local detachedAt = ''
+if ARGV[1] == '' then detachedAt = ARGV[3] end
+redis.call('HSET', KEYS[1], 'channel', ARGV[1], 'detachedAt', detachedAt)
+return 1
+`;
