@@ -66,7 +66,8 @@ export function encodeRequestMeta(meta: Omit<RequestMeta, 'workerId' | 'detached
 /** Parses an `HGETALL` reply; undefined when the hash is missing (expired, never existed) or malformed. */
 export function decodeRequestMeta(hash: Record<string, string>): RequestMeta | undefined {
   if (Object.keys(hash).length === 0) return undefined;
-  const cleaned = Object.fromEntries(Object.entries(hash).filter(([, value]) => value !== ''));
+  // Unset optional fields are stored as '' (HSET cannot unset a field in place).
+  const cleaned = Object.fromEntries(Object.entries(hash).filter(([key, value]) => value !== '' || key === 'channel'));
   const result = requestMetaSchema.safeParse(cleaned);
   return result.success ? result.data : undefined;
 }

@@ -1,9 +1,13 @@
 import { describe, expect, it } from 'vitest';
 import {
-  decodeCancelMessage,
+  decodeControlMessage,
   decodeGatewayMessage,
+  decodeRequestMeta,
   decodeWorkerRecord,
-  encodeCancelMessage,
+  encodeControlMessage,
+  encodeRequestMeta,
+  logEntryId,
+  seqOfLogEntryId,
   encodeGatewayMessage,
   encodeWorkerRecord,
   parseGenerateJob,
@@ -33,10 +37,29 @@ describe('gateway messages', () => {
   });
 });
 
-describe('cancel messages', () => {
-  it('round-trips', () => {
-    const message = { requestIds: ['a', 'b'], reason: 'client_closed' as const };
-    expect(decodeCancelMessage(encodeCancelMessage(message))).toEqual(message);
+describe('control messages', () => {
+  it('round-trips cancels and route changes', () => {
+    const cancel = { type: 'cancel' as const, requestIds: ['a', 'b'], reason: 'client_closed' as const, channel: 'gw' };
+    expect(decodeControlMessage(encodeControlMessage(cancel))).toEqual(cancel);
+    const detach = { type: 'route' as const, requestId: 'a', channel: null, from: 'gw' };
+    expect(decodeControlMessage(encodeControlMessage(detach))).toEqual(detach);
+    expect(() => decodeControlMessage('{"requestIds":["a"],"reason":"client_closed"}')).toThrow();
+  });
+});
+
+describe('request meta and the token log', () => {
+  it('round-trips the meta hash and refuses a missing or malformed one', () => {
+    const format = { endpoint: 'chat' as const, model: 'm', created: 7, includeUsage: true, n: 2, maxTokensParam: 'max_tokens' as const };
+    const fields = encodeRequestMeta({ channel: 'gw', graceMs: 500, attempt: 1, enqueuedAt: 1, deadlineAt: 2, format });
+    expect(decodeRequestMeta(fields)).toEqual({ channel: 'gw', graceMs: 500, attempt: 1, enqueuedAt: 1, deadlineAt: 2, format });
+    expect(decodeRequestMeta({ ...fields, channel: '', detachedAt: '9', workerId: 'w' })).toMatchObject({ channel: '', detachedAt: 9, workerId: 'w' });
+    expect(decodeRequestMeta({})).toBeUndefined();
+    expect(decodeRequestMeta({ ...fields, format: '{"endpoint":"x"}' })).toBeUndefined();
+  });
+
+  it('maps sequence numbers to stream ids and back', () => {
+    expect(logEntryId(0)).toBe('0-1');
+    expect(seqOfLogEntryId(logEntryId(41))).toBe(41);
   });
 });
 
@@ -69,6 +92,7 @@ describe('generate jobs', () => {
       defaultMaxTokens: 'context',
       enqueuedAt: 1,
       deadlineAt: 2,
+      resumeGraceMs: 0,
     };
     expect(parseGenerateJob(job)).toEqual(job);
     expect(() => parseGenerateJob({ ...job, input: { kind: 'chat', messages: [] } })).toThrow();
@@ -81,6 +105,12 @@ describe('names', () => {
     expect(names.gatewayChannel('g1')).toBe('p:gw:g1');
     expect(names.cancelMarkerKey('r')).toBe('p:cancelled:r');
     expect(names.workerKey('w')).toBe('p:worker:w');
+  });
+
+  it('keeps each request\'s keys in one Redis Cluster slot (a {id} hash tag)', () => {
+    const names = redisNames('p');
+    expect(names.logKey('r1')).toBe('p:{r1}:log');
+    expect(names.metaKey('r1')).toBe('p:{r1}:meta');
   });
 });
 
@@ -97,6 +127,8 @@ describe('decodeGatewayMessage fast path', () => {
         index: fc.oneof(fc.nat(), value),
         text: fc.oneof(fc.string(), value),
         tokens: fc.oneof(fc.nat(), value),
+        tokenIds: fc.oneof(fc.array(fc.nat(), { maxLength: 3 }), fc.array(value, { maxLength: 2 }), value),
+        attempt: fc.oneof(fc.nat(), value),
       },
       { requiredKeys: [] },
     );
