@@ -68,6 +68,13 @@ export class SessionManager {
     listener: (event: SessionEvent) => void,
     options: { nextSeq?: number; graceMs?: number; accepted?: boolean } = {},
   ): RequestSession {
+    const previous = this.sessions.get(requestId);
+    if (previous !== undefined) {
+      // A client resumed here while its earlier connection to this gateway still looks open: the new
+      // connection takes the stream over; the old one ends without stopping the work.
+      this.remove(previous);
+      this.emit(previous, { type: 'failed', error: new GatewayError('stream_interrupted', { message: 'The stream was resumed by another connection.' }) });
+    }
     const session = new RequestSession(requestId, Date.now(), deadlineAt, listener, options.graceMs ?? 0);
     session.nextSeq = options.nextSeq ?? 0;
     this.sessions.set(requestId, session);
@@ -257,7 +264,7 @@ export class SessionManager {
     if (session.state === 'closed') return;
     if (session.state === 'queued') this.queued--;
     session.state = 'closed';
-    this.sessions.delete(session.requestId);
+    if (this.sessions.get(session.requestId) === session) this.sessions.delete(session.requestId);
     if (this.sessions.size === 0 && this.emptyWaiters.length > 0) {
       const waiters = this.emptyWaiters;
       this.emptyWaiters = [];

@@ -151,6 +151,19 @@ describe('SessionManager', () => {
     manager.close();
   });
 
+  it('hands a stream resumed on the same gateway to the new connection; the old one ends without cancelling', () => {
+    const { manager, cancels, events, open } = setup();
+    const first = open('r', Date.now() + 60_000, 5_000);
+    const second = manager.open('r', Date.now() + 60_000, () => events.push({ type: 'failed', error: new Error('second') as never }), { graceMs: 5_000 });
+    expect(events).toMatchObject([{ type: 'failed', error: { code: 'stream_interrupted' } }]);
+    // The old connection's close arrives late: it must not touch the new session.
+    manager.clientLeft(first);
+    expect(manager.size).toBe(1);
+    expect(second.state).toBe('queued');
+    expect(cancels).toEqual([]);
+    manager.close();
+  });
+
   it('passes on an error entry out of sequence (a job BullMQ retried reports worker_lost from seq 0)', () => {
     const { manager, events, open } = setup();
     open('retried');

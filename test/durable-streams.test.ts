@@ -1,0 +1,300 @@
+import OpenAI from 'openai';
+import { Redis } from 'ioredis';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { Cluster, MODEL } from './support/cluster.js';
+import { startNginx, type NginxServer } from './support/nginx.js';
+import { sleep, waitFor } from './support/processes.js';
+import type { GatewayProcess, WorkerProcess } from './support/sluice.js';
+import { readSse } from './support/sse.js';
+
+/**
+ * Durable token streams, from outside: real nginx → 2 gateways → one redis-server → 2 workers (the
+ * tiny model), the official `openai` client and a plain `fetch` SSE reader. Every token of an admitted
+ * request reaches its client exactly once whatever single gateway-side thing fails: a subscriber
+ * connection, a gateway process, the client's own connection.
+ */
+
+/** Short enough to test expiry; a running request's log lives until its deadline plus this. */
+const RETENTION_MS = 2_000;
+const WORKER_ENV = { WORKER_HEARTBEAT_MS: '250', WORKER_TTL_MS: '1500', STREAM_RETENTION_MS: String(RETENTION_MS), MAX_BATCH_SIZE: '32', LOG_LEVEL: 'info' };
+const GATEWAY_ENV = { REGISTRY_POLL_MS: '200', STREAM_RETENTION_MS: String(RETENTION_MS), LOG_LEVEL: 'info' };
+
+const body = (i: number, maxTokens: number, extra: Record<string, unknown> = {}) => ({
+  model: MODEL,
+  messages: [{ role: 'user', content: `Tell me a long story about thing number ${i}.` }],
+  max_tokens: maxTokens,
+  temperature: 0,
+  ignore_eos: true,
+  stream: true,
+  ...extra,
+});
+
+interface Collected {
+  /** The chunks' id (the resume route's `{id}`). */
+  id: string | undefined;
+  text: string;
+  /** `id:` of the last event received. */
+  lastEventId: string | undefined;
+  finishReason: string | null;
+  done: boolean;
+  errors: unknown[];
+  events: number;
+}
+
+/**
+ * Reads an SSE reply into `into`, until `[DONE]`, the end of the body, or `stopAfter` content events
+ * (then it aborts its connection, as a client whose network drops).
+ */
+async function read(res: Response, into: Collected, options: { stopAfter?: number; controller?: AbortController } = {}): Promise<void> {
+  let content = 0;
+  try {
+    for await (const item of readSse(res.body!)) {
+      if (item.kind !== 'data') continue;
+      if (item.id !== undefined) into.lastEventId = item.id;
+      into.events++;
+      if (item.data === '[DONE]') {
+        into.done = true;
+        return;
+      }
+      const chunk = JSON.parse(item.data) as { id?: string; error?: unknown; choices?: Array<{ delta?: { content?: string }; finish_reason?: string | null }> };
+      if (chunk.error !== undefined) into.errors.push(chunk.error);
+      into.id ??= chunk.id;
+      const choice = chunk.choices?.[0];
+      if (choice?.delta?.content) {
+        into.text += choice.delta.content;
+        content++;
+      }
+      if (choice?.finish_reason) into.finishReason = choice.finish_reason;
+      if (options.stopAfter !== undefined && content >= options.stopAfter) {
+        options.controller?.abort();
+        return;
+      }
+    }
+  } catch (error) {
+    // The connection was cut under us (a gateway killed): the caller resumes.
+    if (!(error instanceof Error)) throw error;
+  }
+}
+
+const empty = (): Collected => ({ id: undefined, text: '', lastEventId: undefined, finishReason: null, done: false, errors: [], events: 0 });
+
+function post(url: string, payload: unknown, signal?: AbortSignal): Promise<Response> {
+  return fetch(`${url}/v1/chat/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify(payload),
+    ...(signal === undefined ? {} : { signal }),
+  });
+}
+
+function resume(url: string, id: string, lastEventId: string | undefined, signal?: AbortSignal): Promise<Response> {
+  return fetch(`${url}/v1/chat/completions/${id}?stream=true`, {
+    headers: lastEventId === undefined ? {} : { 'last-event-id': lastEventId },
+    ...(signal === undefined ? {} : { signal }),
+  });
+}
+
+describe('durable token streams: nginx → 2 gateways → Redis → 2 workers', () => {
+  let cluster: Cluster;
+  let nginx: NginxServer;
+  let redis: Redis;
+  const gateways: GatewayProcess[] = [];
+  const workers: WorkerProcess[] = [];
+  /** The text of a request run alone, by `i/maxTokens`. */
+  const alone = new Map<string, string>();
+
+  async function textAlone(i: number, maxTokens: number): Promise<string> {
+    const key = `${i}/${maxTokens}`;
+    const known = alone.get(key);
+    if (known !== undefined) return known;
+    const out = empty();
+    await read(await post(gateways[0]!.url, body(i, maxTokens)), out);
+    expect(out.done && out.errors.length === 0).toBe(true);
+    alone.set(key, out.text);
+    return out.text;
+  }
+
+  beforeAll(async () => {
+    cluster = await Cluster.start();
+    redis = cluster.redis.client();
+    workers.push(...(await Promise.all([cluster.worker(WORKER_ENV), cluster.worker(WORKER_ENV)])));
+    gateways.push(...(await Promise.all([cluster.gateway(GATEWAY_ENV), cluster.gateway(GATEWAY_ENV)])));
+    nginx = await startNginx({ upstreamPorts: gateways.map((g) => Number(new URL(g.url).port)) });
+  }, 180_000);
+
+  afterAll(async () => {
+    redis?.disconnect();
+    await nginx?.close();
+    await cluster?.stop();
+  });
+
+  it('repairs every stream from its log while the gateways\' subscriber connections are killed again and again', async () => {
+    const client = new OpenAI({ baseURL: `${nginx.url}/v1`, apiKey: 'unused', maxRetries: 0 });
+    const N = 32;
+    const maxTokens = (i: number) => 600 + (i % 4) * 100;
+    const expected = await Promise.all(Array.from({ length: N }, (_, i) => textAlone(i, maxTokens(i))));
+    let open = N;
+    let killsDuringStreams = 0;
+    const killer = (async () => {
+      while (open > 0) {
+        const killed = Number(await redis.call('CLIENT', 'KILL', 'TYPE', 'pubsub'));
+        if (killed > 0 && open > 0) killsDuringStreams++;
+        await sleep(40);
+      }
+    })();
+    const results = await Promise.all(
+      Array.from({ length: N }, async (_, i) => {
+        try {
+          const stream = await client.chat.completions.create({ ...body(i, maxTokens(i)), stream: true } as never);
+          let text = '';
+          let finish: string | null = null;
+          for await (const chunk of stream as unknown as AsyncIterable<OpenAI.ChatCompletionChunk>) {
+            text += chunk.choices[0]?.delta.content ?? '';
+            finish = chunk.choices[0]?.finish_reason ?? finish;
+          }
+          return { text, finish, error: undefined as unknown };
+        } catch (error) {
+          return { text: '', finish: null, error };
+        } finally {
+          open--;
+        }
+      }),
+    );
+    await killer;
+    expect(killsDuringStreams, 'the subscribers were killed while streams ran').toBeGreaterThan(3);
+    expect(results.map((r) => (r.error === undefined ? undefined : String(r.error))), cluster.logs().split("\n").filter((l) => /error|warn/i.test(l)).slice(0, 20).join("\n")).toEqual(results.map(() => undefined));
+    expect(results.map((r) => r.finish)).toEqual(results.map(() => 'length'));
+    results.forEach((r, i) => expect(r.text, `stream ${i}`).toBe(expected[i]));
+  });
+
+  it('resumes the streams of a gateway killed with SIGKILL through nginx with Last-Event-ID: exactly the rest', async () => {
+    // Behind nginx, streams land on both gateways; the victim is the first one, started directly on
+    // it so the test knows which streams lose their gateway (the survivor's are unaffected anyway).
+    const victim = await cluster.gateway(GATEWAY_ENV);
+    const N = 8;
+    const expected = await Promise.all(Array.from({ length: N }, (_, i) => textAlone(100 + i, 1500)));
+    const outs = Array.from({ length: N }, empty);
+    const firstLegs = outs.map(async (out, i) => {
+      const res = await post(victim.url, body(100 + i, 1500, { resume_grace_ms: 30_000 }));
+      await read(res, out);
+    });
+    await waitFor('every stream under way', () => (outs.every((o) => o.text.length > 0) ? true : undefined), 30_000);
+    // Freeze generation so the kill lands mid-stream, whatever the machine's speed.
+    for (const w of workers) w.process.child.kill('SIGSTOP');
+    victim.process.child.kill('SIGKILL');
+    await Promise.all(firstLegs);
+    for (const w of workers) w.process.child.kill('SIGCONT');
+    // A stream may have finished before the freeze on a fast machine; the others were cut mid-way.
+    expect(outs.filter((o) => !o.done).length).toBeGreaterThan(N / 2);
+    await Promise.all(outs.map(async (out) => read(await resume(nginx.url, out.id!, out.lastEventId), out)));
+    outs.forEach((out, i) => {
+      expect(out.errors, `stream ${i}`).toEqual([]);
+      expect(out.done).toBe(true);
+      expect(out.text, `stream ${i}`).toBe(expected[i]);
+    });
+  });
+
+  it('stops the work of a killed gateway\'s clients that asked for no grace once the gateway is known dead', async () => {
+    const victim = await cluster.gateway(GATEWAY_ENV);
+    const outs = Array.from({ length: 4 }, empty);
+    const legs = outs.map(async (out, i) => read(await post(victim.url, body(200 + i, 1500)), out));
+    await waitFor('every stream under way', () => (outs.every((o) => o.text.length > 0) ? true : undefined), 30_000);
+    const killedAt = Date.now();
+    victim.process.child.kill('SIGKILL');
+    await Promise.all(legs);
+    // Workers notice when a publish reaches nobody and the gateway's alive key (3 s TTL) is gone.
+    await waitFor('the sequences stopped', async () => {
+      const running = (await Promise.all(workers.map((w) => w.health()))).reduce((sum, h) => sum + h.running, 0);
+      return running === 0 ? true : undefined;
+    }, 15_000, 50);
+    const stoppedMs = Date.now() - killedAt;
+    console.log(`sequences of a SIGKILLed gateway stopped ${stoppedMs} ms after the kill (alive-key TTL 3000 ms)`);
+    expect(stoppedMs).toBeLessThan(10_000);
+    expect(outs.every((o) => !o.done)).toBe(true);
+  });
+
+  it('gives a client that drops and resumes 5 times during one long stream every token exactly once', async () => {
+    const expected = await textAlone(300, 800);
+    const out = empty();
+    let controller = new AbortController();
+    await read(await post(nginx.url, body(300, 800, { resume_grace_ms: 30_000 }), controller.signal), out, { stopAfter: 20, controller });
+    for (let drop = 0; drop < 5; drop++) {
+      controller = new AbortController();
+      await read(await resume(nginx.url, out.id!, out.lastEventId, controller.signal), out, { stopAfter: 20, controller });
+    }
+    expect(out.done).toBe(false);
+    const last = await resume(nginx.url, out.id!, out.lastEventId);
+    if (last.status !== 200) {
+      const jobId = out.id!.replace('chatcmpl-', '');
+      const meta = await redis.hgetall(`sluice:{${jobId}}:meta`);
+      throw new Error(`resume: ${last.status} ${await last.text()} meta=${JSON.stringify(meta)} ttl=${await redis.pttl(`sluice:{${jobId}}:meta`)} log=${await redis.xlen(`sluice:{${jobId}}:log`)}`);
+    }
+    await read(last, out);
+    expect(out.errors).toEqual([]);
+    expect(out.done).toBe(true);
+    expect(out.finishReason).toBe('length');
+    expect(out.text).toBe(expected);
+  });
+
+  it('resumes with ?starting_after= as with Last-Event-ID, and replays a finished stream from the start', async () => {
+    const expected = await textAlone(301, 40);
+    const first = empty();
+    await read(await post(gateways[1]!.url, body(301, 40)), first);
+    const again = empty();
+    await read(await fetch(`${gateways[0]!.url}/v1/chat/completions/${first.id}?stream=true&starting_after=-1`), again);
+    expect(again.text).toBe(expected);
+    expect(again.done).toBe(true);
+    const tail = empty();
+    await read(await fetch(`${gateways[0]!.url}/v1/chat/completions/${first.id}?stream=true&starting_after=${first.lastEventId}`), tail);
+    expect(tail).toMatchObject({ text: '', done: true });
+  });
+
+  it('answers an unknown id, a cursor past the end, and an expired log with a clear 4xx', async () => {
+    const unknown = await resume(nginx.url, 'chatcmpl-nope', '3');
+    expect(unknown.status).toBe(404);
+    expect(await unknown.json()).toMatchObject({ error: { type: 'invalid_request_error', param: 'id' } });
+
+    const out = empty();
+    await read(await post(nginx.url, body(400, 8)), out);
+    const past = await resume(nginx.url, out.id!, String(Number(out.lastEventId) + 5));
+    expect(past.status).toBe(400);
+    expect(await past.json()).toMatchObject({ error: { param: 'Last-Event-ID' } });
+    const bad = await resume(nginx.url, out.id!, 'abc');
+    expect(bad.status).toBe(400);
+    const completions = await fetch(`${nginx.url}/v1/completions/${out.id}?stream=true`);
+    expect(completions.status).toBe(404);
+
+    await sleep(RETENTION_MS + 500);
+    const expired = await resume(nginx.url, out.id!, '0');
+    expect(expired.status).toBe(404);
+  });
+
+  it('cancels a running stream from the other gateway: it ends with finish_reason abort and [DONE]', async () => {
+    const out = empty();
+    const leg = (async () => read(await post(gateways[0]!.url, body(500, 1500)), out))();
+    await waitFor('under way', () => (out.text.length > 0 ? true : undefined), 30_000);
+    const cancel = await fetch(`${gateways[1]!.url}/v1/chat/completions/${out.id}/cancel`, { method: 'POST' });
+    expect(cancel.status).toBe(200);
+    await leg;
+    expect(out).toMatchObject({ finishReason: 'abort', done: true, errors: [] });
+    const missing = await fetch(`${gateways[1]!.url}/v1/chat/completions/chatcmpl-nope/cancel`, { method: 'POST' });
+    expect(missing.status).toBe(404);
+  });
+
+  it('leaves no log or meta key behind once 1,000 finished requests are past their retention', async () => {
+    for (let batch = 0; batch < 10; batch++) {
+      await Promise.all(
+        Array.from({ length: 100 }, async (_, i) => {
+          const out = empty();
+          await read(await post(gateways[i % 2]!.url, body(batch * 100 + i, 2)), out);
+          expect(out.done).toBe(true);
+        }),
+      );
+    }
+    const logged = await redis.keys('sluice:{*}:*');
+    expect(logged.length).toBeGreaterThan(0);
+    await sleep(RETENTION_MS + 1_000);
+    // Requests of the earlier tests with long deadlines may still hold keys; none of these 1,000 does.
+    expect(await redis.keys('sluice:{*}:*')).toEqual([]);
+  });
+});
