@@ -1,6 +1,9 @@
 /**
  * `npm run bench:engine`: the engine on the `bench` model preset.
  *
+ * 0. The llama.cpp comparison's workloads (32 × 128, 32 × 768, 1 × 128 tokens; peer-workloads.ts):
+ *    tokens/s, TTFT and ITL p50/p99, the 768/128 throughput ratio. `BENCH_ONLY=workloads` stops
+ *    after this section (a few minutes); BENCH_WORKLOAD_ROUNDS (default 2) sets its rounds.
  * 1. The same 32 requests (outputs spread 16–256 tokens, Poisson arrivals) served three ways,
  *    interleaved run by run so machine noise hits all modes alike: one request at a time, static
  *    (request-level) batching, continuous batching. Tokens/s and TTFT (arrival → first token
@@ -25,6 +28,7 @@ import { filledBatch, median, mixedVsSeparate, percentile, rawDecodeSteps, type 
 import { runMode, type BenchMode, type ModeResult } from './run-mode.js';
 import { renderNote } from './bench-note.js';
 import { makeWorkload } from './workload.js';
+import { renderPeerTable, runPeerWorkloads } from './peer-workloads.js';
 
 const root = resolve(dirname(fileURLToPath(import.meta.url)), '../../..');
 const runs = Number(process.env.BENCH_RUNS ?? 3);
@@ -48,8 +52,30 @@ const workload = makeWorkload({
 const started = Date.now();
 const log = (line: string): void => console.log(`[${((Date.now() - started) / 1000).toFixed(0).padStart(4)}s] ${line}`);
 
-// 1. Modes.
+const machine = {
+  cpu: cpus()[0]?.model ?? 'unknown',
+  cores: cpus().length,
+  memoryGiB: Math.round(totalmem() / 2 ** 30),
+  node: process.version,
+  onnxruntime: '1.30.0',
+  date: new Date().toISOString().slice(0, 10),
+};
 const engine = await createEngine({ modelDir, maxBatchSize: MAX_BATCH, maxStepTokens: STEP_TOKENS });
+
+// 0. The peer comparison's workloads.
+await runMode(engine, workload.slice(0, 4), 'continuous', MAX_BATCH); // warm-up
+const workloadRounds = Number(process.env.BENCH_WORKLOAD_ROUNDS ?? 2);
+const peer = await runPeerWorkloads(engine, model.tokenizer.vocabSize, workloadRounds, log);
+await mkdir(join(root, 'bench-results'), { recursive: true });
+await writeFile(join(root, 'bench-results/engine-workloads.json'), `${JSON.stringify({ machine, workloads: roundDeep(peer) }, null, 2)}\n`);
+await writeSection(join(root, 'docs/benchmarks.md'), renderWorkloads(), 'engine-workloads');
+console.log(`\n${renderPeerTable(peer)}\n`);
+if (process.env.BENCH_ONLY === 'workloads') {
+  await engine.close();
+  process.exit(0);
+}
+
+// 1. Modes.
 await runMode(engine, workload.slice(0, 4), 'continuous', MAX_BATCH); // warm-up
 const results = new Map<BenchMode, ModeResult[]>(MODES.map((mode) => [mode, []]));
 const sequentialRuns = Math.max(1, runs - 1);
@@ -95,10 +121,11 @@ for (let round = 0; round < 2; round++) {
 }
 await engine.close();
 
-// 3. Mixed vs separate.
+// 3. Mixed vs separate (a ragged call needs present.*: a session that still returns them).
 const mixed: MixedVsSeparate[] = [];
+const presentSession = await OnnxSession.create({ modelPath: model.onnxPath, executionProvider: 'cpu', intraOpThreads: 0, interOpThreads: 0, newKvOutputs: false });
 for (const newcomerTokens of [1, 16, 64, 256]) {
-  mixed.push(await mixedVsSeparate(session, MAX_BATCH - 1, 128, newcomerTokens, newcomerTokens > 64 ? 1 : 3));
+  mixed.push(await mixedVsSeparate(presentSession, MAX_BATCH - 1, 128, newcomerTokens, newcomerTokens > 64 ? 1 : 3));
   const last = mixed.at(-1)!;
   log(`31 decode rows (past 128) + newcomer of ${newcomerTokens}: separate ${last.separateMs.toFixed(1)} ms, mixed ${last.mixedMs.toFixed(1)} ms`);
 }
@@ -119,6 +146,7 @@ for (const pastLength of [64, 160, 320]) {
   log(`decode at past ${pastLength}: batch 1 ${batch1Ms.toFixed(1)} ms, batch 32 ${batch32Ms.toFixed(1)} ms: gain ${(MAX_BATCH * batch1Ms / batch32Ms).toFixed(2)}×`);
 }
 await session.dispose();
+await presentSession.dispose();
 
 // Summary.
 const summarize = (mode: BenchMode) => {
@@ -165,15 +193,6 @@ const targets = {
   overheadAtMost10Percent: overhead.stepVsModel <= 0.1,
   newcomerWithinOneStep: summary.continuous.queueP99Ms <= summary.continuous.stepP99Ms,
 };
-const machine = {
-  cpu: cpus()[0]?.model ?? 'unknown',
-  cores: cpus().length,
-  memoryGiB: Math.round(totalmem() / 2 ** 30),
-  node: process.version,
-  onnxruntime: '1.30.0',
-  date: new Date().toISOString().slice(0, 10),
-};
-
 const json = {
   machine,
   model: { preset: 'bench', layers: 8, hiddenSize: 512, kvHeads: 4, headDim: 64, vocabSize: 4096, parameters: '~28M', dtype: 'float32' },
@@ -237,9 +256,20 @@ ${renderNote(targets)}
 `;
 }
 
-async function writeSection(path: string, section: string): Promise<void> {
-  const begin = '<!-- engine:begin -->';
-  const end = '<!-- engine:end -->';
+function renderWorkloads(): string {
+  return `## Engine: the llama.cpp comparison's workloads
+
+\`npm run bench:engine\` (section 0; \`BENCH_ONLY=workloads\` runs only this) — ${machine.date}, ${machine.cpu}, ${machine.cores} cores, ${machine.memoryGiB} GiB, Node ${machine.node}, onnxruntime-node ${machine.onnxruntime}, CPU execution provider, default threads.
+Model: the generated \`bench\` preset (float32). Engine in process: maxBatchSize ${MAX_BATCH}, maxStepTokens ${STEP_TOKENS}.
+Each workload: N streams submitted at once, prompts 8–26 tokens, greedy, ignore_eos; ${workloadRounds} rounds, workloads interleaved round by round; tokens/s is the median over rounds (all completion tokens ÷ first submission → last finish), TTFT (submission → first token event) and ITL (gap between a stream's consecutive token events) are percentiles over every stream of every round. llama.cpp's figures are issue 12's (llama-server, 32 slots, 2 threads, same weights, same machine kind, its defaults: flash attention, f16 KV), not re-measured here.
+
+${renderPeerTable(peer)}
+`;
+}
+
+async function writeSection(path: string, section: string, marker = 'engine'): Promise<void> {
+  const begin = `<!-- ${marker}:begin -->`;
+  const end = `<!-- ${marker}:end -->`;
   let text = '';
   try {
     text = await readFile(path, 'utf8');

@@ -201,8 +201,16 @@ export class EngineCore {
     const past = group.prefillKv ?? KvBatch.empty(this.#session.io.kv, 1);
     const row: RowInput = { cachedLength: group.prefilled, tokens: prompt.slice(start, start + length) };
     const inputs = packInputs(past.pastLength, [row], this.#padTokenId);
-    const output = await this.#session.run(inputs, past);
-    group.prefillKv = past.appended(output.present, length, [length]);
+    let output: { logits: Float32Array; positions: number; vocabSize: number };
+    if (this.#session.outputsNewKv) {
+      const run = await this.#session.runNewKv(inputs, past);
+      group.prefillKv = past.appendedNew(run.newKv, length);
+      output = run;
+    } else {
+      const run = await this.#session.run(inputs, past);
+      group.prefillKv = past.appended(run.present, length, [length]);
+      output = run;
+    }
     group.prefilled += length;
     if (group.prefilled < group.promptLength) return 0;
 

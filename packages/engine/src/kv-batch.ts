@@ -89,6 +89,29 @@ export class KvBatch {
   }
 
   /**
+   * The cache after a model call on this batch that fed `newTokens` real tokens on every row and
+   * returned only their key/value slices ([rows, heads, newTokens, headDim] per layer): each row's
+   * cache followed by its new slots, copied once into a new batch.
+   */
+  appendedNew(newKv: readonly KvData[], newTokens: number): KvBatch {
+    const { numKvHeads: heads, headDim } = this.shape;
+    const past = this.pastLength * headDim;
+    const fresh = newTokens * headDim;
+    const slots = this.pastLength + newTokens;
+    const data = this.data.map((input, k) => {
+      const added = newKv[k]!;
+      const out = allocate(this.shape, this.rows * heads * slots * headDim);
+      for (let block = 0; block < this.rows * heads; block++) {
+        const to = block * slots * headDim;
+        out.set(input.subarray(block * past, (block + 1) * past), to);
+        out.set(added.subarray(block * fresh, (block + 1) * fresh), to + past);
+      }
+      return out;
+    });
+    return new KvBatch(this.shape, data, this.lengths.map((length) => length + newTokens), slots);
+  }
+
+  /**
    * The cache after a model call on this batch that fed `newTokens` slots per row, right-aligned
    * with `added[row]` real tokens each (`present.*` is [rows, heads, pastLength + newTokens, headDim]).
    * When every row filled all new slots the outputs are used as they are; otherwise the gaps are

@@ -3,6 +3,9 @@ import type { KvData, KvRowSource, KvShape } from './kv-batch.js';
 /** Capacity grows (and shrinks) in blocks of this many slots. */
 export const KV_BLOCK = 64;
 
+/** The least a growing capacity is multiplied by (then rounded up to a block). */
+const GROWTH = 1.25;
+
 /**
  * The decode rows' KV cache in engine-owned buffers, used when the session outputs each layer's
  * new key/value slice (`OnnxSession.outputsNewKv`). Per layer, key and value are fed as one tensor
@@ -12,9 +15,10 @@ export const KV_BLOCK = 64;
  * in place ({@link append}). A step copies O(rows) slots out of onnxruntime, not the whole cache.
  *
  * Rows change in place: a leaving row is replaced by the last row (one row copied), a joining row
- * is copied into the next free row. The capacity tracks the longest row rounded up to
- * {@link KV_BLOCK} (never past `limit`, the rows' longest reservation), re-laid out in place when
- * the buffer has room; buffers are reallocated (with headroom) only when they are too small.
+ * is copied into the next free row. The capacity tracks the longest row, growing by at least a
+ * quarter rounded up to {@link KV_BLOCK} (never past `limit`, the rows' longest reservation),
+ * re-laid out in place; buffers are reallocated only when too small, then with room for
+ * `maxRows` rows of `limit` slots.
  */
 export class LaneKv {
   readonly shape: KvShape;
@@ -114,20 +118,27 @@ export class LaneKv {
 
   /** Sets the capacity for `need` slots and room for `rows` rows, moving the current rows' slots. */
   #fit(need: number, rows: number, limit: number): void {
-    const rounded = Math.max(need, Math.min(Math.ceil(need / KV_BLOCK) * KV_BLOCK, limit));
-    // Keep the capacity while it fits and wastes less than two blocks.
-    const keep = need <= this.capacity && this.capacity < rounded + 2 * KV_BLOCK && this.capacity <= Math.max(need, limit);
+    const blocks = Math.ceil(need / KV_BLOCK) * KV_BLOCK;
+    // Growing re-lays the whole lane out (one step's latency spike), so it grows by at least a
+    // quarter: O(log length) re-layouts per lane instead of one per block, for at most a quarter
+    // more padded slots attended over.
+    const target = need > this.capacity ? Math.ceil(Math.max(need, this.capacity * GROWTH) / KV_BLOCK) * KV_BLOCK : blocks;
+    const rounded = Math.max(need, Math.min(target, limit));
+    // Keep the capacity while it fits and wastes less than the growth step plus two blocks.
+    const keep = need <= this.capacity && this.capacity < blocks * GROWTH + 2 * KV_BLOCK && this.capacity <= Math.max(need, limit);
     const capacity = keep ? this.capacity : rounded;
     const elements = rows * this.#rowSize(capacity);
     if (elements <= (this.#buffers[0]?.length ?? 0)) {
       if (capacity !== this.capacity) this.#relayout(capacity);
       return;
     }
-    // Reallocate with headroom: room for every row the lane may hold (a fresh allocation's pages are
-    // only faulted in as rows are written, so unused room costs address space, not memory or time;
-    // growing by rows later would copy and fault the whole cache in one step) and a block more slots.
+    // Reallocate with headroom: room for every row the lane may hold and for every slot its rows
+    // may need (`limit`, their longest reservation). A fresh allocation's pages are only faulted in
+    // as rows are written, so unused room costs address space, not memory or time; growing into
+    // a new buffer later would copy and fault the whole cache in one step.
     const roomRows = Number.isFinite(this.maxRows) ? Math.max(rows, this.maxRows) : Math.max(rows, 8, rows * 2);
-    const size = roomRows * this.#rowSize(capacity + KV_BLOCK);
+    const roomSlots = Number.isFinite(limit) ? Math.max(capacity, limit) : capacity + KV_BLOCK;
+    const size = roomRows * this.#rowSize(roomSlots);
     const { numKvHeads: heads, headDim } = this.shape;
     const old = this.capacity;
     this.#buffers = this.#buffers.map((input) => {

@@ -65,7 +65,9 @@ export class OnnxSession {
     this.#pastNames = orderedKvNames(session.inputNames, PAST_INPUT);
     this.#presentNames = orderedKvNames(session.outputNames, PRESENT_OUTPUT);
     this.#newKvNames = newKvNames !== undefined && newKvNames.every((name) => session.outputNames.includes(name)) ? newKvNames : undefined;
-    if (this.#pastNames.length === 0 || this.#pastNames.length !== this.#presentNames.length) {
+    // A rewritten graph returns the new slices instead of present.* (see withNewKvOutputs).
+    const kvOutputs = this.#newKvNames?.length ?? this.#presentNames.length;
+    if (this.#pastNames.length === 0 || this.#pastNames.length !== kvOutputs) {
       throw new EngineError(
         'internal',
         'The model must take past_key_values.{i}.key/value and return present.{i}.key/value (a decoder exported with past).',
@@ -137,8 +139,8 @@ export class OnnxSession {
   }
 
   /**
-   * True when the graph was rewritten to also output each layer's new key/value slice, so a decode
-   * step can fetch those instead of the whole `present.*` cache ({@link runNewKv}).
+   * True when the graph was rewritten to output each layer's new key/value slice instead of
+   * `present.*`, so every call fetches those instead of the whole cache ({@link runNewKv}).
    */
   get outputsNewKv(): boolean {
     return this.#newKvNames !== undefined;
@@ -155,8 +157,12 @@ export class OnnxSession {
     return { ...outputs, newKv: kv };
   }
 
-  /** One forward pass: new tokens of every row on top of the batch's cache. */
+  /**
+   * One forward pass: new tokens of every row on top of the batch's cache, fetching `present.*`
+   * (only without {@link outputsNewKv}: the rewritten graph no longer returns them).
+   */
   async run(inputs: PackedInputs, past: { data: readonly KvData[] }): Promise<ModelOutputs> {
+    if (this.#newKvNames !== undefined) throw new EngineError('internal', 'The session returns new key/value slices, not present.*.');
     const { kv, ...outputs } = await this.#runFetching(inputs, past, this.#presentNames);
     return { ...outputs, present: kv };
   }
@@ -207,22 +213,30 @@ export class OnnxSession {
 
 const { onnx } = onnxProto;
 
+/** Graph outputs added for GroupQueryAttention layers: the step's new key/value in [batch, kvHeads, new, headDim]. */
+const NEW_KV_OUTPUT = (layer: number, kind: string): string => `sluice_new_kv.${layer}.${kind}`;
+
 /**
- * Reads the model and, where every layer's `present.{i}.key|value` is a Concat along the slot axis
- * of `past_key_values.{i}.key|value` and the step's new slice, returns the model bytes with those
- * new slices added as graph outputs (names in layer order, key then value). Otherwise (another
- * pattern, e.g. GroupQueryAttention, or weights in an external-data file, which a session created
- * from bytes could not locate) undefined: the engine then fetches `present.*` as before.
- *
- * The outputs are appended as a second serialized `graph` field holding only `output` entries:
- * protobuf merges repeated occurrences of a message field, so the original bytes are not re-encoded.
+ * Reads the model and, where every layer's step keys/values can be read off the graph, returns it
+ * re-encoded with those new slices ([rows, kvHeads, newTokens, headDim]) as graph outputs in place
+ * of `present.*` (names in layer order, key then value). Two forms are recognized:
+ * - Optimum's plain ops: `present.{i}.key|value` is a Concat along the slot axis of
+ *   `past_key_values.{i}.key|value` and the new slice (the Concat's second input);
+ * - onnxruntime's GroupQueryAttention (`com.microsoft`) with `present.{i}.*` as its outputs 1 and 2,
+ *   the past as inputs 3 and 4, and separate key/value inputs already rotated (`do_rotary` off):
+ *   those inputs are [batch, new, kvHeads·headDim], so a Reshape and a Transpose are added.
+ * Dropping `present.*` from the outputs lets onnxruntime prune what only fed them: a graph that
+ * attends over the past and the new slice separately (the generator's `plain` form) then never
+ * copies the cache; Optimum's form still concatenates for attention. GroupQueryAttention still
+ * writes its present internally (onnxruntime-node would copy a pre-bound shared buffer back out
+ * whole, see docs/engine.md). Otherwise (another pattern, rotary inside GroupQueryAttention, or
+ * weights in an external-data file, which a session created from bytes could not locate)
+ * undefined: the engine then fetches `present.*`.
  */
 async function withNewKvOutputs(modelPath: string): Promise<{ bytes: Uint8Array; newKvNames: string[] } | undefined> {
   let model: onnxProto.onnx.ModelProto;
-  let bytes: Uint8Array;
   try {
-    bytes = await readFile(modelPath);
-    model = onnx.ModelProto.decode(bytes);
+    model = onnx.ModelProto.decode(await readFile(modelPath));
   } catch {
     return undefined;
   }
@@ -236,26 +250,71 @@ async function withNewKvOutputs(modelPath: string): Promise<{ bytes: Uint8Array;
   for (const node of graph.node ?? []) for (const output of node.output ?? []) producers.set(output, node);
   const graphNames = new Set([...(graph.input ?? []), ...(graph.output ?? [])].map((value) => value.name ?? ''));
   const pastInfo = new Map((graph.input ?? []).map((input) => [input.name ?? '', input]));
+  const headDim = Number(pastInfo.get(pastNames[0]!)?.type?.tensorType?.shape?.dim?.[3]?.dimValue ?? NaN);
   const newKvNames: string[] = [];
+  const added: onnxProto.onnx.INodeProto[] = [];
+  const constants: onnxProto.onnx.ITensorProto[] = [];
   for (let k = 0; k < presentNames.length; k++) {
     const node = producers.get(presentNames[k]!);
     const inputs = node?.input ?? [];
-    if (node?.opType !== 'Concat' || (node.domain ?? '') !== '' || inputs.length !== 2 || inputs[0] !== pastNames[k]) return undefined;
-    const axis = (node.attribute ?? []).find((attribute) => attribute.name === 'axis');
-    const axisValue = Number(axis?.i ?? NaN);
-    if (axisValue !== 2 && axisValue !== -2) return undefined;
-    const slice = inputs[1]!;
-    if (slice === '' || graphNames.has(slice)) return undefined;
-    newKvNames.push(slice);
+    const attribute = (name: string) => (node?.attribute ?? []).find((entry) => entry.name === name);
+    const layer = Math.floor(k / 2);
+    const kind = k % 2 === 0 ? 'key' : 'value';
+    if (node?.opType === 'Concat' && (node.domain ?? '') === '' && inputs.length === 2 && inputs[0] === pastNames[k]) {
+      const axisValue = Number(attribute('axis')?.i ?? NaN);
+      if (axisValue !== 2 && axisValue !== -2) return undefined;
+      const slice = inputs[1]!;
+      if (slice === '' || graphNames.has(slice)) return undefined;
+      newKvNames.push(slice);
+    } else if (node?.opType === 'GroupQueryAttention' && node.domain === 'com.microsoft') {
+      const at = kind === 'key' ? 1 : 2;
+      if (node.output?.[at] !== presentNames[k] || inputs[at + 2] !== pastNames[k] || Number(attribute('do_rotary')?.i ?? 0) !== 0) return undefined;
+      const slice = inputs[at];
+      const kvHeads = Number(attribute('kv_num_heads')?.i ?? NaN);
+      if (slice === undefined || slice === '' || !Number.isInteger(kvHeads) || !Number.isInteger(headDim)) return undefined;
+      // [B, S, kvHeads·headDim] → [B, kvHeads, S, headDim].
+      const name = NEW_KV_OUTPUT(layer, kind);
+      const shapeName = `${name}/shape`;
+      constants.push({ name: shapeName, dims: [4], dataType: onnx.TensorProto.DataType.INT64, int64Data: [0, 0, kvHeads, headDim] });
+      added.push(
+        { name: `${name}/Reshape`, opType: 'Reshape', input: [slice, shapeName], output: [`${name}/4d`] },
+        { name: `${name}/Transpose`, opType: 'Transpose', input: [`${name}/4d`], output: [name], attribute: [{ name: 'perm', type: onnx.AttributeProto.AttributeType.INTS, ints: [0, 2, 1, 3] }] },
+      );
+      newKvNames.push(name);
+    } else {
+      return undefined;
+    }
   }
   const elemType = pastInfo.get(pastNames[0]!)?.type?.tensorType?.elemType ?? onnx.TensorProto.DataType.FLOAT;
-  const extra = onnx.ModelProto.encode({
-    graph: { output: newKvNames.map((name) => ({ name, type: { tensorType: { elemType } } })) },
-  }).finish();
-  const merged = new Uint8Array(bytes.length + extra.length);
-  merged.set(bytes, 0);
-  merged.set(extra, bytes.length);
-  return { bytes: merged, newKvNames };
+  const presents = new Set(presentNames);
+  graph.output = [
+    ...(graph.output ?? []).filter((output) => !presents.has(output.name ?? '')),
+    ...newKvNames.map((name) => onnx.ValueInfoProto.create({ name, type: { tensorType: { elemType } } })),
+  ];
+  graph.node = withoutDeadNodes([...(graph.node ?? []), ...added.map((node) => onnx.NodeProto.create(node))], graph.output);
+  graph.initializer = [...(graph.initializer ?? []), ...constants.map((tensor) => onnx.TensorProto.create(tensor))];
+  return { bytes: onnx.ModelProto.encode(model).finish(), newKvNames };
+}
+
+/**
+ * The nodes that some graph output still needs. onnxruntime 1.30 runs a node whose outputs nobody
+ * reads (measured: the dropped `present.*` Concats still ran, ~15 ms of a 42 ms step at batch 32,
+ * past 256), so they are removed here. Names read inside subgraphs (If/Loop bodies) count as read.
+ */
+function withoutDeadNodes(nodes: onnxProto.onnx.INodeProto[], outputs: readonly onnxProto.onnx.IValueInfoProto[]): onnxProto.onnx.INodeProto[] {
+  const subgraphInputs = (graph: onnxProto.onnx.IGraphProto | null | undefined): string[] =>
+    (graph?.node ?? []).flatMap((node) => [...(node.input ?? []), ...(node.attribute ?? []).flatMap((a) => [a.g, ...(a.graphs ?? [])].flatMap(subgraphInputs))]);
+  let live = nodes;
+  for (;;) {
+    const read = new Set(outputs.map((output) => output.name ?? ''));
+    for (const node of live) {
+      for (const input of node.input ?? []) read.add(input);
+      for (const attribute of node.attribute ?? []) for (const name of [attribute.g, ...(attribute.graphs ?? [])].flatMap(subgraphInputs)) read.add(name);
+    }
+    const next = live.filter((node) => (node.output ?? []).some((output) => output !== '' && read.has(output)));
+    if (next.length === live.length) return live;
+    live = next;
+  }
 }
 
 /** Names matching `pattern` (layer, key|value) ordered layer 0 key, layer 0 value, layer 1 key, ... */

@@ -1,14 +1,15 @@
-import { ensureBuiltinModel } from '@sluice/model';
+import type { AttentionForm } from '@sluice/model';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createEngine, type Engine, type GenerateRequest, type SamplingParams, type StepStats } from '../src/index.js';
 import { collect, type Collected } from './support/collect.js';
+import { ATTENTION_FORMS, tinyModelDir } from './support/model-forms.js';
 
 /**
  * The core property: a request's tokens do not depend on what else shares its batch. Dozens of
  * requests arrive staggered into an engine with a small batch, a small step budget (long prompts
  * are prefilled in chunks while others decode) and a small KV cap (requests wait); each one's
  * greedy and seeded-sampled tokens must equal what it gets running alone on an engine that
- * prefills every prompt in one call.
+ * prefills every prompt in one call. Both attention forms (plain operators, GroupQueryAttention).
  */
 
 interface Case {
@@ -17,21 +18,6 @@ interface Case {
   /** Abort after this many tokens. */
   cancelAfter?: number;
 }
-
-let batched: Engine;
-let alone: Engine;
-
-beforeAll(async () => {
-  const modelDir = await ensureBuiltinModel('tiny');
-  [batched, alone] = await Promise.all([
-    createEngine({ modelDir, maxBatchSize: 8, maxStepTokens: 40, maxCachedTokens: 1200, intraOpThreads: 1 }),
-    createEngine({ modelDir, maxBatchSize: 8, maxStepTokens: 2048, intraOpThreads: 1 }),
-  ]);
-});
-
-afterAll(async () => {
-  await Promise.all([batched?.close(), alone?.close()]);
-});
 
 function random(seed: number): () => number {
   let a = seed >>> 0;
@@ -74,7 +60,7 @@ function makeCases(count: number): Case[] {
 }
 
 /** Adds stop strings / stop token ids taken from each request's own free-running output, so they fire. */
-async function addStops(cases: Case[]): Promise<void> {
+async function addStops(alone: Engine, cases: Case[]): Promise<void> {
   for (const [i, entry] of cases.entries()) {
     if (i % 5 !== 2 && i % 5 !== 3) continue;
     const free = await collect(alone.generate(entry.request));
@@ -85,10 +71,28 @@ async function addStops(cases: Case[]): Promise<void> {
   }
 }
 
-describe('batch invariance', () => {
+describe.each(ATTENTION_FORMS)('batch invariance, %s attention', (form: AttentionForm) => {
+  let batched: Engine;
+  let alone: Engine;
+  let remove: () => Promise<void>;
+
+  beforeAll(async () => {
+    const made = await tinyModelDir(form);
+    remove = made.remove;
+    [batched, alone] = await Promise.all([
+      createEngine({ modelDir: made.dir, maxBatchSize: 8, maxStepTokens: 40, maxCachedTokens: 1200, intraOpThreads: 1 }),
+      createEngine({ modelDir: made.dir, maxBatchSize: 8, maxStepTokens: 2048, intraOpThreads: 1 }),
+    ]);
+  });
+
+  afterAll(async () => {
+    await Promise.all([batched?.close(), alone?.close()]);
+    await remove?.();
+  });
+
   it('gives every request, batched with staggered others, the tokens it gets alone (greedy, seeded sampling, stops, cancels, n = 2)', async () => {
     const cases = makeCases(40);
-    await addStops(cases);
+    await addStops(alone, cases);
 
     const reference: Collected[] = [];
     for (const { request } of cases) reference.push(await collect(alone.generate(request)));

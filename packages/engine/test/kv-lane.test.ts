@@ -58,6 +58,22 @@ describe('LaneKv', () => {
     expect(lane.data[1]![0]).toBe(-100);
   });
 
+  it('grows by at least a quarter, so a lane growing a slot per step re-lays out O(log length) times, never past the reservation', () => {
+    const lane = new LaneKv(shape, 4);
+    lane.addRow(prefilled(1, 10).rowSource(0), 1000);
+    lane.addRow(prefilled(2, 30).rowSource(0), 1000);
+    const capacities = new Set<number>([lane.capacity]);
+    while (lane.lengths[1]! < 999) {
+      lane.reserveNext(1000);
+      capacities.add(lane.capacity);
+      lane.append([new Float32Array(2 * 2 * 2), new Float32Array(2 * 2 * 2)]);
+    }
+    expect(capacities.size).toBeLessThanOrEqual(12);
+    expect(Math.max(...capacities)).toBe(1000);
+    expect(rowOf(lane, 0)).toMatchObject({ restZero: true });
+    expect(rowOf(lane, 0).slots[1]!.slice(0, 10)).toEqual(expected(1, 10)[1]);
+  });
+
   it('never sizes the capacity past the rows reservation', () => {
     const lane = new LaneKv(shape);
     lane.addRow(prefilled(1, 10).rowSource(0), 20);

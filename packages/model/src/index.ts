@@ -5,4 +5,5 @@ export { createChatTemplate, ChatTemplateError } from './chat-template.js';
 export { readOnnxIo } from './onnx-io.js';
 export { TextStreamer, type TextStreamerOptions } from './text-streamer.js';
 export { generateTinyModel, type GenerateTinyModelOptions } from './tiny-model/generate-tiny-model.js';
+export type { AttentionForm } from './tiny-model/llama-graph.js';
 export { ensureBuiltinModel, defaultModelsRoot } from './tiny-model/ensure-builtin-model.js';

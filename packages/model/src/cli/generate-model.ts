@@ -1,6 +1,6 @@
 #!/usr/bin/env node
 /**
- * `npm run model:generate -- --preset tiny|bench --out <dir> [--seed <n>]`
+ * `npm run model:generate -- --preset tiny|bench --out <dir> [--seed <n>] [--attention plain|gqa]`
  *
  * Writes a built-in random Llama model directory (config, tokenizer, onnx/model.onnx).
  * Without `--out`, makes sure the default copy (`models/<preset>`, as workers and tests use it) is
@@ -12,12 +12,13 @@ import { parseArgs } from 'node:util';
 import { buildTinyModelFiles, DEFAULT_SEED, writeTinyModelFiles } from '../tiny-model/generate-tiny-model.js';
 import { ensureBuiltinModel } from '../tiny-model/ensure-builtin-model.js';
 import { isTinyModelPreset, TINY_MODEL_PRESETS } from '../tiny-model/presets.js';
+import type { AttentionForm } from '../tiny-model/llama-graph.js';
 
-const USAGE = `Usage: npm run model:generate -- --preset <${Object.keys(TINY_MODEL_PRESETS).join('|')}> [--out <dir>] [--seed <n>]`;
+const USAGE = `Usage: npm run model:generate -- --preset <${Object.keys(TINY_MODEL_PRESETS).join('|')}> [--out <dir>] [--seed <n>] [--attention plain|gqa]`;
 
 class UsageError extends Error {}
 
-function parse(argv: string[]): { preset: keyof typeof TINY_MODEL_PRESETS; out: string | undefined; seed: number } | 'help' {
+function parse(argv: string[]): { preset: keyof typeof TINY_MODEL_PRESETS; out: string | undefined; seed: number; attention: AttentionForm } | 'help' {
   let values;
   try {
     ({ values } = parseArgs({
@@ -26,6 +27,7 @@ function parse(argv: string[]): { preset: keyof typeof TINY_MODEL_PRESETS; out: 
         preset: { type: 'string' },
         out: { type: 'string' },
         seed: { type: 'string' },
+        attention: { type: 'string' },
         help: { type: 'boolean', short: 'h' },
       },
       strict: true,
@@ -49,7 +51,10 @@ function parse(argv: string[]): { preset: keyof typeof TINY_MODEL_PRESETS; out: 
     }
   }
   if (values.out === undefined && values.seed !== undefined) throw new UsageError('--seed needs --out (the default copy uses the default seed)');
-  return { preset: values.preset, out: values.out === undefined ? undefined : resolve(values.out), seed };
+  const attention = values.attention ?? 'plain';
+  if (attention !== 'plain' && attention !== 'gqa') throw new UsageError(`--attention must be plain or gqa (got ${JSON.stringify(attention)})`);
+  if (values.out === undefined && attention !== 'plain') throw new UsageError('--attention needs --out (the default copy uses the plain form)');
+  return { preset: values.preset, out: values.out === undefined ? undefined : resolve(values.out), seed, attention };
 }
 
 async function main(): Promise<void> {
@@ -72,14 +77,14 @@ async function main(): Promise<void> {
     return;
   }
   const started = performance.now();
-  const { files, parameters, architecture } = buildTinyModelFiles(args.preset, args.seed);
+  const { files, parameters, architecture } = buildTinyModelFiles(args.preset, args.seed, args.attention);
   await writeTinyModelFiles(files, args.out);
   const seconds = (performance.now() - started) / 1000;
   const onnxBytes = (await stat(join(args.out, 'onnx', 'model.onnx'))).size;
   process.stdout.write(
     `Wrote the ${args.preset} model to ${args.out} in ${seconds.toFixed(1)} s: ` +
       `${parameters.toLocaleString('en-US')} parameters, ${architecture.numLayers} layers, ` +
-      `vocab ${architecture.vocabSize}, onnx/model.onnx ${(onnxBytes / 2 ** 20).toFixed(1)} MiB\n`,
+      `vocab ${architecture.vocabSize}, ${args.attention} attention, onnx/model.onnx ${(onnxBytes / 2 ** 20).toFixed(1)} MiB\n`,
   );
 }
 

@@ -3,7 +3,7 @@ import { dirname, join } from 'node:path';
 import type { TinyModelPreset } from '../types.js';
 import { trainByteLevelBpe } from './bpe-trainer.js';
 import { CORPUS } from './corpus.js';
-import { buildLlamaGraph } from './llama-graph.js';
+import { buildLlamaGraph, type AttentionForm } from './llama-graph.js';
 import { countParameters, initLlamaWeights } from './llama-weights.js';
 import { TINY_MODEL_PRESETS, type LlamaArchitecture } from './presets.js';
 import { buildTokenizerFiles, SPECIAL_IDS, SPECIAL_TOKENS } from './tokenizer-files.js';
@@ -13,7 +13,7 @@ import { buildTokenizerFiles, SPECIAL_IDS, SPECIAL_TOKENS } from './tokenizer-fi
  * tokenizer, corpus, configs): {@link ensureBuiltinModel} regenerates directories stamped with
  * another version.
  */
-export const GENERATOR_VERSION = 3;
+export const GENERATOR_VERSION = 4;
 
 /** Seed of the built-in models. */
 export const DEFAULT_SEED = 42;
@@ -27,6 +27,8 @@ export interface GenerateTinyModelOptions {
   outDir: string;
   /** Seed of the random weights. @defaultValue 42 */
   seed?: number;
+  /** How the graph writes attention (see {@link AttentionForm}). @defaultValue 'plain' */
+  attention?: AttentionForm;
 }
 
 /** The generated files, by path relative to the model directory, plus what they hold. */
@@ -37,8 +39,9 @@ export interface TinyModelFiles {
 }
 
 /** The stamp written into every generated directory; equal stamps mean identical files. */
-export function generatorStamp(preset: TinyModelPreset, seed = DEFAULT_SEED): string {
-  return `${JSON.stringify({ generator: '@sluice/model tiny-model', version: GENERATOR_VERSION, preset, seed })}\n`;
+export function generatorStamp(preset: TinyModelPreset, seed = DEFAULT_SEED, attention: AttentionForm = 'plain'): string {
+  const form = attention === 'plain' ? {} : { attention };
+  return `${JSON.stringify({ generator: '@sluice/model tiny-model', version: GENERATOR_VERSION, preset, seed, ...form })}\n`;
 }
 
 const json = (value: unknown): Uint8Array => new TextEncoder().encode(`${JSON.stringify(value, null, 2)}\n`);
@@ -57,7 +60,7 @@ function quietByteIds(): number[] {
  * Builds every file of a generated model in memory, deterministically: the same preset and seed
  * give byte-identical files on every run.
  */
-export function buildTinyModelFiles(preset: TinyModelPreset, seed = DEFAULT_SEED): TinyModelFiles {
+export function buildTinyModelFiles(preset: TinyModelPreset, seed = DEFAULT_SEED, attention: AttentionForm = 'plain'): TinyModelFiles {
   const arch = TINY_MODEL_PRESETS[preset];
   const bpe = trainByteLevelBpe(CORPUS, arch.vocabSize - SPECIAL_TOKENS.length);
   const tokenizer = buildTokenizerFiles(bpe, arch.maxPositionEmbeddings);
@@ -103,8 +106,8 @@ export function buildTinyModelFiles(preset: TinyModelPreset, seed = DEFAULT_SEED
   const onnx = buildLlamaGraph(arch, weights, {
     producerName: '@sluice/model tiny-model',
     producerVersion: String(GENERATOR_VERSION),
-    metadata: { preset, seed: String(seed) },
-  });
+    metadata: { preset, seed: String(seed), attention },
+  }, attention);
 
   const files = new Map<string, Uint8Array>([
     ['config.json', json(config)],
@@ -113,7 +116,7 @@ export function buildTinyModelFiles(preset: TinyModelPreset, seed = DEFAULT_SEED
     ['tokenizer_config.json', json(tokenizer.tokenizerConfig)],
     ['special_tokens_map.json', json(tokenizer.specialTokensMap)],
     ['onnx/model.onnx', onnx],
-    [GENERATOR_STAMP_FILE, new TextEncoder().encode(generatorStamp(preset, seed))],
+    [GENERATOR_STAMP_FILE, new TextEncoder().encode(generatorStamp(preset, seed, attention))],
   ]);
   return { files, architecture: arch, parameters: countParameters(weights) };
 }
@@ -124,7 +127,7 @@ export function buildTinyModelFiles(preset: TinyModelPreset, seed = DEFAULT_SEED
  * English corpus and a ChatML chat template.
  */
 export async function generateTinyModel(options: GenerateTinyModelOptions): Promise<void> {
-  const { files } = buildTinyModelFiles(options.preset, options.seed ?? DEFAULT_SEED);
+  const { files } = buildTinyModelFiles(options.preset, options.seed ?? DEFAULT_SEED, options.attention ?? 'plain');
   await writeTinyModelFiles(files, options.outDir);
 }
 

@@ -21,7 +21,21 @@ export const DIM = {
 export const MASK_VALUE = -3.4028234663852886e38;
 
 /**
- * Builds the ONNX graph of a Llama decoder with a KV cache, from standard opset-17 operators only.
+ * How attention is written in the graph:
+ * - `plain`: standard opset-17 operators only (any ONNX runtime, transformers.js). Scores and the
+ *   weighted sum are computed over the past and the step's new keys/values separately, so the
+ *   `present.*` Concat feeds only the graph outputs: a runtime that does not fetch `present.*`
+ *   (the engine keeps its own cache) can drop it, and no step copies the cache.
+ * - `gqa`: onnxruntime's `com.microsoft` GroupQueryAttention, as onnxruntime-genai's model builder
+ *   exports (rotary applied before it, `do_rotary` off). It takes each row's real length from the
+ *   attention mask's sum (`seqlens_k`), so rows must be right-padded or unpadded (its real slots
+ *   first); the mask's positions are not read.
+ */
+export type AttentionForm = 'plain' | 'gqa';
+
+/**
+ * Builds the ONNX graph of a Llama decoder with a KV cache, from standard opset-17 operators
+ * (plus GroupQueryAttention in the `gqa` form).
  *
  * Inputs and outputs follow Optimum's `text-generation-with-past` export, so the graph can be run
  * by anything that runs those (our engine, transformers.js):
@@ -31,7 +45,7 @@ export const MASK_VALUE = -3.4028234663852886e38;
  * The attention mask is causal on cache slots (query slot `past + s` sees key slots `<= past + s`)
  * AND the caller's `attention_mask[b, key]`, so left-padded batches and masked gaps are exact.
  */
-export function buildLlamaGraph(arch: LlamaArchitecture, weights: LlamaWeights, info: ModelInfo): Uint8Array {
+export function buildLlamaGraph(arch: LlamaArchitecture, weights: LlamaWeights, info: ModelInfo, attention: AttentionForm = 'plain'): Uint8Array {
   const g = new OnnxGraphBuilder('sluice_tiny_llama');
   const { hiddenSize: d, numHeads: h, numKvHeads: kvh, headDim: hd, vocabSize: v } = arch;
 
@@ -84,13 +98,20 @@ export function buildLlamaGraph(arch: LlamaArchitecture, weights: LlamaWeights, 
   const unsq = (x: string): string => g.op('Unsqueeze', [x, g.int64([0])]);
   const maskShape4d = g.op('Concat', [unsq(batch), g.int64([1, -1]), unsq(total)], { axis: { int: 0 } });
   const additiveMask = g.op('Reshape', [additive5d, maskShape4d]);
+  const zero1d = g.int64([0]);
+  const past1d = g.op('Unsqueeze', [pastLength, g.int64([0])]);
+  const total1d = g.op('Unsqueeze', [total, g.int64([0])]);
+  // GroupQueryAttention's per-row real lengths: mask sum − 1 (its `seqlens_k`), and the batch's total.
+  const seqlensK = g.op('Cast', [g.op('Sub', [g.op('ReduceSum', [attentionMask, g.int64([1])], { keepdims: { int: 0 } }), one])], { to: { int: 6 } });
+  const totalInt32 = g.op('Cast', [total], { to: { int: 6 } });
 
   // Rotary embeddings from position_ids: cos/sin [batch, 1, sequence, head_dim] (rotate-half layout).
   g.scope = '/model/rotary_emb';
   const invFreq = weight('model.rotary_emb.inv_freq');
   const positions = g.op('Cast', [g.op('Unsqueeze', [positionIds, g.int64([2])])], { to: { int: 1 } }); // [B,S,1]
   const freqs = g.op('Mul', [positions, invFreq]); // [B, S, hd/2]
-  const angles = g.op('Unsqueeze', [g.op('Concat', [freqs, freqs], { axis: { int: -1 } }), g.int64([1])]);
+  // [B, 1, S, hd] for the [batch, heads, sequence, hd] layout; [B, S, 1, hd] for GQA's [batch, sequence, heads, hd].
+  const angles = g.op('Unsqueeze', [g.op('Concat', [freqs, freqs], { axis: { int: -1 } }), g.int64([attention === 'gqa' ? 2 : 1])]);
   const cos = g.op('Cos', [angles]);
   const sin = g.op('Sin', [angles]);
   // rotate_half(x) = concat(-x2, x1) as x·R: R is a signed permutation, so the product is exact.
@@ -115,26 +136,53 @@ export function buildLlamaGraph(arch: LlamaArchitecture, weights: LlamaWeights, 
     const layerPast = past[i] as { key: string; value: string };
     g.scope = `/model/layers.${i}/self_attn`;
     const x = rmsNorm(hidden, `${p}.input_layernorm.weight`);
-    // One MatMul for q, k and v → [B, h + 2·kvh, S, hd].
+    // One MatMul for q, k and v.
     const qkvWeight = fused(`${p}.self_attn.q_proj.weight`, `${p}.self_attn.k_proj.weight`, `${p}.self_attn.v_proj.weight`);
-    const qkv = g.op('Transpose', [g.op('Reshape', [g.op('MatMul', [x, qkvWeight]), g.int64([0, 0, h + 2 * kvh, hd])])], {
-      perm: { ints: [0, 2, 1, 3] },
-    });
-    const [qk, value] = g.node('Split', [qkv, g.int64([h + kvh, kvh])], { attributes: { axis: { int: 1 } }, outputs: 2 }) as [string, string];
-    const rotated = g.op('Add', [g.op('Mul', [qk, cos]), g.op('Mul', [g.op('MatMul', [qk, rotateHalfMatrix]), sin])]);
-    const [query, key] = g.node('Split', [rotated, g.int64([h, kvh])], { attributes: { axis: { int: 1 } }, outputs: 2 }) as [string, string];
-    const concat = (pastTensor: string, current: string, name: string): string =>
-      g.node('Concat', [pastTensor, current], { name, attributes: { axis: { int: 2 } } })[0] as string;
-    const presentKey = concat(layerPast.key, key, `present.${i}.key`);
-    const presentValue = concat(layerPast.value, value, `present.${i}.value`);
-    presents.push({ key: presentKey, value: presentValue });
+    const qkvFlat = g.op('MatMul', [x, qkvWeight]);
+    let merged: string;
+    if (attention === 'gqa') {
+      // [B, S, h + 2·kvh, hd]: rotary on q and k, then GroupQueryAttention on [B, S, heads·hd].
+      const qkv = g.op('Reshape', [qkvFlat, g.int64([0, 0, h + 2 * kvh, hd])]);
+      const [qk, value] = g.node('Split', [qkv, g.int64([h + kvh, kvh])], { attributes: { axis: { int: 2 } }, outputs: 2 }) as [string, string];
+      const rotated = g.op('Add', [g.op('Mul', [qk, cos]), g.op('Mul', [g.op('MatMul', [qk, rotateHalfMatrix]), sin])]);
+      const [query, key] = g.node('Split', [rotated, g.int64([h, kvh])], { attributes: { axis: { int: 2 } }, outputs: 2 }) as [string, string];
+      const flat = (t: string, heads: number): string => g.op('Reshape', [t, g.int64([0, 0, heads * hd])]);
+      const [context, presentKey, presentValue] = g.node(
+        'GroupQueryAttention',
+        [flat(query, h), flat(key, kvh), flat(value, kvh), layerPast.key, layerPast.value, seqlensK, totalInt32],
+        {
+          domain: 'com.microsoft',
+          attributes: { num_heads: { int: h }, kv_num_heads: { int: kvh }, scale: { float: 1 / Math.sqrt(hd) } },
+          outputNames: [`${g.scope}/GroupQueryAttention_${i}/output_0`, `present.${i}.key`, `present.${i}.value`],
+        },
+      ) as [string, string, string];
+      presents.push({ key: presentKey, value: presentValue });
+      merged = context;
+    } else {
+      // [B, h + 2·kvh, S, hd].
+      const qkv = g.op('Transpose', [g.op('Reshape', [qkvFlat, g.int64([0, 0, h + 2 * kvh, hd])])], { perm: { ints: [0, 2, 1, 3] } });
+      const [qk, value] = g.node('Split', [qkv, g.int64([h + kvh, kvh])], { attributes: { axis: { int: 1 } }, outputs: 2 }) as [string, string];
+      const rotated = g.op('Add', [g.op('Mul', [qk, cos]), g.op('Mul', [g.op('MatMul', [qk, rotateHalfMatrix]), sin])]);
+      const [query, key] = g.node('Split', [rotated, g.int64([h, kvh])], { attributes: { axis: { int: 1 } }, outputs: 2 }) as [string, string];
+      const concat = (pastTensor: string, current: string, name: string): string =>
+        g.node('Concat', [pastTensor, current], { name, attributes: { axis: { int: 2 } } })[0] as string;
+      presents.push({ key: concat(layerPast.key, key, `present.${i}.key`), value: concat(layerPast.value, value, `present.${i}.value`) });
 
-    const groupedQuery = g.op('Reshape', [query, g.int64([0, kvh, -1, hd])]); // [B, kvh, rep·S, hd]
-    const keysT = g.op('Transpose', [presentKey], { perm: { ints: [0, 1, 3, 2] } });
-    const scores = g.op('Mul', [g.op('MatMul', [groupedQuery, keysT]), g.float32([1 / Math.sqrt(hd)], [])]);
-    const probs = g.op('Softmax', [g.op('Add', [scores, additiveMask])], { axis: { int: -1 } });
-    const context = g.op('Reshape', [g.op('MatMul', [probs, presentValue]), g.int64([0, h, -1, hd])]); // [B, h, S, hd]
-    const merged = g.op('Reshape', [g.op('Transpose', [context], { perm: { ints: [0, 2, 1, 3] } }), g.int64([0, 0, h * hd])]);
+      // Attention over the past and the new slots separately (never over present.*): the scores
+      // are joined before the softmax, the weighted sums added after it.
+      const groupedQuery = g.op('Reshape', [query, g.int64([0, kvh, -1, hd])]); // [B, kvh, rep·S, hd]
+      const scale = g.float32([1 / Math.sqrt(hd)], []);
+      const scoresOver = (keys: string): string =>
+        g.op('Mul', [g.op('MatMul', [groupedQuery, g.op('Transpose', [keys], { perm: { ints: [0, 1, 3, 2] } })]), scale]);
+      const scores = g.op('Concat', [scoresOver(layerPast.key), scoresOver(key)], { axis: { int: -1 } });
+      const probs = g.op('Softmax', [g.op('Add', [scores, additiveMask])], { axis: { int: -1 } });
+      const minusOne = g.int64([-1]);
+      const probsPast = g.op('Slice', [probs, zero1d, past1d, minusOne]);
+      const probsNew = g.op('Slice', [probs, past1d, total1d, minusOne]);
+      const weighted = g.op('Add', [g.op('MatMul', [probsPast, layerPast.value]), g.op('MatMul', [probsNew, value])]);
+      const context = g.op('Reshape', [weighted, g.int64([0, h, -1, hd])]); // [B, h, S, hd]
+      merged = g.op('Reshape', [g.op('Transpose', [context], { perm: { ints: [0, 2, 1, 3] } }), g.int64([0, 0, h * hd])]);
+    }
     hidden = g.op('Add', [hidden, g.op('MatMul', [merged, weight(`${p}.self_attn.o_proj.weight`)])]);
 
     g.scope = `/model/layers.${i}/mlp`;

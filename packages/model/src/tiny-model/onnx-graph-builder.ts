@@ -22,6 +22,10 @@ export interface NodeOptions {
   outputs?: number;
   /** Node name; outputs are named after it. @defaultValue `<scope>/<OpType>_<n>` */
   name?: string;
+  /** Names of the outputs (instead of names derived from the node name). */
+  outputNames?: readonly string[];
+  /** Operator domain, e.g. `com.microsoft` (imported at version 1). @defaultValue the default ONNX domain */
+  domain?: string;
 }
 
 /** What {@link OnnxGraphBuilder.toBytes} writes into the model header. */
@@ -75,8 +79,9 @@ function attributeProto(name: string, value: Attribute): onnxProto.onnx.IAttribu
 }
 
 /**
- * Builds one ONNX graph node by node and serializes it as a model (default domain only: no
- * `com.microsoft` operators, so any ONNX runtime can load it).
+ * Builds one ONNX graph node by node and serializes it as a model. Only the default domain unless
+ * a node names another (the `gqa` attention form uses `com.microsoft` GroupQueryAttention, which
+ * only onnxruntime runs).
  */
 export class OnnxGraphBuilder {
   private readonly nodes: onnxProto.onnx.INodeProto[] = [];
@@ -85,6 +90,7 @@ export class OnnxGraphBuilder {
   private readonly outputs: onnxProto.onnx.IValueInfoProto[] = [];
   private readonly constants = new Map<string, string>();
   private readonly names = new Set<string>();
+  private readonly domains = new Set<string>();
   private counter = 0;
   /** Prefix of generated node names, e.g. `/model/layers.0/self_attn`. */
   scope = '';
@@ -131,11 +137,15 @@ export class OnnxGraphBuilder {
   node(opType: string, inputs: readonly string[], options: NodeOptions = {}): string[] {
     const name = options.name ?? `${this.scope}/${opType}_${this.counter++}`;
     const count = options.outputs ?? 1;
-    const outputs = Array.from({ length: count }, (_, i) => (options.name !== undefined && count === 1 ? name : `${name}_output_${i}`));
+    const outputs = options.outputNames !== undefined
+      ? [...options.outputNames]
+      : Array.from({ length: count }, (_, i) => (options.name !== undefined && count === 1 ? name : `${name}_output_${i}`));
     for (const output of outputs) this.claim(output);
+    if (options.domain !== undefined) this.domains.add(options.domain);
     this.nodes.push({
       name,
       opType,
+      ...(options.domain === undefined ? {} : { domain: options.domain }),
       input: [...inputs],
       output: outputs,
       attribute: Object.entries(options.attributes ?? {}).map(([key, value]) => attributeProto(key, value)),
@@ -153,7 +163,7 @@ export class OnnxGraphBuilder {
   toBytes(info: ModelInfo): Uint8Array {
     const model = onnx.ModelProto.create({
       irVersion: IR_VERSION,
-      opsetImport: [{ domain: '', version: OPSET_VERSION }],
+      opsetImport: [{ domain: '', version: OPSET_VERSION }, ...[...this.domains].map((domain) => ({ domain, version: 1 }))],
       producerName: info.producerName,
       producerVersion: info.producerVersion,
       metadataProps: Object.entries(info.metadata ?? {}).map(([key, value]) => ({ key, value })),

@@ -1,0 +1,81 @@
+import { loadModelDir, type AttentionForm, type ModelDir } from '@sluice/model';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { RawOnnxModel } from '../../model/test/support/raw-greedy.js';
+import { EngineCore } from '../src/engine-core.js';
+import { KV_BLOCK } from '../src/kv-lane.js';
+import { OnnxSession } from '../src/onnx-session.js';
+import { resolveRequest } from '../src/resolve-request.js';
+import { ATTENTION_FORMS, tinyModelDir } from './support/model-forms.js';
+
+/**
+ * Real exports come in two forms, Optimum's plain operators and onnxruntime's GroupQueryAttention;
+ * the generator writes both. For each, the engine rewrites the graph at load to return only the
+ * step's new keys/values and serves the decode rows from its own cache; each request must get the
+ * tokens of the plainest possible decoder (raw onnxruntime, one request alone, present.* fed back
+ * as past) while rows join, leave and the lane grows past several capacity blocks.
+ */
+describe.each(ATTENTION_FORMS)('the %s attention form', (form: AttentionForm) => {
+  let model: ModelDir;
+  let session: OnnxSession;
+  let raw: RawOnnxModel;
+  let remove: () => Promise<void>;
+
+  beforeAll(async () => {
+    const made = await tinyModelDir(form);
+    remove = made.remove;
+    model = await loadModelDir(made.dir);
+    session = await OnnxSession.create({ modelPath: model.onnxPath, executionProvider: 'cpu', intraOpThreads: 1, interOpThreads: 0 });
+    raw = await RawOnnxModel.load(made.dir);
+  });
+
+  afterAll(async () => {
+    await session?.dispose();
+    await raw?.release();
+    await remove?.();
+  });
+
+  it('is served from the engine-owned cache (new key/value slices, no present.* fetched)', () => {
+    expect(model.io.usesGroupQueryAttention).toBe(form === 'gqa');
+    expect(session.outputsNewKv).toBe(true);
+  });
+
+  it('gives every request the raw greedy loop’s tokens as rows join, leave and grow past several capacity blocks', async () => {
+    // Chunked prefill (24-token budget) beside decoding rows; rows of very different lengths share
+    // the lane; the longest grows past 5 blocks.
+    const core = new EngineCore(session, model, { maxBatchSize: 4, maxStepTokens: 24, maxCachedTokens: 4 * 2048, laneCost: 64, exactLengthBatches: false });
+    const cases = [
+      { prompt: 5, maxTokens: 5 * KV_BLOCK + 10 },
+      { prompt: 40, maxTokens: 30 },
+      { prompt: 3, maxTokens: 2 * KV_BLOCK + 7 },
+      { prompt: 61, maxTokens: 90 },
+      { prompt: 17, maxTokens: 3 * KV_BLOCK },
+      { prompt: 9, maxTokens: 12 },
+    ].map(({ prompt, maxTokens }, key) => ({
+      key,
+      maxTokens,
+      promptTokenIds: Array.from({ length: prompt }, (_, t) => 3 + ((key * 131 + t * 17) % 1000)),
+    }));
+    const got: number[][] = cases.map(() => []);
+    let maxRows = 0;
+    for (let step = 0; !core.idle || step <= 25 * cases.length; step++) {
+      if (step % 25 === 0 && step / 25 < cases.length) {
+        const c = cases[step / 25]!;
+        core.add(c.key, resolveRequest(
+          { id: `form-${c.key}`, promptTokenIds: c.promptTokenIds, sampling: { maxTokens: c.maxTokens, temperature: 0, ignoreEos: true } },
+          { vocabSize: model.tokenizer.vocabSize, maxContextLength: 2048, maxBatchSize: 4, maxCachedTokens: 4 * 2048 },
+        ), performance.timeOrigin + performance.now());
+      }
+      const { events, stats } = await core.step();
+      maxRows = Math.max(maxRows, stats?.batchSize ?? 0);
+      for (const [key, event] of events) {
+        if (event.type === 'text-delta') got[key]!.push(...event.tokenIds);
+        if (event.type === 'finish') expect(event.error, `request ${key}`).toBeUndefined();
+      }
+    }
+    expect(maxRows).toBeGreaterThanOrEqual(3);
+    for (const c of cases) {
+      const [want] = await raw.greedy([c.promptTokenIds], { maxNewTokens: c.maxTokens });
+      expect(got[c.key], `request ${c.key}`).toEqual(want);
+    }
+  });
+});
