@@ -82,7 +82,13 @@ async function baseline(): Promise<number> {
 async function gateway(): Promise<number> {
   const config = loadGatewayConfig({ HEADERS_WAIT_MS: '60000', IDLE_TIMEOUT_MS: '600000', QUEUE_TIMEOUT_MS: '600000', MAX_QUEUED_REQUESTS: String(streams + 10) });
   const logger = pino({ level: 'warn' });
-  const sessions = new SessionManager({ queueTimeoutMs: config.queueTimeoutMs, idleTimeoutMs: config.idleTimeoutMs }, { cancel: () => undefined }, logger);
+  const log = { read: async () => ({ entries: [], known: false }), meta: async () => undefined, lastSeq: async () => -1 };
+  const sessions = new SessionManager(
+    { queueTimeoutMs: config.queueTimeoutMs, idleTimeoutMs: config.idleTimeoutMs },
+    { cancel: () => undefined, detach: () => undefined },
+    log,
+    logger,
+  );
   const submitted: string[] = [];
   // What the relay does with every message from Redis: decode (JSON + validation), then dispatch.
   const relay = (entries: GatewayEntry[]) => relayRaw(encodeGatewayMessage({ workerId: 'bench', entries }));
@@ -124,8 +130,21 @@ async function gateway(): Promise<number> {
         submitted.push(job.requestId);
         if (submitted.length === streams) setImmediate(() => void produce());
       },
+      attach: async () => undefined,
+      cancelRequest: async () => undefined,
     },
+    log,
     registry: { liveWorkerCount: 1, models: () => [], requireModel: (id) => ({ id, maxContextLength: 4096, workers: 1 }) },
+    // One token per character: the prompt is counted as a deployed gateway counts it, at no real cost.
+    tokenizers: {
+      forModel: async () => ({
+        maxContextLength: 4096,
+        vocabSize: 256,
+        encodeChat: (messages) => [...messages.map((m) => m.content).join('\n')].map((ch) => ch.charCodeAt(0) % 256),
+        encodeText: (prompt) => [...prompt].map((ch) => ch.charCodeAt(0) % 256),
+        decode: (ids) => String.fromCharCode(...ids),
+      }),
+    },
     checkRedis: async () => true,
     isDraining: () => false,
   });

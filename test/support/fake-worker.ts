@@ -6,6 +6,7 @@
 import { pino } from 'pino';
 import { loadWorkerConfig } from '../../apps/worker/dist/config.js';
 import { startWorker } from '../../apps/worker/dist/worker.js';
+import { byteLevelTokenizerJson } from '../../packages/model/test/fixtures/byte-level-tokenizer.js';
 import { createFakeEngine } from './fake-engine.js';
 
 const config = loadWorkerConfig();
@@ -15,11 +16,16 @@ const engine = createFakeEngine({
   maxBatchSize: config.maxBatchSize,
   modelId: config.modelId ?? 'fake',
 });
-const prompts = {
-  chat: (messages: ReadonlyArray<{ content: string }>) => [...messages.map((m) => m.content).join('\n')].map((ch) => ch.charCodeAt(0) % 512),
-  text: (prompt: string) => [...prompt].map((ch) => ch.charCodeAt(0) % 512),
+// Gateways tokenize with this card: a small byte-level BPE tokenizer and a ChatML template.
+const modelCard = {
+  tokenizerJson: JSON.stringify(byteLevelTokenizerJson()),
+  tokenizerConfigJson: '{}',
+  chatTemplate:
+    "{% for m in messages %}{{ '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{% endfor %}" +
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}",
+  maxContextLength: engine.info.maxContextLength,
 };
-const worker = await startWorker(config, { engine, prompts, modelId: engine.info.modelId, logger });
+const worker = await startWorker(config, { engine, modelCard, modelId: engine.info.modelId, logger });
 const stop = () => void worker.drain().then(() => process.exit(0));
 process.on('SIGTERM', stop);
 process.on('SIGINT', stop);

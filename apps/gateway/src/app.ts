@@ -14,6 +14,7 @@ import { cancelHandler, resumeHandler } from './routes/resume.js';
 import type { SessionManager } from './session-manager.js';
 import type { TokenLog } from './token-log-reader.js';
 import type { HeartbeatTicker } from './sse-writer.js';
+import type { TokenizerSource } from './tokenizer-cache.js';
 import type { ModelCatalog } from './worker-registry.js';
 
 /** Everything the HTTP app uses; `main.ts` wires the Redis-backed ones, tests and benchmarks fakes. */
@@ -27,6 +28,8 @@ export interface AppDeps {
   /** Token logs and request metas: resume and cancel by id. */
   log: TokenLog;
   registry: ModelCatalog;
+  /** The served models' tokenizers (from their workers' model cards): prompts are counted here. */
+  tokenizers: TokenizerSource;
   heartbeats: HeartbeatTicker;
   checkRedis(): Promise<boolean>;
   isDraining(): boolean;

@@ -13,6 +13,7 @@ import { Relay } from './relay.js';
 import { SessionManager } from './session-manager.js';
 import { HeartbeatTicker } from './sse-writer.js';
 import { RedisTokenLog } from './token-log-reader.js';
+import { TokenizerCache } from './tokenizer-cache.js';
 import { WorkerRegistry } from './worker-registry.js';
 
 export interface RunningGateway {
@@ -64,9 +65,12 @@ export async function startGateway(config: GatewayConfig, logger: Logger, option
   await keepAlive();
   const aliveTimer = setInterval(() => void keepAlive(), Math.floor(aliveTtlMs / 3));
   aliveTimer.unref();
-  const registry = new WorkerRegistry(redis, names, config.registryPollMs, logger, (live, takenAt) =>
-    sessions.failLostWorkers(live, takenAt),
-  );
+  const tokenizers = new TokenizerCache(redis, names, logger);
+  const registry: WorkerRegistry = new WorkerRegistry(redis, names, config.registryPollMs, logger, (live, takenAt) => {
+    sessions.failLostWorkers(live, takenAt);
+    // A model card is loaded when first named, not by the first request that needs it.
+    for (const model of registry.models()) if (model.modelCard !== undefined) tokenizers.prefetch(model.modelCard);
+  });
   await registry.refresh();
   registry.start();
   const heartbeats = new HeartbeatTicker(config.heartbeatMs);
@@ -80,6 +84,7 @@ export async function startGateway(config: GatewayConfig, logger: Logger, option
     jobs,
     log,
     registry,
+    tokenizers,
     heartbeats,
     hooks,
     isDraining: () => draining,

@@ -7,6 +7,10 @@ export interface ServedModel {
   id: string;
   maxContextLength: number;
   workers: number;
+  /** Smallest max batch of its workers: the most choices (`n`) one request may ask for. */
+  maxBatchSize?: number;
+  /** Content hash of the model card (tokenizer, chat template) its workers publish. */
+  modelCard?: string;
 }
 
 /** What the routes need to know about the workers. */
@@ -83,10 +87,14 @@ export class WorkerRegistry implements ModelCatalog {
     for (const record of serving) {
       const model = byModel.get(record.modelId);
       if (model === undefined) {
-        byModel.set(record.modelId, { id: record.modelId, maxContextLength: record.maxContextLength, workers: 1 });
+        const served: ServedModel = { id: record.modelId, maxContextLength: record.maxContextLength, workers: 1, maxBatchSize: record.maxBatchSize };
+        if (record.modelCard !== undefined) served.modelCard = record.modelCard;
+        byModel.set(record.modelId, served);
       } else {
         model.workers++;
         model.maxContextLength = Math.min(model.maxContextLength, record.maxContextLength);
+        model.maxBatchSize = Math.min(model.maxBatchSize ?? record.maxBatchSize, record.maxBatchSize);
+        if (model.modelCard === undefined && record.modelCard !== undefined) model.modelCard = record.modelCard;
       }
     }
     this.workers = workers;

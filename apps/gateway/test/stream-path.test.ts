@@ -154,7 +154,7 @@ describe('the SSE stream path', () => {
   it('turns a rejection before the 200 into an HTTP error naming the field the client sent', async () => {
     const h = await start();
     const job = h.nextJob();
-    const reply = post(h, '/v1/chat/completions', chatBody({ max_completion_tokens: 500 }));
+    const reply = post(h, '/v1/chat/completions', chatBody({ max_completion_tokens: 50 }));
     await job;
     h.send([{ type: 'rejected', error: { code: 'context_length_exceeded', message: 'too long', param: 'max_tokens' } }]);
     const res = await reply;
@@ -162,6 +162,27 @@ describe('the SSE stream path', () => {
     expect(await res.json()).toEqual({
       error: { message: 'too long', type: 'invalid_request_error', param: 'max_completion_tokens', code: 'context_length_exceeded' },
     });
+  });
+
+  it('refuses a prompt that cannot fit the context with a 400 before any job, even with an early 200', async () => {
+    const h = await start({ HEADERS_WAIT_MS: '0' });
+    const tooMuch = await post(h, '/v1/chat/completions', chatBody({ max_completion_tokens: 500 }));
+    expect(tooMuch.status).toBe(400);
+    expect(await tooMuch.json()).toMatchObject({ error: { param: 'max_completion_tokens', code: 'context_length_exceeded' } });
+    const longPrompt = await post(h, '/v1/chat/completions', chatBody({ messages: [{ role: 'user', content: 'x'.repeat(100) }] }));
+    expect(longPrompt.status).toBe(400);
+    expect(await longPrompt.json()).toMatchObject({ error: { param: 'messages', code: 'context_length_exceeded' } });
+    const badIds = await post(h, '/v1/completions', JSON.stringify({ model: 'm', prompt: [1, 999], stream: true }));
+    expect(badIds.status).toBe(400);
+    expect(await badIds.json()).toMatchObject({ error: { param: 'prompt', code: 'invalid_request' } });
+    expect(h.jobs).toEqual([]);
+  });
+
+  it('sends the job the prompt as token ids (the worker never tokenizes)', async () => {
+    const h = await start();
+    const job = h.nextJob();
+    void post(h, '/v1/chat/completions', chatBody()).catch(() => undefined);
+    expect((await job).input).toEqual({ kind: 'tokens', promptTokenIds: [104, 105] });
   });
 
   it('after an early 200, a rejection becomes an error frame', async () => {

@@ -1,9 +1,8 @@
 import { pino } from 'pino';
 import { createEngine } from '@sluice/engine';
 import { createWorkerMetrics } from '@sluice/metrics';
-import { ensureBuiltinModel, loadModelDir } from '@sluice/model';
+import { ensureBuiltinModel, loadModelDir, readPromptFiles } from '@sluice/model';
 import { ConfigError, loadWorkerConfig } from './config.js';
-import { createPromptEncoder } from './prompt-encoder.js';
 import { startWorker } from './worker.js';
 
 /** Entry point: config → model → engine → worker; SIGTERM/SIGINT drain and exit 0. */
@@ -35,7 +34,8 @@ async function main(): Promise<void> {
     const modelId = config.modelId ?? model.id;
     worker = await startWorker(config, {
       engine,
-      prompts: createPromptEncoder(model),
+      // Gateways tokenize and render chat templates with these files; this process never does.
+      modelCard: { ...(await readPromptFiles(modelDir)), maxContextLength: engine.info.maxContextLength },
       modelId,
       logger,
       metrics: createWorkerMetrics(),

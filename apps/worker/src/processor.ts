@@ -3,7 +3,6 @@ import type { Logger } from 'pino';
 import type { Engine, EngineErrorCode, EngineEvent, SamplingParams } from '@sluice/engine';
 import { decodeRequestMeta, generateJobSchema, type GenerateJob, type RedisNames, type WireError } from '@sluice/protocol';
 import type { ControlListener } from './control-listener.js';
-import type { PromptEncoder } from './prompt-encoder.js';
 import type { Route, StepRouter } from './step-router.js';
 
 /** The reason a drain passes to `abort()`: the client gets `worker_shutdown` instead of silence. */
@@ -68,7 +67,6 @@ export interface WorkerHooks {
 
 export interface ProcessorDeps {
   engine: Pick<Engine, 'submit' | 'info'>;
-  prompts: PromptEncoder;
   router: StepRouter;
   controls: ControlListener;
   /** Command connection (cancel marker, request meta). */
@@ -153,7 +151,7 @@ export class JobProcessor {
     // before the engine sees the request.
     const state = redis.multi().exists(names.cancelMarkerKey(job.requestId)).hgetall(names.metaKey(job.requestId)).exec();
     state.catch(() => undefined);
-    const promptTokenIds = this.encode(job, logger);
+    const promptTokenIds = this.encode(job);
     if (!Array.isArray(promptTokenIds)) return this.reject(route, promptTokenIds, logger);
     const maxContext = engine.info.maxContextLength;
     if (promptTokenIds.length >= maxContext) {
@@ -252,23 +250,14 @@ export class JobProcessor {
     return false;
   }
 
-  private encode(job: GenerateJob, logger: Logger): number[] | WireError {
-    try {
-      const input = job.input;
-      const ids =
-        input.kind === 'chat'
-          ? this.deps.prompts.chat(
-              input.messages.map((m) => (m.name === undefined ? { role: m.role, content: m.content } : { role: m.role, content: m.content, name: m.name })),
-            )
-          : input.kind === 'text'
-            ? this.deps.prompts.text(input.prompt)
-            : input.promptTokenIds;
-      if (ids.length === 0) return { code: 'invalid_request', message: 'The prompt is empty.', param: 'prompt' };
-      return ids;
-    } catch (error) {
-      logger.warn({ err: error }, 'prompt encoding failed');
-      return { code: 'invalid_request', message: 'The messages cannot be rendered with the model chat template.', param: 'prompt' };
+  /** The prompt's token ids: gateways tokenize (a large prompt must not stall this thread's I/O). */
+  private encode(job: GenerateJob): number[] | WireError {
+    const input = job.input;
+    if (input.kind !== 'tokens') {
+      return { code: 'invalid_request', message: 'This worker takes prompt token ids only: the gateway is older than the worker.', param: 'prompt' };
     }
+    if (input.promptTokenIds.length === 0) return { code: 'invalid_request', message: 'The prompt is empty.', param: 'prompt' };
+    return input.promptTokenIds;
   }
 
   private reject(route: Route, error: WireError, logger: Logger): false {

@@ -4,12 +4,11 @@ import { Redis } from 'ioredis';
 import type { Logger } from 'pino';
 import type { Engine, StepStats } from '@sluice/engine';
 import { QUEUE_JOB_STATES, type WorkerMetrics } from '@sluice/metrics';
-import { GENERATE_QUEUE, redisNames } from '@sluice/protocol';
+import { GENERATE_QUEUE, redisNames, type ModelCard } from '@sluice/protocol';
 import { ControlListener } from './control-listener.js';
 import type { WorkerConfig } from './config.js';
 import { HealthServer } from './health-server.js';
 import { JobProcessor, SHUTDOWN_REASON, type WorkerHooks } from './processor.js';
-import type { PromptEncoder } from './prompt-encoder.js';
 import { RegistryHeartbeat } from './registry-heartbeat.js';
 import { StepRouter } from './step-router.js';
 
@@ -38,7 +37,8 @@ export async function startWorker(
   config: WorkerConfig,
   deps: {
     engine: Engine;
-    prompts: PromptEncoder;
+    /** Published for gateways, which tokenize and check prompts (workers take token ids only). */
+    modelCard?: ModelCard;
     modelId: string;
     logger: Logger;
     hooks?: WorkerHooks;
@@ -46,7 +46,7 @@ export async function startWorker(
     metrics?: WorkerMetrics;
   },
 ): Promise<RunningWorker> {
-  const { engine, prompts, modelId, logger, metrics } = deps;
+  const { engine, modelId, logger, metrics } = deps;
   const names = redisNames(config.redisPrefix);
   // BullMQ needs `maxRetriesPerRequest: null` on worker connections (blocking commands).
   const redis = new Redis(config.redisUrl, { maxRetriesPerRequest: null, lazyConnect: true });
@@ -69,7 +69,6 @@ export async function startWorker(
   let steps = 0;
   const processor = new JobProcessor({
     engine,
-    prompts,
     router,
     controls,
     redis,
@@ -105,6 +104,7 @@ export async function startWorker(
       draining,
     }),
     logger,
+    deps.modelCard,
   );
 
   const health = new HealthServer(() => ({

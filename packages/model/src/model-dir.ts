@@ -57,7 +57,8 @@ const generationSchema = z.looseObject({
   repetition_penalty: z.number({ error: 'must be a number > 0' }).positive({ error: 'must be a number > 0' }).nullish(),
 });
 
-const tokenizerConfigSchema = z.looseObject({
+/** tokenizer_config.json: what the loader reads (also used by prompt-files.ts). */
+export const tokenizerConfigSchema = z.looseObject({
   chat_template: z
     .union([z.string(), z.array(z.object({ name: z.string(), template: z.string() }))], {
       error: 'must be a string or a list of {name, template}',
@@ -192,7 +193,7 @@ async function loadChatTemplate(
 }
 
 /** A list of named templates (`default`, `tool_use`, ...): the default one, else the first. */
-function pickNamedTemplate(list: Array<{ name: string; template: string }> | null | undefined): string | undefined {
+export function pickNamedTemplate(list: Array<{ name: string; template: string }> | null | undefined): string | undefined {
   return (list ?? []).find((entry) => entry.name === 'default')?.template ?? list?.[0]?.template;
 }
 
@@ -205,7 +206,7 @@ async function findOnnxFile(dir: string, fileName: string): Promise<{ onnxPath: 
 }
 
 /** The special-token strings a chat template reads (`bos_token`, `eos_token`, ...). */
-function specialTokenStrings(config: z.infer<typeof tokenizerConfigSchema>): Record<string, string> {
+export function specialTokenStrings(config: z.infer<typeof tokenizerConfigSchema>): Record<string, string> {
   const strings: Record<string, string> = {};
   for (const key of ['bos_token', 'eos_token', 'pad_token', 'unk_token'] as const) {
     const value = config[key];

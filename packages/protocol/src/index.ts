@@ -6,3 +6,4 @@ export * from './control-message.js';
 export * from './request-meta.js';
 export * from './token-log.js';
 export * from './worker-record.js';
+export * from './model-card.js';

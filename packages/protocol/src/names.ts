@@ -32,6 +32,8 @@ export function redisNames(prefix: string = DEFAULT_PREFIX) {
     metaKey: (requestId: string) => `${prefix}:{${requestId}}:meta`,
     /** Marker that a request was cancelled; a worker that takes the job later skips it. */
     cancelMarkerKey: (requestId: string) => `${prefix}:cancelled:${requestId}`,
+    /** A model card (tokenizer, chat template, context length) by content hash: see model-card.ts. */
+    modelCardKey: (hash: string) => `${prefix}:model-card:${hash}`,
     /** A worker's registry record, kept alive by its heartbeat (PX TTL). */
     workerKey: (workerId: string) => `${prefix}:worker:${workerId}`,
     /** Sorted set of worker ids (score: last heartbeat, ms since epoch): the index of `workerKey`s. */

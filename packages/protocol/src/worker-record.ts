@@ -14,6 +14,8 @@ export const workerRecordSchema = z.object({
   heartbeatAt: z.number(),
   /** Sequences the worker is generating. */
   running: z.number().int().nonnegative(),
+  /** Content hash of the worker's model card (`modelCardKey`): how gateways tokenize for this model. */
+  modelCard: z.string().optional(),
   /** Set once the worker got SIGTERM: it takes no new jobs. */
   draining: z.boolean(),
 });

@@ -5,6 +5,7 @@ import type { HttpBindings } from '@hono/node-server';
 import type { GenerateJob, StreamFormat } from '@sluice/protocol';
 import type { AppDeps } from '../app.js';
 import { GatewayError } from '../errors.js';
+import { promptTokenIds } from '../prompt-tokens.js';
 import { parseChatRequest, parseCompletionRequest, type Endpoint } from '../openai/request-schemas.js';
 import { ResponseFormat } from '../openai/response-format.js';
 import { CompleteResponder } from '../responders/complete-responder.js';
@@ -48,8 +49,10 @@ export function generateHandler(deps: AppDeps, endpoint: Endpoint) {
     const body = await readJson(c.env.incoming, config.maxBodyBytes);
     const request = endpoint === 'chat' ? parseChatRequest(body) : parseCompletionRequest(body);
     if (deps.isDraining()) throw new GatewayError('shutting_down');
-    registry.requireModel(request.model);
+    const served = registry.requireModel(request.model);
     if (sessions.queuedCount >= config.maxQueuedRequests) throw new GatewayError('queue_full');
+    // Tokenized here, not on a worker: a prompt that cannot fit is a 400 before the 200 under any load.
+    const promptIds = promptTokenIds(request, await deps.tokenizers.forModel(served), served);
 
     // The client's id (`X-Request-Id`, checked by the app's middleware) is for logs and the reply; it
     // need not be unique, so the job, the session and the pub/sub entries use an id of our own.
@@ -93,7 +96,7 @@ export function generateHandler(deps: AppDeps, endpoint: Endpoint) {
       correlationId: requestId,
       channel,
       model: request.model,
-      input: request.input,
+      input: { kind: 'tokens', promptTokenIds: promptIds },
       sampling: request.sampling,
       defaultMaxTokens: request.defaultMaxTokens,
       resumeGraceMs: graceMs,

@@ -10,6 +10,7 @@ import type { RequestSession } from '../../src/request-session.js';
 import { SessionManager } from '../../src/session-manager.js';
 import { HeartbeatTicker } from '../../src/sse-writer.js';
 import type { TokenLog } from '../../src/token-log-reader.js';
+import type { ModelTokenizer } from '../../src/tokenizer-cache.js';
 
 type DistributiveOmit<T, K extends PropertyKey> = T extends unknown ? Omit<T, K> : never;
 
@@ -31,6 +32,15 @@ export interface AppHarness {
 }
 
 const open: AppHarness[] = [];
+
+/** One token per character (code mod 256), a chat as its contents joined: enough to count prompts. */
+const charTokenizer: ModelTokenizer = {
+  maxContextLength: 100,
+  vocabSize: 256,
+  encodeChat: (messages) => [...messages.map((m) => m.content).join('\n')].map((ch) => ch.charCodeAt(0) % 256),
+  encodeText: (prompt) => [...prompt].map((ch) => ch.charCodeAt(0) % 256),
+  decode: (ids) => String.fromCharCode(...ids),
+};
 
 /** Closes every harness started so far (call from `afterEach`). */
 export async function closeAppHarnesses(): Promise<void> {
@@ -77,8 +87,9 @@ export async function startAppHarness(env: Record<string, string> = {}): Promise
     registry: {
       liveWorkerCount: 1,
       models: () => [{ id: 'm', maxContextLength: 100, workers: 1 }],
-      requireModel: (id) => ({ id, maxContextLength: 100, workers: 1 }),
+      requireModel: (id) => ({ id, maxContextLength: 100, workers: 1, maxBatchSize: 16 }),
     },
+    tokenizers: { forModel: async () => charTokenizer },
     checkRedis: async () => true,
     isDraining: () => false,
   });

@@ -1,0 +1,51 @@
+import { GatewayError } from './errors.js';
+import type { ParsedRequest } from './openai/request-schemas.js';
+import type { ModelTokenizer } from './tokenizer-cache.js';
+import type { ServedModel } from './worker-registry.js';
+
+/**
+ * The prompt's token ids, checked against the model as the engine would check them: every refusal
+ * that depends only on the request is an HTTP 4xx here, before the 200, whatever the load (a worker
+ * that is busy or frozen cannot turn it into a late SSE error frame).
+ * @throws GatewayError `invalid_request` or `context_length_exceeded`, naming the client's field
+ */
+export function promptTokenIds(request: ParsedRequest, tokenizer: ModelTokenizer, model: ServedModel): number[] {
+  const promptParam = request.endpoint === 'chat' ? 'messages' : 'prompt';
+  const input = request.input;
+  const ids =
+    input.kind === 'chat'
+      ? tokenizer.encodeChat(input.messages.map((m) => (m.name === undefined ? { role: m.role, content: m.content } : { ...m, name: m.name })))
+      : input.kind === 'text'
+        ? tokenizer.encodeText(input.prompt)
+        : input.promptTokenIds;
+  if (ids.length === 0) throw new GatewayError('invalid_request', { message: 'The prompt is empty.', param: promptParam });
+  if (input.kind === 'tokens') {
+    const bad = ids.find((id) => id >= tokenizer.vocabSize);
+    if (bad !== undefined) {
+      throw new GatewayError('invalid_request', {
+        message: `${promptParam}: token ids must be in [0, ${tokenizer.vocabSize}), got ${bad}.`,
+        param: promptParam,
+      });
+    }
+  }
+  const maxContext = Math.min(tokenizer.maxContextLength, model.maxContextLength);
+  if (ids.length >= maxContext) {
+    throw tooLong(`This model's maximum context length is ${maxContext} tokens. However, your prompt is ${ids.length} tokens long.`, promptParam);
+  }
+  const maxTokens = request.sampling.maxTokens ?? (request.defaultMaxTokens === 'context' ? maxContext - ids.length : request.defaultMaxTokens);
+  if (ids.length + maxTokens > maxContext) {
+    throw tooLong(
+      `This model's maximum context length is ${maxContext} tokens. However, you requested ${ids.length + maxTokens} tokens ` +
+        `(${ids.length} in the prompt, ${maxTokens} for the completion).`,
+      request.maxTokensParam,
+    );
+  }
+  if (model.maxBatchSize !== undefined && request.n > model.maxBatchSize) {
+    throw new GatewayError('invalid_request', { message: `n: must be at most ${model.maxBatchSize} for this model.`, param: 'n' });
+  }
+  return ids;
+}
+
+function tooLong(message: string, param: string): GatewayError {
+  return new GatewayError('context_length_exceeded', { message, param });
+}
