@@ -291,9 +291,57 @@ async function withNewKvOutputs(modelPath: string): Promise<{ bytes: Uint8Array;
     ...(graph.output ?? []).filter((output) => !presents.has(output.name ?? '')),
     ...newKvNames.map((name) => onnx.ValueInfoProto.create({ name, type: { tensorType: { elemType } } })),
   ];
-  graph.node = withoutDeadNodes([...(graph.node ?? []), ...added.map((node) => onnx.NodeProto.create(node))], graph.output);
+  const nodes = [...(graph.node ?? []), ...added.map((node) => onnx.NodeProto.create(node))];
+  const initializers = new Set((graph.initializer ?? []).map((tensor) => tensor.name ?? ''));
+  const lastOnly = lastPositionLogits(nodes, initializers);
+  if (lastOnly !== undefined) {
+    nodes.push(lastOnly.node);
+    constants.push(...lastOnly.constants);
+  }
+  graph.node = withoutDeadNodes(nodes, graph.output);
   graph.initializer = [...(graph.initializer ?? []), ...constants.map((tensor) => onnx.TensorProto.create(tensor))];
   return { bytes: onnx.ModelProto.encode(model).finish(), newKvNames };
+}
+
+/** Ops between the final hidden state and `logits` (the lm_head and its reshapes). */
+const LM_HEAD_OPS = new Set(['MatMul', 'Gemm', 'Reshape', 'Cast', 'Identity']);
+
+/**
+ * Logits of the last position only: the engine samples nothing else, and a prefill chunk's
+ * logits are [chunk, vocab] (a 512-token chunk at a 150k vocabulary is ~300 MB, all but one row
+ * unused). Walks back from `logits` through the lm_head ({@link LM_HEAD_OPS}, following the
+ * non-initializer input) to the hidden state [batch, positions, hidden] that feeds it, and makes
+ * every reader of that hidden state read its last position instead (a Slice on axis 1). Mutates
+ * `nodes`' inputs and returns the Slice node to add, or undefined when the pattern is not there.
+ * Graphs whose logits reshape takes its shape from `input_ids` would then fail to run; the
+ * generated ones take it from the hidden state, Optimum's MatMul head needs no reshape.
+ */
+function lastPositionLogits(
+  nodes: onnxProto.onnx.INodeProto[],
+  initializers: ReadonlySet<string>,
+): { node: onnxProto.onnx.INodeProto; constants: onnxProto.onnx.ITensorProto[] } | undefined {
+  const producers = new Map<string, onnxProto.onnx.INodeProto>();
+  for (const node of nodes) for (const output of node.output ?? []) producers.set(output, node);
+  let at = 'logits';
+  for (let depth = 0; depth < 8; depth++) {
+    const node = producers.get(at);
+    if (node === undefined || (node.domain ?? '') !== '' || !LM_HEAD_OPS.has(node.opType ?? '')) break;
+    const next = (node.input ?? []).find((input) => input !== '' && !initializers.has(input) && producers.has(input));
+    if (next === undefined) return undefined;
+    at = next;
+  }
+  if (at === 'logits' || producers.get(at) === undefined) return undefined;
+  // Every reader of the hidden state (the head, and shape ops that size the logits) reads the last position.
+  const hidden = at;
+  const last = `${hidden}/sluice_last_position`;
+  const name = (suffix: string) => `${last}/${suffix}`;
+  for (const node of nodes) node.input = (node.input ?? []).map((input) => (input === hidden ? last : input));
+  const int64 = (suffix: string, value: number | string): onnxProto.onnx.ITensorProto =>
+    ({ name: name(suffix), dims: [1], dataType: onnx.TensorProto.DataType.INT64, int64Data: [value] });
+  return {
+    node: onnx.NodeProto.create({ name: name('Slice'), opType: 'Slice', input: [hidden, name('starts'), name('ends'), name('axes')], output: [last] }),
+    constants: [int64('starts', -1), int64('ends', '9223372036854775807'), int64('axes', 1)],
+  };
 }
 
 /**

@@ -2,7 +2,9 @@ import { loadModelDir, type AttentionForm, type ModelDir } from '@sluice/model';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { RawOnnxModel } from '../../model/test/support/raw-greedy.js';
 import { EngineCore } from '../src/engine-core.js';
+import { KvBatch } from '../src/kv-batch.js';
 import { KV_BLOCK } from '../src/kv-lane.js';
+import { packInputs } from '../src/pack-inputs.js';
 import { OnnxSession } from '../src/onnx-session.js';
 import { resolveRequest } from '../src/resolve-request.js';
 import { ATTENTION_FORMS, tinyModelDir } from './support/model-forms.js';
@@ -37,6 +39,14 @@ describe.each(ATTENTION_FORMS)('the %s attention form', (form: AttentionForm) =>
   it('is served from the engine-owned cache (new key/value slices, no present.* fetched)', () => {
     expect(model.io.usesGroupQueryAttention).toBe(form === 'gqa');
     expect(session.outputsNewKv).toBe(true);
+  });
+
+  it('returns the logits of the last position only, also for a prefill chunk', async () => {
+    const past = KvBatch.empty(session.io.kv, 1);
+    const output = await session.runNewKv(packInputs(0, [{ cachedLength: 0, tokens: [5, 6, 7, 8, 9] }], 0), past);
+    expect(output.positions).toBe(1);
+    expect(output.logits.length).toBe(model.tokenizer.vocabSize);
+    expect(output.newKv[0]!.length).toBe(session.io.kv.numKvHeads * 5 * session.io.kv.headDim);
   });
 
   it('gives every request the raw greedy loop’s tokens as rows join, leave and grow past several capacity blocks', async () => {
