@@ -9,7 +9,9 @@ import type { GatewayHooks } from './hooks.js';
 import type { JobSubmitter } from './job-queue.js';
 import { generateHandler } from './routes/generate.js';
 import { healthHandler, readyHandler } from './routes/health.js';
-import { modelsHandler } from './routes/models.js';
+import { methodNotAllowedHandler } from './routes/method-not-allowed.js';
+import { modelHandler, modelsHandler } from './routes/models.js';
+import { versionHandler } from './routes/version.js';
 import { cancelHandler, resumeHandler } from './routes/resume.js';
 import type { SessionManager } from './session-manager.js';
 import type { TokenLog } from './token-log-reader.js';
@@ -39,10 +41,25 @@ export interface AppDeps {
 export type AppEnv = { Bindings: HttpBindings; Variables: { requestId: string } };
 
 /** Route patterns for `sluice_gateway_requests_total{route}`; any other path counts as `other`. */
-const ROUTES = new Set(['/healthz', '/readyz', '/metrics', '/v1/models', '/v1/chat/completions', '/v1/completions']);
+const ROUTES = new Set([
+  '/healthz',
+  '/readyz',
+  '/metrics',
+  '/v1/models',
+  '/v1/chat/completions',
+  '/v1/completions',
+  '/health',
+  '/version',
+  '/tokenize',
+  '/detokenize',
+  '/openapi.json',
+  '/docs',
+  '/',
+]);
 
 /** The route pattern of a resume or cancel path (the id never becomes a label). */
 function resumeRoute(path: string): string | undefined {
+  if (path.startsWith('/v1/models/')) return '/v1/models/{id}';
   const match = /^\/v1\/(chat\/completions|completions)\/[^/]+(\/cancel)?$/.exec(path);
   return match === null ? undefined : `/v1/${match[1]}/{id}${match[2] ?? ''}`;
 }
@@ -94,8 +111,11 @@ export function createApp(deps: AppDeps) {
   });
 
   app.get('/healthz', healthHandler());
+  app.get('/health', healthHandler());
   app.get('/readyz', readyHandler(deps));
+  app.get('/version', versionHandler());
   app.get('/v1/models', modelsHandler(deps));
+  app.get('/v1/models/:id{.+}', modelHandler(deps));
   // The body (size-limited by MAX_BODY_BYTES) is read in the handler, straight off the Node request.
   app.post('/v1/chat/completions', generateHandler(deps, 'chat'));
   app.post('/v1/completions', generateHandler(deps, 'completion'));
@@ -104,5 +124,22 @@ export function createApp(deps: AppDeps) {
   app.get('/v1/completions/:id', resumeHandler(deps, 'completion'));
   app.post('/v1/chat/completions/:id/cancel', cancelHandler(deps, 'chat'));
   app.post('/v1/completions/:id/cancel', cancelHandler(deps, 'completion'));
+  // A known path asked with another method: 405 with `Allow`. Registered last, so only requests that
+  // no route above answered reach it.
+  const allowed: Record<string, string[]> = {
+    '/healthz': ['GET'],
+    '/health': ['GET'],
+    '/readyz': ['GET'],
+    '/version': ['GET'],
+    '/v1/models': ['GET'],
+    '/v1/models/:id{.+}': ['GET'],
+    '/v1/chat/completions': ['POST'],
+    '/v1/completions': ['POST'],
+    '/v1/chat/completions/:id': ['GET'],
+    '/v1/completions/:id': ['GET'],
+    '/v1/chat/completions/:id/cancel': ['POST'],
+    '/v1/completions/:id/cancel': ['POST'],
+  };
+  for (const [path, methods] of Object.entries(allowed)) app.all(path, methodNotAllowedHandler(methods));
   return app;
 }

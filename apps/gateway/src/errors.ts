@@ -6,6 +6,7 @@ export type GatewayErrorCode =
   | 'invalid_request'
   | 'request_too_large'
   | 'not_found'
+  | 'method_not_allowed'
   | 'model_not_found'
   | 'context_length_exceeded'
   | 'queue_full'
@@ -32,6 +33,7 @@ const codes: Record<GatewayErrorCode, CodeInfo> = {
   invalid_request: { status: 400, type: 'invalid_request_error', message: 'Invalid request.' },
   request_too_large: { status: 413, type: 'invalid_request_error', message: 'The request body is too large.' },
   not_found: { status: 404, type: 'invalid_request_error', message: 'Not found.' },
+  method_not_allowed: { status: 405, type: 'invalid_request_error', message: 'Method not allowed.' },
   model_not_found: { status: 404, type: 'invalid_request_error', message: 'The model does not exist.' },
   context_length_exceeded: {
     status: 400,
@@ -71,10 +73,12 @@ export class GatewayError extends Error {
   readonly type: string;
   readonly param: string | null;
   readonly retryAfter: boolean;
+  /** Headers the HTTP reply must carry (a 405's `Allow`). */
+  readonly headers: Readonly<Record<string, string>>;
 
   constructor(
     readonly code: GatewayErrorCode,
-    options: { message?: string; param?: string | null; cause?: unknown } = {},
+    options: { message?: string; param?: string | null; cause?: unknown; headers?: Record<string, string> } = {},
   ) {
     const info = codes[code];
     super(options.message ?? info.message, options.cause === undefined ? undefined : { cause: options.cause });
@@ -82,6 +86,7 @@ export class GatewayError extends Error {
     this.type = info.type;
     this.param = options.param ?? null;
     this.retryAfter = info.retry === true;
+    this.headers = options.headers ?? {};
   }
 }
 
@@ -106,7 +111,7 @@ export function toSseErrorFrames(error: GatewayError): string {
 
 /** HTTP headers that go with an error reply. */
 export function errorHeaders(error: GatewayError, retryAfterS: number): Record<string, string> {
-  return error.retryAfter ? { 'Retry-After': String(retryAfterS) } : {};
+  return error.retryAfter ? { ...error.headers, 'Retry-After': String(retryAfterS) } : { ...error.headers };
 }
 
 /**

@@ -59,13 +59,67 @@ describe('completion requests', () => {
     expect(parseCompletionRequest({ model: 'm', prompt: 'hi' }).defaultMaxTokens).toBe(16);
   });
 
-  it('refuses several prompts, echo and best_of, naming them', () => {
-    expect(refusal(() => parseCompletionRequest({ model: 'm', prompt: ['a', 'b'] })).param).toBe('prompt');
-    expect(refusal(() => parseCompletionRequest({ model: 'm', prompt: 'a', echo: true })).param).toBe('echo');
+  it('takes a batch of prompts, text or token ids, as one input per prompt', () => {
+    const texts = parseCompletionRequest({ model: 'm', prompt: ['a', 'b'] });
+    expect(texts.prompts).toEqual([{ kind: 'text', prompt: 'a' }, { kind: 'text', prompt: 'b' }]);
+    expect(texts.input).toEqual({ kind: 'text', prompt: 'a' });
+    expect(parseCompletionRequest({ model: 'm', prompt: [[1], [2, 3]] }).prompts).toEqual([
+      { kind: 'tokens', promptTokenIds: [1] },
+      { kind: 'tokens', promptTokenIds: [2, 3] },
+    ]);
+    expect(parseCompletionRequest({ model: 'm', prompt: ['a'] }).prompts).toBeUndefined();
+    expect(refusal(() => parseCompletionRequest({ model: 'm', prompt: [] })).param).toBe('prompt');
+  });
+
+  it('takes echo, but not with logprobs (prompt logprobs are not computed)', () => {
+    expect(parseCompletionRequest({ model: 'm', prompt: 'a', echo: true }).echo).toBe(true);
+    expect(parseCompletionRequest({ model: 'm', prompt: 'a', echo: false }).echo).toBeUndefined();
+    expect(refusal(() => parseCompletionRequest({ model: 'm', prompt: 'a', echo: true, logprobs: 1 })).param).toBe('echo');
+  });
+
+  it('refuses best_of and suffix, naming them', () => {
     expect(refusal(() => parseCompletionRequest({ model: 'm', prompt: 'a', best_of: 3 })).param).toBe('best_of');
+    expect(refusal(() => parseCompletionRequest({ model: 'm', prompt: 'a', suffix: 'x' })).param).toBe('suffix');
   });
 
   it('turns logprobs: k into the sampled logprob plus k alternatives', () => {
     expect(parseCompletionRequest({ model: 'm', prompt: 'a', logprobs: 3 }).sampling).toMatchObject({ logprobs: true, topLogprobs: 3 });
+  });
+});
+
+describe('fields the gateway does not support', () => {
+  const chat = { model: 'm', messages: [{ role: 'user', content: 'x' }] };
+
+  it.each([
+    ['tools', { tools: [{ type: 'function', function: { name: 'f' } }] }],
+    ['tool_choice', { tool_choice: 'auto' }],
+    ['parallel_tool_calls', { parallel_tool_calls: false }],
+    ['response_format.type', { response_format: { type: 'json_object' } }],
+    ['logit_bias', { logit_bias: { '1': 5 } }],
+    ['audio', { audio: { voice: 'alloy', format: 'mp3' } }],
+    ['modalities', { modalities: ['text', 'audio'] }],
+    ['guided_json', { guided_json: { type: 'object' } }],
+    ['functions', { functions: [{ name: 'f' }] }],
+    ['stream_options.unknown', { stream: true, stream_options: { unknown: true } }],
+    ['messages[0].tool_calls', { messages: [{ role: 'user', content: 'x', tool_calls: [] }] }],
+  ])('refuses %s with a 400 naming it', (param, extra) => {
+    const error = refusal(() => parseChatRequest({ ...chat, ...extra }));
+    expect(error.status).toBe(400);
+    expect(error.param).toBe(param);
+    expect(error.message).toContain(param);
+  });
+
+  it('refuses completion-only and chat-only fields on the other endpoint', () => {
+    expect(refusal(() => parseCompletionRequest({ model: 'm', prompt: 'a', tools: [] })).param).toBe('tools');
+    expect(refusal(() => parseChatRequest({ ...chat, echo: true })).param).toBe('echo');
+  });
+
+  it('accepts the no-op values of unsupported features', () => {
+    expect(() => parseChatRequest({ ...chat, tools: [], tool_choice: 'none', response_format: { type: 'text' }, logit_bias: {}, store: false })).not.toThrow();
+  });
+
+  it('takes continuous_usage_stats, only with stream', () => {
+    expect(parseChatRequest({ ...chat, stream: true, stream_options: { continuous_usage_stats: true } }).continuousUsage).toBe(true);
+    expect(refusal(() => parseChatRequest({ ...chat, stream_options: { continuous_usage_stats: true } })).param).toBe('stream_options');
   });
 });

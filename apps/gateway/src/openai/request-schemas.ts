@@ -3,73 +3,109 @@ import type { JobChatMessage, JobInput, JobSampling } from '@sluice/protocol';
 import { GatewayError } from '../errors.js';
 
 /**
- * Zod schemas of the OpenAI request bodies the gateway accepts. Unknown fields are ignored (as vLLM
- * does); fields the engine cannot honour are refused with a 400 naming them. `null` means "unset",
- * as the OpenAI API treats it.
+ * Zod schemas of the OpenAI request bodies the gateway accepts: they validate every request and are
+ * the source of `GET /openapi.json`. A field the gateway does not know is refused with a 400 naming
+ * it (an OpenAI feature Sluice lacks, such as `tools`, must never be dropped without a word); fields
+ * that would change the answer in ways the engine cannot honour are refused unless set to their
+ * no-op value. `null` means "unset", as the OpenAI API treats it.
  */
 
 const opt = <T extends z.ZodType>(schema: T) => schema.nullish().transform((value) => value ?? undefined);
 
-const textPartSchema = z.object({ type: z.literal('text'), text: z.string() });
+const textPartSchema = z.strictObject({ type: z.literal('text'), text: z.string() }).meta({ id: 'TextContentPart' });
 
-const messageSchema = z.object({
-  role: z.enum(['system', 'developer', 'user', 'assistant', 'tool']),
-  content: z.union([z.string(), z.array(textPartSchema)]).nullish(),
-  name: opt(z.string()),
+const messageSchema = z
+  .strictObject({
+    role: z.enum(['system', 'developer', 'user', 'assistant', 'tool']),
+    content: z.union([z.string(), z.array(textPartSchema)]).nullish(),
+    name: opt(z.string()),
+  })
+  .meta({ id: 'ChatMessage', description: 'A chat message. Content parts other than text (images, audio) are refused.' });
+
+const stopSchema = opt(z.union([z.string(), z.array(z.string()).max(16)])).meta({
+  description: 'Up to 16 sequences where generation stops; the stop sequence is not included in the text.',
 });
 
-const stopSchema = opt(z.union([z.string(), z.array(z.string()).max(16)]));
+const streamOptionsSchema = z
+  .strictObject({
+    include_usage: opt(z.boolean()).meta({ description: 'Send one last chunk with `choices: []` and the usage; other chunks carry `usage: null`.' }),
+    continuous_usage_stats: opt(z.boolean()).meta({
+      description: 'vLLM extension: every chunk carries the usage so far (prompt tokens, completion tokens written up to that chunk).',
+    }),
+  })
+  .meta({ id: 'StreamOptions' });
 
 /** Fields common to both endpoints. */
 const commonFields = {
-  model: z.string().min(1),
-  stream: opt(z.boolean()),
-  stream_options: opt(z.object({ include_usage: opt(z.boolean()) })),
-  temperature: opt(z.number().min(0).max(2)),
+  model: z.string().min(1).meta({ description: 'A model id from `GET /v1/models`.' }),
+  stream: opt(z.boolean()).meta({ description: 'Stream the answer as Server-Sent Events (`data: {chunk}` frames, then `data: [DONE]`).' }),
+  stream_options: opt(streamOptionsSchema),
+  temperature: opt(z.number().min(0).max(2)).meta({ description: '0 = greedy. Default 1.' }),
   top_p: opt(z.number().gt(0).max(1)),
-  top_k: opt(z.number().int().min(-1)),
-  min_p: opt(z.number().min(0).max(1)),
-  seed: opt(z.number().int()),
+  top_k: opt(z.number().int().min(-1)).meta({ description: 'vLLM extension: sample among the k most likely tokens (0 or -1: off).' }),
+  min_p: opt(z.number().min(0).max(1)).meta({ description: 'vLLM extension: drop tokens less likely than min_p × the most likely one.' }),
+  seed: opt(z.number().int()).meta({ description: 'Same seed, same tokens, whatever else shares the batch.' }),
   stop: stopSchema,
-  n: opt(z.number().int().min(1).max(16)),
+  n: opt(z.number().int().min(1).max(16)).meta({ description: 'Choices per prompt; they share the prompt\'s prefill.' }),
   presence_penalty: opt(z.number().min(-2).max(2)),
   frequency_penalty: opt(z.number().min(-2).max(2)),
-  repetition_penalty: opt(z.number().gt(0).max(2)),
-  ignore_eos: opt(z.boolean()),
-  user: opt(z.string()),
+  repetition_penalty: opt(z.number().gt(0).max(2)).meta({ description: 'vLLM extension (1 = off).' }),
+  ignore_eos: opt(z.boolean()).meta({ description: 'vLLM extension: keep generating past the end-of-sequence token.' }),
+  user: opt(z.string()).meta({ description: 'Accepted for compatibility; logged nowhere.' }),
   max_tokens: opt(z.number().int().min(1)),
-  /** Sluice: how long (ms) the request outlives its client's connection, resumable from any gateway. */
-  resume_grace_ms: opt(z.number().int().min(0)),
+  resume_grace_ms: opt(z.number().int().min(0)).meta({
+    description:
+      'Sluice extension: how long (ms) a streamed request outlives its client\'s connection. Within it the stream can be resumed ' +
+      'from any gateway with `GET /v1/{chat/completions|completions}/{id}?stream=true` and `Last-Event-ID`. ' +
+      'Capped by the gateway\'s MAX_RESUME_GRACE_MS; default RESUME_GRACE_MS.',
+  }),
+  // Accepted no-ops: they do not change the answer.
+  logit_bias: opt(z.record(z.string(), z.number()).refine((bias) => Object.keys(bias).length === 0, 'logit_bias is not supported')).meta({
+    description: 'Not supported: only an empty object is accepted.',
+  }),
+  service_tier: opt(z.enum(['auto', 'default'])).meta({ description: 'Accepted for compatibility; there is one tier.' }),
+  store: opt(z.literal(false, 'store is not supported')).meta({ description: 'Not supported: only false is accepted.' }),
 };
 
-/** Fields that would change the answer in ways the engine does not support: refused when set. */
-const unsupported = {
-  logit_bias: opt(z.record(z.string(), z.number()).refine((bias) => Object.keys(bias).length === 0, 'logit_bias is not supported')),
-  tools: opt(z.array(z.unknown()).max(0, 'tools are not supported')),
-  functions: opt(z.array(z.unknown()).max(0, 'functions are not supported')),
-  response_format: opt(z.object({ type: z.literal('text', 'only response_format {"type":"text"} is supported') })),
-};
-
-export const chatRequestSchema = z.object({
-  ...commonFields,
-  ...unsupported,
-  messages: z.array(messageSchema).min(1),
-  max_completion_tokens: opt(z.number().int().min(1)),
-  logprobs: opt(z.boolean()),
-  top_logprobs: opt(z.number().int().min(0).max(20)),
-});
+export const chatRequestSchema = z
+  .strictObject({
+    ...commonFields,
+    messages: z.array(messageSchema).min(1),
+    max_completion_tokens: opt(z.number().int().min(1)).meta({ description: 'Takes precedence over the deprecated `max_tokens`.' }),
+    logprobs: opt(z.boolean()),
+    top_logprobs: opt(z.number().int().min(0).max(20)).meta({ description: 'Alternatives per position (requires `logprobs: true`).' }),
+    tools: opt(z.array(z.unknown()).max(0, 'tools are not supported')).meta({ description: 'Not supported: only an empty list is accepted.' }),
+    tool_choice: opt(z.literal('none', 'tool_choice is not supported')).meta({ description: 'Not supported: only "none" is accepted.' }),
+    functions: opt(z.array(z.unknown()).max(0, 'functions are not supported')).meta({ description: 'Not supported: only an empty list is accepted.' }),
+    response_format: opt(z.strictObject({ type: z.literal('text', 'only response_format {"type":"text"} is supported') })).meta({
+      description: 'Not supported beyond `{"type": "text"}`.',
+    }),
+  })
+  .meta({ id: 'CreateChatCompletionRequest' });
 
 const tokenIds = z.array(z.number().int().min(0)).min(1);
 
-export const completionRequestSchema = z.object({
-  ...commonFields,
-  prompt: z.union([z.string(), z.array(z.string()).length(1), tokenIds, z.array(tokenIds).length(1)]),
-  /** Completions API: how many most likely tokens to return per position (implies the sampled one). */
-  logprobs: opt(z.number().int().min(0).max(20)),
-  echo: opt(z.literal(false, 'echo is not supported')),
-  suffix: opt(z.string().max(0, 'suffix is not supported')),
-  best_of: opt(z.literal(1, 'best_of other than 1 is not supported')),
-});
+/** At most this many prompts in one completions request (each is its own job). */
+export const MAX_PROMPTS = 32;
+
+export const completionRequestSchema = z
+  .strictObject({
+    ...commonFields,
+    prompt: z
+      .union([z.string(), z.array(z.string()).min(1).max(MAX_PROMPTS), tokenIds, z.array(tokenIds).min(1).max(MAX_PROMPTS)])
+      .meta({
+        description:
+          'A prompt (text or token ids) or a batch of prompts. A batch of P prompts with n choices answers with P × n choices; ' +
+          'choice `index` = prompt index × n + choice index, as OpenAI does.',
+      }),
+    logprobs: opt(z.number().int().min(0).max(20)).meta({
+      description: 'Log probability of each sampled token, with the `logprobs` most likely alternatives; `top_logprobs` also holds the sampled token (up to logprobs + 1 entries).',
+    }),
+    echo: opt(z.boolean()).meta({ description: 'Put the prompt before the completion text (not with `logprobs`: prompt logprobs are not computed).' }),
+    suffix: opt(z.string().max(0, 'suffix is not supported')).meta({ description: 'Not supported: only an empty string is accepted.' }),
+    best_of: opt(z.literal(1, 'best_of other than 1 is not supported')).meta({ description: 'Not supported: only 1 is accepted.' }),
+  })
+  .meta({ id: 'CreateCompletionRequest' });
 
 export type Endpoint = 'chat' | 'completion';
 
@@ -90,6 +126,12 @@ export interface ParsedRequest {
   user: string | undefined;
   /** `resume_grace_ms` as sent (the gateway applies its default and cap). */
   resumeGraceMs: number | undefined;
+  /** `stream_options.continuous_usage_stats`: usage on every chunk. */
+  continuousUsage?: boolean;
+  /** Completions with a batch of prompts: every prompt (`input` is the first); each becomes its own job. */
+  prompts?: JobInput[];
+  /** Completions `echo`: the prompt goes before each choice's text. */
+  echo?: boolean;
 }
 
 /** `messages[0].content` style path of a zod issue: the `param` of the error body. */
@@ -114,6 +156,10 @@ function valueAt(body: unknown, path: readonly PropertyKey[]): unknown {
 function toInvalidRequest(error: z.ZodError, body: unknown): GatewayError {
   const issue = error.issues[0];
   if (issue === undefined) return new GatewayError('invalid_request');
+  if (issue.code === 'unrecognized_keys') {
+    const param = formatPath([...issue.path, issue.keys[0] ?? '']);
+    return new GatewayError('invalid_request', { message: `${param}: is not supported by this server.`, param });
+  }
   const param = formatPath(issue.path);
   const message = valueAt(body, issue.path) === undefined ? 'is required.' : issue.message;
   return new GatewayError('invalid_request', { message: param === null ? message : `${param}: ${message}`, param });
@@ -144,7 +190,10 @@ function commonSampling(body: z.infer<typeof chatRequestSchema> | z.infer<typeof
   return sampling;
 }
 
-function streamFlags(body: { stream?: boolean | undefined; stream_options?: { include_usage?: boolean | undefined } | undefined }) {
+function streamFlags(body: {
+  stream?: boolean | undefined;
+  stream_options?: { include_usage?: boolean | undefined; continuous_usage_stats?: boolean | undefined } | undefined;
+}) {
   const stream = body.stream ?? false;
   if (!stream && body.stream_options !== undefined) {
     throw new GatewayError('invalid_request', {
@@ -152,7 +201,8 @@ function streamFlags(body: { stream?: boolean | undefined; stream_options?: { in
       param: 'stream_options',
     });
   }
-  return { stream, includeUsage: body.stream_options?.include_usage ?? false };
+  const flags = { stream, includeUsage: body.stream_options?.include_usage ?? false };
+  return body.stream_options?.continuous_usage_stats === true ? { ...flags, continuousUsage: true } : flags;
 }
 
 function flattenContent(content: string | Array<{ text: string }> | null | undefined): string {
@@ -204,11 +254,15 @@ export function parseCompletionRequest(body: unknown): ParsedRequest {
     sampling.logprobs = true;
     sampling.topLogprobs = req.logprobs;
   }
-  const prompt = Array.isArray(req.prompt) ? req.prompt[0] : req.prompt;
-  let input: JobInput;
-  if (typeof prompt === 'string') input = { kind: 'text', prompt };
-  else if (typeof prompt === 'number') input = { kind: 'tokens', promptTokenIds: req.prompt as number[] };
-  else input = { kind: 'tokens', promptTokenIds: prompt as number[] };
+  const prompts = promptInputs(req.prompt);
+  const input = prompts[0]!;
+  const echo = req.echo === true;
+  if (echo && req.logprobs !== undefined) {
+    throw new GatewayError('invalid_request', {
+      message: 'echo: not supported together with logprobs (the prompt\'s logprobs are not computed).',
+      param: 'echo',
+    });
+  }
   return {
     endpoint: 'completion',
     model: req.model,
@@ -222,5 +276,14 @@ export function parseCompletionRequest(body: unknown): ParsedRequest {
     maxTokensParam: 'max_tokens',
     user: req.user,
     resumeGraceMs: req.resume_grace_ms,
+    ...(prompts.length > 1 ? { prompts } : {}),
+    ...(echo ? { echo } : {}),
   };
+}
+
+/** The prompts of a completions request: one string, one token-id list, or a batch of either. */
+function promptInputs(prompt: string | string[] | number[] | number[][]): JobInput[] {
+  if (typeof prompt === 'string') return [{ kind: 'text', prompt }];
+  if (prompt.every((p): p is number => typeof p === 'number')) return [{ kind: 'tokens', promptTokenIds: prompt }];
+  return (prompt as Array<string | number[]>).map((p) => (typeof p === 'string' ? { kind: 'text', prompt: p } : { kind: 'tokens', promptTokenIds: p }));
 }

@@ -45,6 +45,16 @@ function usageJson(usage: UsageNumbers) {
   };
 }
 
+/** Options of a response beyond its id and model. */
+export interface ResponseFormatOptions {
+  /** `system_fingerprint` of every chunk and reply (see `systemFingerprint` in version.ts). */
+  fingerprint?: string;
+  /** `stream_options.continuous_usage_stats`: every chunk carries the usage so far, read from here. */
+  liveUsage?: () => UsageNumbers;
+  /** Completions `echo`: the text each choice starts with, by choice index. */
+  echo?: readonly string[];
+}
+
 export class ResponseFormat {
   readonly id: string;
   readonly created: number;
@@ -62,20 +72,40 @@ export class ResponseFormat {
     private readonly includeUsage: boolean,
     /** The chunks' `created` (s since epoch): a resumed stream keeps the original's. */
     created = Math.floor(Date.now() / 1000),
+    private readonly options: ResponseFormatOptions = {},
   ) {
     this.created = created;
     this.id = endpoint === 'chat' ? `chatcmpl-${requestId}` : `cmpl-${requestId}`;
     const object = endpoint === 'chat' ? 'chat.completion.chunk' : 'text_completion';
+    const fingerprint = options.fingerprint === undefined ? '' : `"system_fingerprint":${JSON.stringify(options.fingerprint)},`;
     // Each chunk is built whole as one SSE frame: `data: {json}\n\n`.
-    this.head = `data: {"id":${JSON.stringify(this.id)},"object":"${object}","created":${this.created},"model":${JSON.stringify(model)},"choices":[`;
-    this.tail = includeUsage ? '],"usage":null}\n\n' : ']}\n\n';
-    this.deltaSuffix = `${endpoint === 'chat' ? '}' : ''},"logprobs":null,"finish_reason":null}${this.tail}`;
+    this.head = `data: {"id":${JSON.stringify(this.id)},"object":"${object}","created":${this.created},"model":${JSON.stringify(model)},${fingerprint}"choices":[`;
+    this.tail = includeUsage || options.liveUsage !== undefined ? '],"usage":null}\n\n' : ']}\n\n';
+    this.deltaSuffix = `${endpoint === 'chat' ? '}' : ''},"logprobs":null,"finish_reason":null}`;
+    options.echo?.forEach((text, index) => this.textOffsets.set(index, text.length));
   }
 
-  /** The first chunk of a chat choice (`delta.role`); none for completions. Each method returns a whole SSE frame. */
+  /** The end of a chunk: its usage (so far, with continuous usage stats) and the frame's end. */
+  private end(): string {
+    const live = this.options.liveUsage;
+    return live === undefined ? this.tail : `],"usage":${JSON.stringify(usageJson(live()))}}\n\n`;
+  }
+
+  /** The text a choice starts with: its prompt with `echo`, else nothing. */
+  echoText(index: number): string {
+    return this.options.echo?.[index] ?? '';
+  }
+
+  /**
+   * The first chunk of a choice: a chat choice's `delta.role`, a completion's echoed prompt, else none.
+   * Each method returns a whole SSE frame.
+   */
   roleChunk(index: number): string | undefined {
-    if (this.endpoint !== 'chat') return undefined;
-    return `${this.head}{"index":${index},"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}${this.tail}`;
+    if (this.endpoint !== 'chat') {
+      const echo = this.echoText(index);
+      return echo === '' ? undefined : this.deltaChunk(index, echo, undefined);
+    }
+    return `${this.head}{"index":${index},"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}${this.end()}`;
   }
 
   deltaChunk(index: number, text: string, logprobs: readonly TokenLogprobWire[] | undefined): string {
@@ -84,20 +114,20 @@ export class ResponseFormat {
       const prefix = (this.deltaPrefixes[index] ??= this.endpoint === 'chat'
         ? `${this.head}{"index":${index},"delta":{"content":`
         : `${this.head}{"index":${index},"text":`);
-      return prefix + JSON.stringify(text) + this.deltaSuffix;
+      return prefix + JSON.stringify(text) + this.deltaSuffix + this.end();
     }
     const lp = JSON.stringify(this.logprobsJson(index, logprobs));
     if (this.endpoint === 'chat') {
-      return `${this.head}{"index":${index},"delta":{"content":${JSON.stringify(text)}},"logprobs":${lp},"finish_reason":null}${this.tail}`;
+      return `${this.head}{"index":${index},"delta":{"content":${JSON.stringify(text)}},"logprobs":${lp},"finish_reason":null}${this.end()}`;
     }
-    return `${this.head}{"index":${index},"text":${JSON.stringify(text)},"logprobs":${lp},"finish_reason":null}${this.tail}`;
+    return `${this.head}{"index":${index},"text":${JSON.stringify(text)},"logprobs":${lp},"finish_reason":null}${this.end()}`;
   }
 
   finishChunk(index: number, finishReason: FinishReason): string {
     if (this.endpoint === 'chat') {
-      return `${this.head}{"index":${index},"delta":{},"logprobs":null,"finish_reason":"${finishReason}"}${this.tail}`;
+      return `${this.head}{"index":${index},"delta":{},"logprobs":null,"finish_reason":"${finishReason}"}${this.end()}`;
     }
-    return `${this.head}{"index":${index},"text":"","logprobs":null,"finish_reason":"${finishReason}"}${this.tail}`;
+    return `${this.head}{"index":${index},"text":"","logprobs":null,"finish_reason":"${finishReason}"}${this.end()}`;
   }
 
   /** The `stream_options.include_usage` chunk: no choices, the usage. */
@@ -107,7 +137,12 @@ export class ResponseFormat {
 
   /** The whole `stream: false` reply. */
   complete(choices: readonly ChoiceResult[], usage: UsageNumbers): object {
-    const base = { id: this.id, created: this.created, model: this.model };
+    const base = {
+      id: this.id,
+      created: this.created,
+      model: this.model,
+      ...(this.options.fingerprint === undefined ? {} : { system_fingerprint: this.options.fingerprint }),
+    };
     if (this.endpoint === 'chat') {
       return {
         ...base,
@@ -146,7 +181,8 @@ export class ResponseFormat {
     return {
       tokens: logprobs.map((lp) => lp.token),
       token_logprobs: logprobs.map((lp) => lp.logprob),
-      top_logprobs: logprobs.map((lp) => Object.fromEntries((lp.top ?? []).map((t) => [t.token, t.logprob]))),
+      // OpenAI's top_logprobs hold the sampled token too: up to logprobs + 1 entries (1 for logprobs: 0).
+      top_logprobs: logprobs.map((lp) => Object.fromEntries([...(lp.top ?? []).map((t) => [t.token, t.logprob] as const), [lp.token, lp.logprob]])),
       text_offset: textOffset,
     };
   }

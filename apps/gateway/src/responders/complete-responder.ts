@@ -20,7 +20,7 @@ export class CompleteResponder {
     this.reply = new Promise((resolve) => (this.resolveReply = resolve));
     this.choices = Array.from({ length: ctx.request.n }, (_, index) => ({
       index,
-      text: '',
+      text: ctx.format.echoText(index),
       logprobs: ctx.request.logprobs ? ([] as TokenLogprobWire[]) : undefined,
       finishReason: null,
     }));

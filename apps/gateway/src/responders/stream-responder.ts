@@ -60,6 +60,11 @@ export class StreamResponder {
     return this.phase === 'done';
   }
 
+  /** The usage so far (completion tokens counted as they arrive): `continuous_usage_stats` reads it. */
+  get usage(): { promptTokens: number; completionTokens: number } {
+    return { promptTokens: this.outcome.promptTokens, completionTokens: this.outcome.completionTokens };
+  }
+
   /** Starts the wait for the worker's decision (the job is enqueued). */
   begin(): void {
     if (this.phase !== 'pending') return;

@@ -2,12 +2,16 @@ import { randomUUID } from 'node:crypto';
 import type { IncomingMessage } from 'node:http';
 import type { Context } from 'hono';
 import type { HttpBindings } from '@hono/node-server';
-import type { GenerateJob, StreamFormat } from '@sluice/protocol';
+import type { JobInput, StreamFormat } from '@sluice/protocol';
 import type { AppDeps } from '../app.js';
 import { GatewayError } from '../errors.js';
 import { promptTokenIds } from '../prompt-tokens.js';
 import { parseChatRequest, parseCompletionRequest, type Endpoint } from '../openai/request-schemas.js';
-import { ResponseFormat } from '../openai/response-format.js';
+import { ResponseFormat, type ResponseFormatOptions } from '../openai/response-format.js';
+import { PromptBatch } from '../prompt-batch.js';
+import type { RequestSession } from '../request-session.js';
+import type { ModelTokenizer } from '../tokenizer-cache.js';
+import { systemFingerprint } from '../version.js';
 import { CompleteResponder } from '../responders/complete-responder.js';
 import type { ResponderContext } from '../responders/responder-context.js';
 import { StreamResponder } from '../responders/stream-responder.js';
@@ -50,9 +54,14 @@ export function generateHandler(deps: AppDeps, endpoint: Endpoint) {
     const request = endpoint === 'chat' ? parseChatRequest(body) : parseCompletionRequest(body);
     if (deps.isDraining()) throw new GatewayError('shutting_down');
     const served = registry.requireModel(request.model);
-    if (sessions.queuedCount >= config.maxQueuedRequests) throw new GatewayError('queue_full');
+    const prompts = request.prompts ?? [request.input];
+    if (sessions.queuedCount + prompts.length > config.maxQueuedRequests) throw new GatewayError('queue_full');
     // Tokenized here, not on a worker: a prompt that cannot fit is a 400 before the 200 under any load.
-    const promptIds = promptTokenIds(request, await deps.tokenizers.forModel(served), served);
+    const tokenizer = await deps.tokenizers.forModel(served);
+    const promptIds = prompts.map((input) => promptTokenIds({ ...request, input }, tokenizer, served));
+
+    const formatOptions: ResponseFormatOptions = { fingerprint: systemFingerprint(request.model) };
+    if (request.echo === true) formatOptions.echo = echoTexts(prompts, request.n, tokenizer);
 
     // The client's id (`X-Request-Id`, checked by the app's middleware) is for logs and the reply; it
     // need not be unique, so the job, the session and the pub/sub entries use an id of our own.
@@ -62,10 +71,14 @@ export function generateHandler(deps: AppDeps, endpoint: Endpoint) {
     const observer =
       hooks.requestStarted?.({ requestId, jobId, endpoint, model: request.model, stream: request.stream, receivedAt: receivedAtMono }) ??
       noObserver();
+    // Usage so far on every chunk: read from the responder, which counts the tokens it writes.
+    let responderUsage = () => ({ promptTokens: 0, completionTokens: 0 });
+    if (request.continuousUsage === true && request.stream) formatOptions.liveUsage = () => responderUsage();
     const ctx: ResponderContext = {
       requestId,
-      request,
-      format: new ResponseFormat(endpoint, jobId, request.model, request.includeUsage),
+      // A batch of P prompts answers with P × n choices.
+      request: prompts.length > 1 ? { ...request, n: prompts.length * request.n } : request,
+      format: new ResponseFormat(endpoint, jobId, request.model, request.includeUsage, undefined, formatOptions),
       receivedAt,
       retryAfterS: config.retryAfterS,
       hooks,
@@ -78,31 +91,31 @@ export function generateHandler(deps: AppDeps, endpoint: Endpoint) {
           streamIntervalMs: config.streamIntervalMs,
         })
       : new CompleteResponder(ctx);
+    if (responder instanceof StreamResponder) responderUsage = () => responder.usage;
     const deadlineAt = receivedAt + config.requestTimeoutMs;
-    // Only a stream can be resumed: a complete reply's client that leaves takes nothing with it.
-    const graceMs = request.stream ? Math.min(request.resumeGraceMs ?? config.resumeGraceMs, config.maxResumeGraceMs) : 0;
-    const session = sessions.open(jobId, deadlineAt, (event) => responder.handle(event), { graceMs });
+    // Only a stream can be resumed (and a batch of prompts cannot: see PromptBatch).
+    const graceMs =
+      request.stream && prompts.length === 1 ? Math.min(request.resumeGraceMs ?? config.resumeGraceMs, config.maxResumeGraceMs) : 0;
+    const batch =
+      prompts.length > 1
+        ? new PromptBatch(request.n, (event) => responder.handle(event), (session) => sessions.cancel(session, 'client_closed'))
+        : undefined;
+    // Prompt k of a batch runs as its own job; the first keeps the reply's id.
+    const jobIds = prompts.map((_, k) => (k === 0 ? jobId : randomUUID()));
+    const opened: RequestSession[] = jobIds.map((id, k) => {
+      const session = sessions.open(id, deadlineAt, batch?.listenerFor(k) ?? ((event) => responder.handle(event)), { graceMs });
+      batch?.add(session);
+      return session;
+    });
     // The stream owns its cleanup: a client that leaves at any stage cancels the work (or, with a
     // resume grace, leaves it running for a resume from any gateway).
     res.once('close', () => {
       if (responder.done) return;
       if (responder instanceof StreamResponder) responder.clientClosed(graceMs > 0);
       else responder.clientClosed();
-      sessions.clientLeft(session);
+      for (const session of opened) sessions.clientLeft(session);
     });
 
-    const job: GenerateJob = {
-      requestId: jobId,
-      correlationId: requestId,
-      channel,
-      model: request.model,
-      input: { kind: 'tokens', promptTokenIds: promptIds },
-      sampling: request.sampling,
-      defaultMaxTokens: request.defaultMaxTokens,
-      resumeGraceMs: graceMs,
-      enqueuedAt: Date.now(),
-      deadlineAt,
-    };
     const format: StreamFormat = {
       endpoint,
       model: request.model,
@@ -112,9 +125,27 @@ export function generateHandler(deps: AppDeps, endpoint: Endpoint) {
       maxTokensParam: request.maxTokensParam,
     };
     try {
-      await jobs.submit(job, format);
+      await Promise.all(
+        promptIds.map((promptTokenIds, k) =>
+          jobs.submit(
+            {
+              requestId: jobIds[k]!,
+              correlationId: requestId,
+              channel,
+              model: request.model,
+              input: { kind: 'tokens', promptTokenIds },
+              sampling: request.sampling,
+              defaultMaxTokens: request.defaultMaxTokens,
+              resumeGraceMs: graceMs,
+              enqueuedAt: Date.now(),
+              deadlineAt,
+            },
+            format,
+          ),
+        ),
+      );
     } catch (error) {
-      sessions.release(session);
+      for (const session of opened) sessions.release(session);
       const refusal = new GatewayError('no_workers', { message: 'The job queue is unavailable.', cause: error });
       // Tracked already: it ends as an error outcome, and the app's error handler counts the refusal.
       observer.finished({ end: { outcome: 'error', code: refusal.code }, status: refusal.status, promptTokens: 0, completionTokens: 0 });
@@ -123,4 +154,15 @@ export function generateHandler(deps: AppDeps, endpoint: Endpoint) {
     responder.begin();
     return responder.reply;
   };
+}
+
+/**
+ * With `echo`, the text each choice starts with (choice index = prompt index × n + choice): a text
+ * prompt as sent, token ids decoded.
+ */
+function echoTexts(prompts: readonly JobInput[], n: number, tokenizer: ModelTokenizer): string[] {
+  return prompts.flatMap((input) => {
+    const text = input.kind === 'text' ? input.prompt : input.kind === 'tokens' ? tokenizer.decode(input.promptTokenIds) : '';
+    return Array.from({ length: n }, () => text);
+  });
 }

@@ -5,6 +5,7 @@ import type { Endpoint, ParsedRequest } from '../openai/request-schemas.js';
 import { ResponseFormat } from '../openai/response-format.js';
 import { noObserver, type ResponderContext } from '../responders/responder-context.js';
 import { StreamResponder } from '../responders/stream-responder.js';
+import { systemFingerprint } from '../version.js';
 
 /** The job id inside a chunk id (`chatcmpl-<id>` / `cmpl-<id>`), or undefined when it is not one of ours. */
 function jobIdOf(endpoint: Endpoint, chunkId: string): string | undefined {
@@ -70,7 +71,9 @@ export function resumeHandler(deps: AppDeps, endpoint: Endpoint) {
     const ctx: ResponderContext = {
       requestId: c.get('requestId'),
       request,
-      format: new ResponseFormat(endpoint, jobId, format.model, format.includeUsage, format.created),
+      format: new ResponseFormat(endpoint, jobId, format.model, format.includeUsage, format.created, {
+        fingerprint: systemFingerprint(format.model),
+      }),
       receivedAt: Date.now(),
       retryAfterS: config.retryAfterS,
       hooks,

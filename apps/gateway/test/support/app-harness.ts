@@ -23,8 +23,8 @@ export interface AppHarness {
   jobs: GenerateJob[];
   cancels: Array<{ requestId: string; reason: CancelReason; wasQueued: boolean }>;
   metrics: GatewayMetrics;
-  /** Dispatches entries for the latest job, numbering them from `seq` on unless told otherwise. */
-  send(entries: Array<Partial<{ seq: number }> & DistributiveOmit<GatewayEntryDraft, 'requestId'>>): void;
+  /** Dispatches entries for the latest job (or `job`), numbering them from `seq` on unless told otherwise. */
+  send(entries: Array<Partial<{ seq: number }> & DistributiveOmit<GatewayEntryDraft, 'requestId'>>, job?: GenerateJob): void;
   nextJob(): Promise<GenerateJob>;
   /** A metric's value summed over the series whose labels match. */
   value(name: string, labels?: Record<string, string>): Promise<number>;
@@ -103,8 +103,8 @@ export async function startAppHarness(env: Record<string, string> = {}): Promise
     jobs,
     cancels,
     metrics,
-    send(entries) {
-      const job = jobs.at(-1)!;
+    send(entries, target) {
+      const job = target ?? jobs.at(-1)!;
       const drafts = entries.map((e) => {
         const seq = e.seq ?? seqs.get(job.requestId) ?? 0;
         seqs.set(job.requestId, seq + 1);
