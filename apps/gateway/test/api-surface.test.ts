@@ -71,7 +71,7 @@ describe('request features peers have', () => {
     await first;
     while (h.jobs.length < 2) await new Promise((resolve) => setTimeout(resolve, 5));
     const [a, b] = h.jobs as [(typeof h.jobs)[0], (typeof h.jobs)[0]];
-    expect([a.input, b.input]).toEqual([{ kind: 'text', prompt: 'a' }, { kind: 'text', prompt: 'b' }]);
+    expect([a.input, b.input]).toEqual([{ kind: 'tokens', promptTokenIds: [97] }, { kind: 'tokens', promptTokenIds: [98] }]);
     expect(a.sampling.n).toBe(2);
     h.send([{ type: 'accepted', workerId: 'w1', promptTokens: 1 }], b);
     h.send([{ type: 'accepted', workerId: 'w1', promptTokens: 1 }], a);
@@ -124,6 +124,16 @@ describe('request features peers have', () => {
       if (stream) expect((await chunks(res)).map((c) => c.choices[0]?.text).join('')).toBe('Say: hi');
       else expect(((await res.json()) as Record<string, any>).choices[0].text).toBe('Say: hi');
     }
+    // Token ids are echoed as their text (the harness's tokenizer maps a char to its code).
+    const job = h.nextJob();
+    const reply = post(h, '/v1/completions', { model: 'm', prompt: [[72, 105]], echo: true });
+    await job;
+    h.send([
+      { type: 'accepted', workerId: 'w1', promptTokens: 2 },
+      { type: 'text-end', index: 0, finishReason: 'stop' },
+      { type: 'finish', usage: { promptTokens: 2, completionTokens: 0 } },
+    ]);
+    expect(((await (await reply).json()) as Record<string, any>).choices[0].text).toBe('Hi');
   });
 
   it('gives completions logprobs with the sampled token among top_logprobs, logprobs: 0 included', async () => {
