@@ -12,6 +12,8 @@ import { healthHandler, readyHandler } from './routes/health.js';
 import { methodNotAllowedHandler } from './routes/method-not-allowed.js';
 import { modelHandler, modelsHandler } from './routes/models.js';
 import { versionHandler } from './routes/version.js';
+import { docsHandlers, openApiHandler } from './routes/docs.js';
+import { detokenizeHandler, tokenizeHandler } from './routes/tokenize.js';
 import { cancelHandler, resumeHandler } from './routes/resume.js';
 import type { SessionManager } from './session-manager.js';
 import type { TokenLog } from './token-log-reader.js';
@@ -116,6 +118,12 @@ export function createApp(deps: AppDeps) {
   app.get('/version', versionHandler());
   app.get('/v1/models', modelsHandler(deps));
   app.get('/v1/models/:id{.+}', modelHandler(deps));
+  app.post('/tokenize', tokenizeHandler(deps));
+  app.post('/detokenize', detokenizeHandler(deps));
+  app.get('/openapi.json', openApiHandler());
+  const docs = docsHandlers();
+  app.get('/docs', docs.page);
+  app.get('/docs/:file', docs.asset);
   // The body (size-limited by MAX_BODY_BYTES) is read in the handler, straight off the Node request.
   app.post('/v1/chat/completions', generateHandler(deps, 'chat'));
   app.post('/v1/completions', generateHandler(deps, 'completion'));
@@ -139,6 +147,10 @@ export function createApp(deps: AppDeps) {
     '/v1/completions/:id': ['GET'],
     '/v1/chat/completions/:id/cancel': ['POST'],
     '/v1/completions/:id/cancel': ['POST'],
+    '/tokenize': ['POST'],
+    '/detokenize': ['POST'],
+    '/openapi.json': ['GET'],
+    '/docs': ['GET'],
   };
   for (const [path, methods] of Object.entries(allowed)) app.all(path, methodNotAllowedHandler(methods));
   return app;

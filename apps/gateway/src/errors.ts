@@ -66,6 +66,9 @@ const codes: Record<GatewayErrorCode, CodeInfo> = {
   internal: { status: 500, type: 'server_error', message: 'Internal error.' },
 };
 
+/** Every error code with its HTTP status and OpenAI error type: what `GET /openapi.json` documents. */
+export const errorCodeTable: Readonly<Record<GatewayErrorCode, Readonly<CodeInfo>>> = codes;
+
 /** The gateway's one error type: a code, a client-safe message and the request field at fault. */
 export class GatewayError extends Error {
   override name = 'GatewayError';

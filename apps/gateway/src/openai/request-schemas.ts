@@ -14,7 +14,7 @@ const opt = <T extends z.ZodType>(schema: T) => schema.nullish().transform((valu
 
 const textPartSchema = z.strictObject({ type: z.literal('text'), text: z.string() }).meta({ id: 'TextContentPart' });
 
-const messageSchema = z
+export const messageSchema = z
   .strictObject({
     role: z.enum(['system', 'developer', 'user', 'assistant', 'tool']),
     content: z.union([z.string(), z.array(textPartSchema)]).nullish(),
@@ -165,7 +165,7 @@ function toInvalidRequest(error: z.ZodError, body: unknown): GatewayError {
   return new GatewayError('invalid_request', { message: param === null ? message : `${param}: ${message}`, param });
 }
 
-function parseWith<T extends z.ZodType>(schema: T, body: unknown): z.infer<T> {
+export function parseWith<T extends z.ZodType>(schema: T, body: unknown): z.infer<T> {
   if (typeof body !== 'object' || body === null || Array.isArray(body)) {
     throw new GatewayError('invalid_request', { message: 'The request body must be a JSON object.' });
   }
@@ -205,7 +205,7 @@ function streamFlags(body: {
   return body.stream_options?.continuous_usage_stats === true ? { ...flags, continuousUsage: true } : flags;
 }
 
-function flattenContent(content: string | Array<{ text: string }> | null | undefined): string {
+export function flattenContent(content: string | Array<{ text: string }> | null | undefined): string {
   if (content === null || content === undefined) return '';
   return typeof content === 'string' ? content : content.map((part) => part.text).join('');
 }

@@ -23,7 +23,7 @@ import { noObserver } from '../responders/responder-context.js';
  * Reads the body straight off the Node request (no web Request/ReadableStream on the hot path),
  * refusing more than `maxBytes`.
  */
-async function readJson(incoming: IncomingMessage, maxBytes: number): Promise<unknown> {
+export async function readJson(incoming: IncomingMessage, maxBytes: number): Promise<unknown> {
   const declared = Number(incoming.headers['content-length'] ?? 0);
   if (declared > maxBytes) throw new GatewayError('request_too_large');
   const chunks: Buffer[] = [];

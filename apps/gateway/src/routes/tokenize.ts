@@ -1,0 +1,38 @@
+import type { Context } from 'hono';
+import type { AppDeps, AppEnv } from '../app.js';
+import { GatewayError } from '../errors.js';
+import { flattenContent, parseWith } from '../openai/request-schemas.js';
+import { readJson } from './generate.js';
+import { detokenizeRequestSchema, tokenizeRequestSchema } from '../openai/tokenize-schemas.js';
+
+/** The body, size-limited by MAX_BODY_BYTES as a generation request's is. */
+const jsonBody = (deps: AppDeps, c: Context<AppEnv>) => readJson(c.env.incoming, deps.config.maxBodyBytes);
+
+/** `POST /tokenize`: the token ids a prompt or a chat becomes, with the model's own tokenizer. */
+export function tokenizeHandler(deps: AppDeps) {
+  return async (c: Context<AppEnv>) => {
+    const body = parseWith(tokenizeRequestSchema, await jsonBody(deps, c));
+    const served = deps.registry.requireModel(body.model);
+    const tokenizer = await deps.tokenizers.forModel(served);
+    const tokens =
+      body.messages !== undefined
+        ? tokenizer.encodeChat(
+            body.messages.map((m) => ({ role: m.role, content: flattenContent(m.content), ...(m.name === undefined ? {} : { name: m.name }) })),
+          )
+        : tokenizer.encodeText(body.prompt ?? '');
+    return c.json({ count: tokens.length, max_model_len: Math.min(tokenizer.maxContextLength, served.maxContextLength), tokens });
+  };
+}
+
+/** `POST /detokenize`: the text of token ids (special tokens dropped, as the completions text is). */
+export function detokenizeHandler(deps: AppDeps) {
+  return async (c: Context<AppEnv>) => {
+    const body = parseWith(detokenizeRequestSchema, await jsonBody(deps, c));
+    const tokenizer = await deps.tokenizers.forModel(deps.registry.requireModel(body.model));
+    const bad = body.tokens.find((id) => id >= tokenizer.vocabSize);
+    if (bad !== undefined) {
+      throw new GatewayError('invalid_request', { message: `tokens: token ids must be in [0, ${tokenizer.vocabSize}), got ${bad}.`, param: 'tokens' });
+    }
+    return c.json({ prompt: tokenizer.decode(body.tokens) });
+  };
+}
