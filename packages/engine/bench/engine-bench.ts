@@ -3,7 +3,8 @@
  *
  * 0. The llama.cpp comparison's workloads (32 × 128, 32 × 768, 1 × 128 tokens; peer-workloads.ts):
  *    tokens/s, TTFT and ITL p50/p99, the 768/128 throughput ratio. `BENCH_ONLY=workloads` stops
- *    after this section (a few minutes); BENCH_WORKLOAD_ROUNDS (default 2) sets its rounds.
+ *    after this section (a few minutes); BENCH_WORKLOAD_ROUNDS (default 2) sets its rounds;
+ *    BENCH_PRESET=smollm2-135m runs only this section on the SmolLM2-135M-shaped preset.
  * 1. The same 32 requests (outputs spread 16–256 tokens, Poisson arrivals) served three ways,
  *    interleaved run by run so machine noise hits all modes alike: one request at a time, static
  *    (request-level) batching, continuous batching. Tokens/s and TTFT (arrival → first token
@@ -18,7 +19,7 @@
  * slowest, runs max(1, BENCH_RUNS - 1) times.
  */
 import { mkdir, readFile, writeFile } from 'node:fs/promises';
-import { cpus, totalmem } from 'node:os';
+import { cpus, loadavg, totalmem } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { ensureBuiltinModel, loadModelDir } from '@sluice/model';
@@ -36,7 +37,10 @@ const MAX_BATCH = 32;
 const STEP_TOKENS = 512;
 const MODES: BenchMode[] = ['sequential', 'static', 'continuous'];
 
-const modelDir = await ensureBuiltinModel('bench');
+// BENCH_PRESET=smollm2-135m runs section 0 on the SmolLM2-135M-shaped preset (generated on first use, ~540 MB).
+const preset = (process.env.BENCH_PRESET ?? 'bench') as 'bench' | 'smollm2-135m';
+const onlyWorkloads = process.env.BENCH_ONLY === 'workloads' || preset !== 'bench';
+const modelDir = await ensureBuiltinModel(preset);
 const model = await loadModelDir(modelDir);
 const workload = makeWorkload({
   requests: 32,
@@ -65,12 +69,16 @@ const engine = await createEngine({ modelDir, maxBatchSize: MAX_BATCH, maxStepTo
 // 0. The peer comparison's workloads.
 await runMode(engine, workload.slice(0, 4), 'continuous', MAX_BATCH); // warm-up
 const workloadRounds = Number(process.env.BENCH_WORKLOAD_ROUNDS ?? 2);
+// The machine is shared: the 1-minute load average before and after says how much else ran.
+const loadBefore = loadavg()[0]!;
 const peer = await runPeerWorkloads(engine, model.tokenizer.vocabSize, workloadRounds, log);
+const loadAfter = loadavg()[0]!;
 await mkdir(join(root, 'bench-results'), { recursive: true });
-await writeFile(join(root, 'bench-results/engine-workloads.json'), `${JSON.stringify({ machine, workloads: roundDeep(peer) }, null, 2)}\n`);
-await writeSection(join(root, 'docs/benchmarks.md'), renderWorkloads(), 'engine-workloads');
+const suffix = preset === 'bench' ? '' : `-${preset}`;
+await writeFile(join(root, `bench-results/engine-workloads${suffix}.json`), `${JSON.stringify({ machine, loadAverage: { before: loadBefore, after: loadAfter }, workloads: roundDeep(peer) }, null, 2)}\n`);
+await writeSection(join(root, 'docs/benchmarks.md'), renderWorkloads(), `engine-workloads${suffix}`);
 console.log(`\n${renderPeerTable(peer)}\n`);
-if (process.env.BENCH_ONLY === 'workloads') {
+if (onlyWorkloads) {
   await engine.close();
   process.exit(0);
 }
@@ -257,10 +265,14 @@ ${renderNote(targets)}
 }
 
 function renderWorkloads(): string {
-  return `## Engine: the llama.cpp comparison's workloads
+  const arch = (key: string): string => String(model.config[key] ?? '?');
+  const title = preset === 'bench' ? '' : `, ${preset} preset`;
+  const command = preset === 'bench' ? '`npm run bench:engine` (section 0; `BENCH_ONLY=workloads` runs only this)' : `\`BENCH_PRESET=${preset} npm run bench:engine\``;
+  return `## Engine: the llama.cpp comparison's workloads${title}
 
-\`npm run bench:engine\` (section 0; \`BENCH_ONLY=workloads\` runs only this) — ${machine.date}, ${machine.cpu}, ${machine.cores} cores, ${machine.memoryGiB} GiB, Node ${machine.node}, onnxruntime-node ${machine.onnxruntime}, CPU execution provider, default threads.
-Model: the generated \`bench\` preset (float32). Engine in process: maxBatchSize ${MAX_BATCH}, maxStepTokens ${STEP_TOKENS}.
+${command} — ${machine.date}, ${machine.cpu}, ${machine.cores} cores, ${machine.memoryGiB} GiB, Node ${machine.node}, onnxruntime-node ${machine.onnxruntime}, CPU execution provider, default threads.
+Model: the generated \`${preset}\` preset (${arch('num_hidden_layers')} layers, hidden ${arch('hidden_size')}, ${arch('num_attention_heads')} heads / ${arch('num_key_value_heads')} KV heads, vocab ${arch('vocab_size')}, float32${preset === 'bench' ? '' : '; llama.cpp ran the bench preset\'s weights, so its column is for scale only'}). Engine in process: maxBatchSize ${MAX_BATCH}, maxStepTokens ${STEP_TOKENS}.
+1-minute load average ${loadBefore.toFixed(1)} before, ${loadAfter.toFixed(1)} after (2 cores shared with other developers' test runs: above ~1, other processes ran beside the benchmark).
 Each workload: N streams submitted at once, prompts 8–26 tokens, greedy, ignore_eos; ${workloadRounds} rounds, workloads interleaved round by round; tokens/s is the median over rounds (all completion tokens ÷ first submission → last finish), TTFT (submission → first token event) and ITL (gap between a stream's consecutive token events) are percentiles over every stream of every round. llama.cpp's figures are issue 12's (llama-server, 32 slots, 2 threads, same weights, same machine kind, its defaults: flash attention, f16 KV), not re-measured here.
 
 ${renderPeerTable(peer)}

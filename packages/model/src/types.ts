@@ -102,4 +102,4 @@ export interface TextDelta {
 }
 
 /** Presets of the built-in generated model. */
-export type TinyModelPreset = 'tiny' | 'bench';
+export type TinyModelPreset = 'tiny' | 'bench' | 'smollm2-135m';

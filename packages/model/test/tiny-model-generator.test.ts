@@ -157,7 +157,9 @@ describe('npm run model:generate', () => {
   it('names the flag that is wrong', () => {
     const unknownPreset = run('--preset', 'huge', '--out', join(scratch, 'x'));
     expect(unknownPreset.status).toBe(2);
-    expect(unknownPreset.stderr).toContain('--preset must be one of: tiny, bench (got "huge")');
+    expect(unknownPreset.stderr).toContain('--preset must be one of: tiny, bench, smollm2-135m (got "huge")');
+    const badForm = run('--preset', 'tiny', '--out', join(scratch, 'x'), '--attention', 'flash');
+    expect(badForm.stderr).toContain('--attention must be plain or gqa (got "flash")');
     const emptyOut = run('--preset', 'tiny', '--out', '');
     expect(emptyOut.status).toBe(2);
     expect(emptyOut.stderr).toContain('--out must name the directory');

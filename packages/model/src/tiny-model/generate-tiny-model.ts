@@ -62,11 +62,15 @@ function quietByteIds(): number[] {
  */
 export function buildTinyModelFiles(preset: TinyModelPreset, seed = DEFAULT_SEED, attention: AttentionForm = 'plain'): TinyModelFiles {
   const arch = TINY_MODEL_PRESETS[preset];
-  const bpe = trainByteLevelBpe(CORPUS, arch.vocabSize - SPECIAL_TOKENS.length);
+  const learned = arch.learnedVocabSize ?? arch.vocabSize;
+  const bpe = trainByteLevelBpe(CORPUS, learned - SPECIAL_TOKENS.length);
+  // Padding tokens up to vocabSize: in the vocabulary (ids and logits line up) but no text encodes to them.
+  const padIds = Array.from({ length: arch.vocabSize - learned }, (_, i) => learned + i);
+  for (const id of padIds) bpe.tokens.push(`<|pad_${id}|>`);
   const tokenizer = buildTokenizerFiles(bpe, arch.maxPositionEmbeddings);
   const weights = initLlamaWeights(arch, seed, {
     eos: SPECIAL_IDS.imEnd,
-    quiet: [SPECIAL_IDS.endOfText, SPECIAL_IDS.imStart, ...quietByteIds()],
+    quiet: [SPECIAL_IDS.endOfText, SPECIAL_IDS.imStart, ...quietByteIds(), ...padIds],
   });
 
   const config = {

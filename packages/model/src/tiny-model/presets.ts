@@ -3,6 +3,12 @@ import type { TinyModelPreset } from '../types.js';
 /** The architecture of a generated Llama model (the numbers that go into `config.json`). */
 export interface LlamaArchitecture {
   vocabSize: number;
+  /**
+   * Tokens the BPE learns from the built-in corpus (specials and bytes included); the rest of
+   * `vocabSize` is padding (`<|pad_N|>` tokens no text encodes to, near-zero embedding rows), as
+   * real vocabularies are padded to a round size. @defaultValue vocabSize
+   */
+  learnedVocabSize?: number;
   hiddenSize: number;
   intermediateSize: number;
   numLayers: number;
@@ -16,7 +22,10 @@ export interface LlamaArchitecture {
 
 /**
  * `tiny` keeps every test fast (a decode step is a fraction of a millisecond); `bench` is large
- * enough (~28M parameters) that a CPU decode step is dominated by model compute, not overhead.
+ * enough (~28M parameters) that a CPU decode step is dominated by model compute, not overhead;
+ * `smollm2-135m` has the exact shapes of SmolLM2-135M (135M parameters, a 49152 vocabulary padded
+ * from a learned 4096, 9 query / 3 KV heads), so benchmarks say what a real small model costs
+ * (~540 MB of float32 weights: generated on demand, never by the build).
  */
 export const TINY_MODEL_PRESETS: Readonly<Record<TinyModelPreset, LlamaArchitecture>> = {
   tiny: {
@@ -42,6 +51,19 @@ export const TINY_MODEL_PRESETS: Readonly<Record<TinyModelPreset, LlamaArchitect
     maxPositionEmbeddings: 2048,
     rmsNormEps: 1e-5,
     ropeTheta: 10000,
+  },
+  'smollm2-135m': {
+    vocabSize: 49152,
+    learnedVocabSize: 4096,
+    hiddenSize: 576,
+    intermediateSize: 1536,
+    numLayers: 30,
+    numHeads: 9,
+    numKvHeads: 3,
+    headDim: 64,
+    maxPositionEmbeddings: 2048,
+    rmsNormEps: 1e-5,
+    ropeTheta: 100000,
   },
 };
 
