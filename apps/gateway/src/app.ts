@@ -14,6 +14,7 @@ import { modelHandler, modelsHandler } from './routes/models.js';
 import { versionHandler } from './routes/version.js';
 import { docsHandlers, openApiHandler } from './routes/docs.js';
 import { detokenizeHandler, tokenizeHandler } from './routes/tokenize.js';
+import { playgroundHandlers } from './routes/playground.js';
 import { cancelHandler, resumeHandler } from './routes/resume.js';
 import type { SessionManager } from './session-manager.js';
 import type { TokenLog } from './token-log-reader.js';
@@ -124,6 +125,10 @@ export function createApp(deps: AppDeps) {
   const docs = docsHandlers();
   app.get('/docs', docs.page);
   app.get('/docs/:file', docs.asset);
+  // The playground: a chat page over the public API.
+  const playground = playgroundHandlers();
+  app.get('/', playground.page);
+  app.get('/playground/:file', playground.file);
   // The body (size-limited by MAX_BODY_BYTES) is read in the handler, straight off the Node request.
   app.post('/v1/chat/completions', generateHandler(deps, 'chat'));
   app.post('/v1/completions', generateHandler(deps, 'completion'));
@@ -151,6 +156,7 @@ export function createApp(deps: AppDeps) {
     '/detokenize': ['POST'],
     '/openapi.json': ['GET'],
     '/docs': ['GET'],
+    '/': ['GET'],
   };
   for (const [path, methods] of Object.entries(allowed)) app.all(path, methodNotAllowedHandler(methods));
   return app;

@@ -1,0 +1,132 @@
+import { existsSync } from 'node:fs';
+import { fileURLToPath } from 'node:url';
+import { chromium, type Browser, type Page } from 'playwright-core';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { Cluster, MODEL } from './support/cluster.js';
+import { waitFor } from './support/processes.js';
+import { scrapePrometheus } from './support/prometheus.js';
+import type { GatewayProcess, WorkerProcess } from './support/sluice.js';
+
+/**
+ * The playground page in a real headless Chromium (Debian's `chromium`, driven by playwright-core)
+ * against a real gateway, Redis and worker: a message streams in, Stop cancels the worker's sequence,
+ * and a dropped connection is resumed with Last-Event-ID without losing or repeating a token.
+ */
+
+const CHROMIUM = process.env.CHROMIUM_PATH ?? '/usr/bin/chromium';
+const SCREENSHOT = fileURLToPath(new URL('../docs/playground.png', import.meta.url));
+
+describe.skipIf(!existsSync(CHROMIUM))('the playground in headless Chromium', () => {
+  let cluster: Cluster;
+  let gateway: GatewayProcess;
+  let worker: WorkerProcess;
+  let browser: Browser;
+  let page: Page;
+  let contextLength = 0;
+
+  beforeAll(async () => {
+    cluster = await Cluster.start();
+    worker = await cluster.worker();
+    gateway = await cluster.gateway();
+    const models = (await gateway.get('/v1/models')).body as { data: Array<{ max_model_len: number }> };
+    contextLength = models.data[0]!.max_model_len;
+    browser = await chromium.launch({
+      executablePath: CHROMIUM,
+      args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-background-networking', '--disable-component-update', '--no-first-run'],
+    });
+    page = await browser.newPage({ viewport: { width: 1280, height: 800 } });
+    await page.goto(`${gateway.url}/`);
+    await page.waitForSelector(`#model option[value="${MODEL}"]`, { state: 'attached' });
+  }, 180_000);
+
+  afterAll(async () => {
+    await browser?.close();
+    await cluster?.stop();
+  });
+
+  async function setParams(params: { max_tokens: number; temperature?: number; ignoreEos?: boolean; seed?: number }): Promise<void> {
+    await page.fill('#max_tokens', String(params.max_tokens));
+    await page.fill('#temperature', String(params.temperature ?? 0));
+    await page.fill('#seed', params.seed === undefined ? '' : String(params.seed));
+    await page.setChecked('#ignore_eos', params.ignoreEos ?? false);
+  }
+
+  async function sendMessage(text: string): Promise<void> {
+    await page.click('#clear');
+    await page.fill('#message', text);
+    await page.press('#message', 'Enter');
+  }
+
+  const lastAnswer = () => page.locator('.turn.assistant .text').last().textContent();
+
+  /** What the API answers to the same single-turn chat (greedy, so the same text). */
+  async function apiAnswer(text: string, maxTokens: number, extra: Record<string, unknown> = {}): Promise<string> {
+    const res = await fetch(`${gateway.url}/v1/chat/completions`, {
+      method: 'POST',
+      headers: { 'Content-Type': 'application/json' },
+      body: JSON.stringify({ model: MODEL, messages: [{ role: 'user', content: text }], max_tokens: maxTokens, temperature: 0, ...extra }),
+    });
+    return ((await res.json()) as { choices: Array<{ message: { content: string } }> }).choices[0]!.message.content;
+  }
+
+  it('streams a message: tokens arrive, then time to first token, tokens, tokens/s and the finish', async () => {
+    await setParams({ max_tokens: 24 });
+    await sendMessage('Tell me about the sea.');
+    await page.waitForFunction(() => document.querySelector('#finish')?.textContent !== '–', undefined, { timeout: 30_000 });
+    await page.waitForFunction(() => document.querySelector('#status')?.textContent === 'Done.');
+    expect(await lastAnswer()).toBe(await apiAnswer('Tell me about the sea.', 24));
+    expect(await page.textContent('#ttft')).toMatch(/^\d+ ms$/);
+    expect(Number(await page.textContent('#tokens'))).toBeGreaterThan(0);
+    expect(await page.textContent('#tps')).toMatch(/^\d+(\.\d)?$/);
+    expect(await page.textContent('#request-id')).toMatch(/^chatcmpl-/);
+    // Raw frames on demand: the SSE events as they came, id lines included.
+    await page.click('#raw summary');
+    const frames = (await page.textContent('#frames')) ?? '';
+    expect(frames).toContain('data: [DONE]');
+    expect(frames).toMatch(/^id: \d+$/m);
+    await page.screenshot({ path: SCREENSHOT });
+    await page.click('#raw summary');
+  });
+
+  it('stops a running stream, and the worker cancels its sequence', async () => {
+    const before = (await scrapePrometheus(worker.healthUrl.replace('/healthz', '/metrics'))).value('sluice_request_success_total', { finish_reason: 'abort' });
+    // As long as the context allows, past the end-of-sequence token: the stream is still running at Stop.
+    await setParams({ max_tokens: contextLength - 64, ignoreEos: true });
+    await sendMessage('Count slowly.');
+    await page.waitForFunction(() => Number(document.querySelector('#tokens')?.textContent) >= 2, undefined, { timeout: 30_000 });
+    // Frozen, the worker cannot finish before Stop is pressed (no race with the machine's speed).
+    worker.process.signal('SIGSTOP');
+    try {
+      await page.click('#stop');
+      await page.waitForFunction(() => document.querySelector('#status')?.textContent === 'Stopped.');
+    } finally {
+      worker.process.signal('SIGCONT');
+    }
+    const requestId = ((await page.textContent('#request-id')) ?? '').replace(/^chatcmpl-/, '');
+    await worker.sequenceCancelled(requestId);
+    await waitFor('the abort counted in the worker metrics', async () => {
+      const after = (await scrapePrometheus(worker.healthUrl.replace('/healthz', '/metrics'))).value('sluice_request_success_total', { finish_reason: 'abort' });
+      return after === before + 1 ? true : undefined;
+    });
+    expect(await page.isDisabled('#stop')).toBe(true);
+  });
+
+  it('resumes a dropped stream with Last-Event-ID: the answer arrives whole, each token once', async () => {
+    const maxTokens = 64;
+    await setParams({ max_tokens: maxTokens, ignoreEos: true });
+    await sendMessage('Tell me a story.');
+    await page.waitForFunction(() => Number(document.querySelector('#tokens')?.textContent) >= 2, undefined, { timeout: 30_000 });
+    // The stream breaks off (the page's fetch fails as on a network error) while the request runs on.
+    worker.process.signal('SIGSTOP');
+    try {
+      expect(await page.evaluate(() => (window as unknown as { sluicePlayground: { dropConnection(): boolean } }).sluicePlayground.dropConnection())).toBe(true);
+    } finally {
+      worker.process.signal('SIGCONT');
+    }
+    await page.waitForFunction(() => document.querySelector('#status')?.textContent === 'Done.', undefined, { timeout: 30_000 });
+    expect(await page.textContent('#resumes')).toBe('1');
+    expect(await page.textContent('#finish')).toBe('length');
+    expect(await lastAnswer()).toBe(await apiAnswer('Tell me a story.', maxTokens, { ignore_eos: true }));
+    expect(Number(await page.textContent('#tokens'))).toBe(maxTokens);
+  });
+});
