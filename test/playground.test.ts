@@ -72,8 +72,8 @@ describe.skipIf(!existsSync(CHROMIUM))('the playground in headless Chromium', ()
   it('streams a message: tokens arrive, then time to first token, tokens, tokens/s and the finish', async () => {
     await setParams({ max_tokens: 24 });
     await sendMessage('Tell me about the sea.');
-    await page.waitForFunction(() => document.querySelector('#finish')?.textContent !== '–', undefined, { timeout: 30_000 });
-    await page.waitForFunction(() => document.querySelector('#status')?.textContent === 'Done.');
+    await page.waitForFunction("document.querySelector('#finish').textContent !== '–'", undefined, { timeout: 30_000 });
+    await page.waitForFunction("document.querySelector('#status').textContent === 'Done.'");
     expect(await lastAnswer()).toBe(await apiAnswer('Tell me about the sea.', 24));
     expect(await page.textContent('#ttft')).toMatch(/^\d+ ms$/);
     expect(Number(await page.textContent('#tokens'))).toBeGreaterThan(0);
@@ -93,12 +93,12 @@ describe.skipIf(!existsSync(CHROMIUM))('the playground in headless Chromium', ()
     // As long as the context allows, past the end-of-sequence token: the stream is still running at Stop.
     await setParams({ max_tokens: contextLength - 64, ignoreEos: true });
     await sendMessage('Count slowly.');
-    await page.waitForFunction(() => Number(document.querySelector('#tokens')?.textContent) >= 2, undefined, { timeout: 30_000 });
+    await page.waitForFunction("Number(document.querySelector('#tokens').textContent) >= 2", undefined, { timeout: 30_000 });
     // Frozen, the worker cannot finish before Stop is pressed (no race with the machine's speed).
     worker.process.signal('SIGSTOP');
     try {
       await page.click('#stop');
-      await page.waitForFunction(() => document.querySelector('#status')?.textContent === 'Stopped.');
+      await page.waitForFunction("document.querySelector('#status').textContent === 'Stopped.'");
     } finally {
       worker.process.signal('SIGCONT');
     }
@@ -115,15 +115,15 @@ describe.skipIf(!existsSync(CHROMIUM))('the playground in headless Chromium', ()
     const maxTokens = 64;
     await setParams({ max_tokens: maxTokens, ignoreEos: true });
     await sendMessage('Tell me a story.');
-    await page.waitForFunction(() => Number(document.querySelector('#tokens')?.textContent) >= 2, undefined, { timeout: 30_000 });
+    await page.waitForFunction("Number(document.querySelector('#tokens').textContent) >= 2", undefined, { timeout: 30_000 });
     // The stream breaks off (the page's fetch fails as on a network error) while the request runs on.
     worker.process.signal('SIGSTOP');
     try {
-      expect(await page.evaluate(() => (window as unknown as { sluicePlayground: { dropConnection(): boolean } }).sluicePlayground.dropConnection())).toBe(true);
+      expect(await page.evaluate('window.sluicePlayground.dropConnection()')).toBe(true);
     } finally {
       worker.process.signal('SIGCONT');
     }
-    await page.waitForFunction(() => document.querySelector('#status')?.textContent === 'Done.', undefined, { timeout: 30_000 });
+    await page.waitForFunction("document.querySelector('#status').textContent === 'Done.'", undefined, { timeout: 30_000 });
     expect(await page.textContent('#resumes')).toBe('1');
     expect(await page.textContent('#finish')).toBe('length');
     expect(await lastAnswer()).toBe(await apiAnswer('Tell me a story.', maxTokens, { ignore_eos: true }));
