@@ -323,14 +323,19 @@ function lastPositionLogits(
   const producers = new Map<string, onnxProto.onnx.INodeProto>();
   for (const node of nodes) for (const output of node.output ?? []) producers.set(output, node);
   let at = 'logits';
+  const head = new Set<onnxProto.onnx.INodeProto>();
   for (let depth = 0; depth < 8; depth++) {
     const node = producers.get(at);
     if (node === undefined || (node.domain ?? '') !== '' || !LM_HEAD_OPS.has(node.opType ?? '')) break;
     const next = (node.input ?? []).find((input) => input !== '' && !initializers.has(input) && producers.has(input));
     if (next === undefined) return undefined;
+    head.add(node);
     at = next;
   }
   if (at === 'logits' || producers.get(at) === undefined) return undefined;
+  // Only when the head (and Shape nodes sizing its output) are all that read the hidden state.
+  const readers = nodes.filter((node) => (node.input ?? []).includes(at));
+  if (!readers.every((node) => head.has(node) || node.opType === 'Shape')) return undefined;
   // Every reader of the hidden state (the head, and shape ops that size the logits) reads the last position.
   const hidden = at;
   const last = `${hidden}/sluice_last_position`;
