@@ -138,7 +138,10 @@ async function main() {
   const port = process.env.PORT ?? '8080';
   const metricsPort = process.env.METRICS_PORT ?? String(await freePort());
   run('worker', process.execPath, [WORKER], { REDIS_URL: redisUrl, METRICS_PORT: metricsPort });
-  run('gateway', process.execPath, [GATEWAY], { REDIS_URL: redisUrl, PORT: port });
+  // Loopback unless HOST says otherwise: with no API key, a gateway on a public address refuses to
+  // start (AUTH), and one on loopback serves without keys, as a local try-out should.
+  const host = process.env.HOST ?? '127.0.0.1';
+  run('gateway', process.execPath, [GATEWAY], { REDIS_URL: redisUrl, PORT: port, HOST: host });
 
   const url = `http://127.0.0.1:${port}`;
   log('waiting for the gateway to see a live worker (the first run generates the tiny model)...');

@@ -76,6 +76,8 @@ export async function startWorker(redisUrl: string, env: Record<string, string> 
     REDIS_URL: redisUrl,
     METRICS_PORT: String(port),
     METRICS_HOST: '127.0.0.1',
+    // sequenceCancelled() reads the latest cancelled request's id off /healthz.
+    HEALTH_REQUEST_IDS: 'true',
     LOG_LEVEL: 'warn',
     ...env,
   });

@@ -3,6 +3,9 @@ import { Hono } from 'hono';
 import { REQUEST_ID_PATTERN } from '@sluice/protocol';
 import type { HttpBindings } from '@hono/node-server';
 import type { Logger } from 'pino';
+import type { AccessControl } from './auth/access-control.js';
+import type { AuthenticatedKey } from './auth/auth-middleware.js';
+import { browserSafety } from './auth/browser-safety.js';
 import type { GatewayConfig } from './config.js';
 import { errorHeaders, GatewayError, toErrorBody, toGatewayError } from './errors.js';
 import type { GatewayHooks } from './hooks.js';
@@ -39,9 +42,11 @@ export interface AppDeps {
   checkRedis(): Promise<boolean>;
   isDraining(): boolean;
   hooks: GatewayHooks;
+  /** API keys and per-key limits (auth/access-control.ts); absent: no key is checked. */
+  access?: AccessControl;
 }
 
-export type AppEnv = { Bindings: HttpBindings; Variables: { requestId: string } };
+export type AppEnv = { Bindings: HttpBindings; Variables: { requestId: string; apiKey?: AuthenticatedKey } };
 
 /** Route patterns for `sluice_gateway_requests_total{route}`; any other path counts as `other`. */
 const ROUTES = new Set([
@@ -112,6 +117,10 @@ export function createApp(deps: AppDeps) {
     const error = new GatewayError('not_found', { message: `No route for ${c.req.method} ${c.req.path}.` });
     return c.json(toErrorBody(error), 404, { 'X-Request-Id': c.get('requestId') });
   });
+
+  // CORS, security headers, JSON-only POSTs; then API keys on the API (health and metrics stay open).
+  for (const middleware of browserSafety(deps.config.access.corsOrigins)) app.use('*', middleware);
+  if (deps.access?.authenticate !== undefined) app.use('/v1/*', deps.access.authenticate);
 
   app.get('/healthz', healthHandler());
   app.get('/health', healthHandler());

@@ -2,6 +2,7 @@ import { randomBytes } from 'node:crypto';
 import { hostname } from 'node:os';
 import { z } from 'zod';
 import { DEFAULT_PREFIX } from '@sluice/protocol';
+import { accessEnvShape, toAccessConfig, type AccessConfig } from './auth/access-config.js';
 
 const int = (min: number) => z.coerce.number().int().min(min);
 
@@ -50,6 +51,8 @@ export const gatewayEnvSchema = z.object({
   MAX_RESUME_GRACE_MS: int(0).default(600_000),
   /** pino log level. @defaultValue info */
   LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
+  /** Access control, input ceilings, connection limits: auth/access-config.ts. */
+  ...accessEnvShape,
 });
 
 export type GatewayEnv = z.infer<typeof gatewayEnvSchema>;
@@ -75,6 +78,7 @@ export interface GatewayConfig {
   resumeGraceMs: number;
   maxResumeGraceMs: number;
   logLevel: GatewayEnv['LOG_LEVEL'];
+  access: AccessConfig;
 }
 
 /** Thrown for an invalid environment; the message names every bad variable. */
@@ -112,5 +116,6 @@ export function loadGatewayConfig(env: NodeJS.ProcessEnv = process.env): Gateway
     resumeGraceMs: e.RESUME_GRACE_MS,
     maxResumeGraceMs: e.MAX_RESUME_GRACE_MS,
     logLevel: e.LOG_LEVEL,
+    access: toAccessConfig(e),
   };
 }

@@ -18,7 +18,12 @@ export type GatewayErrorCode =
   | 'worker_lost'
   | 'worker_shutdown'
   | 'stream_interrupted'
-  | 'internal';
+  | 'internal'
+  // Access control (auth/*).
+  | 'invalid_api_key'
+  | 'model_not_allowed'
+  | 'rate_limit_exceeded'
+  | 'unsupported_media_type';
 
 interface CodeInfo {
   status: number;
@@ -64,6 +69,14 @@ const codes: Record<GatewayErrorCode, CodeInfo> = {
     message: 'Part of the answer was lost between the worker and the gateway.',
   },
   internal: { status: 500, type: 'server_error', message: 'Internal error.' },
+  invalid_api_key: { status: 401, type: 'invalid_request_error', message: 'Missing or invalid API key.' },
+  model_not_allowed: { status: 403, type: 'invalid_request_error', message: 'This API key may not use this model.' },
+  rate_limit_exceeded: { status: 429, type: 'rate_limit_error', message: 'Rate limit reached for this API key.', retry: true },
+  unsupported_media_type: {
+    status: 415,
+    type: 'invalid_request_error',
+    message: 'The request body must be application/json.',
+  },
 };
 
 /** Every error code with its HTTP status and OpenAI error type: what `GET /openapi.json` documents. */
@@ -78,10 +91,12 @@ export class GatewayError extends Error {
   readonly retryAfter: boolean;
   /** Headers the HTTP reply must carry (a 405's `Allow`). */
   readonly headers: Readonly<Record<string, string>>;
+  /** Retry-After in seconds when this error knows it (a rate limit's reset), else the configured one. */
+  readonly retryAfterS: number | undefined;
 
   constructor(
     readonly code: GatewayErrorCode,
-    options: { message?: string; param?: string | null; cause?: unknown; headers?: Record<string, string> } = {},
+    options: { message?: string; param?: string | null; cause?: unknown; headers?: Record<string, string>; retryAfterS?: number } = {},
   ) {
     const info = codes[code];
     super(options.message ?? info.message, options.cause === undefined ? undefined : { cause: options.cause });
@@ -90,6 +105,7 @@ export class GatewayError extends Error {
     this.param = options.param ?? null;
     this.retryAfter = info.retry === true;
     this.headers = options.headers ?? {};
+    this.retryAfterS = options.retryAfterS;
   }
 }
 
@@ -114,7 +130,7 @@ export function toSseErrorFrames(error: GatewayError): string {
 
 /** HTTP headers that go with an error reply. */
 export function errorHeaders(error: GatewayError, retryAfterS: number): Record<string, string> {
-  return error.retryAfter ? { ...error.headers, 'Retry-After': String(retryAfterS) } : { ...error.headers };
+  return error.retryAfter ? { ...error.headers, 'Retry-After': String(error.retryAfterS ?? retryAfterS) } : { ...error.headers };
 }
 
 /**

@@ -5,6 +5,8 @@ import { Redis } from 'ioredis';
 import type { Logger } from 'pino';
 import { GENERATE_QUEUE, redisNames } from '@sluice/protocol';
 import { createApp } from './app.js';
+import { startAccessControl } from './auth/access-control.js';
+import { noKeyUsage, type KeyUsageRecorder } from './auth/key-usage-recorder.js';
 import type { GatewayConfig } from './config.js';
 import { GatewayError } from './errors.js';
 import type { GatewayHooks } from './hooks.js';
@@ -28,6 +30,8 @@ export interface StartGatewayOptions {
   hooks?: GatewayHooks;
   /** Adds routes (e.g. `GET /metrics`) to the app before it serves. */
   configureApp?: (app: ReturnType<typeof createApp>) => void;
+  /** Per-key usage (metrics). */
+  keyUsage?: KeyUsageRecorder;
 }
 
 /** Connects to Redis, subscribes to this gateway's channel, reads the registry once, then listens. */
@@ -43,6 +47,11 @@ export async function startGateway(config: GatewayConfig, logger: Logger, option
     connection.on('error', (err: Error) => logger.warn({ err: err.message, connection: name }, 'redis connection error'));
   }
   await Promise.all([redis.connect(), subscriber.connect(), queueConnection.connect()]);
+  // Before anything listens: a gateway that must not start (public HOST, no key) stops here.
+  const access = await startAccessControl(config, redis, logger, options.keyUsage ?? noKeyUsage).catch(async (error: unknown) => {
+    await Promise.allSettled([redis.quit(), subscriber.quit(), queueConnection.quit()]);
+    throw error;
+  });
 
   const queue = new Queue(GENERATE_QUEUE, { connection: queueConnection, prefix: names.bullPrefix });
   queue.on('error', (err: Error) => logger.warn({ err: err.message }, 'queue error'));
@@ -87,6 +96,7 @@ export async function startGateway(config: GatewayConfig, logger: Logger, option
     tokenizers,
     heartbeats,
     hooks,
+    access,
     isDraining: () => draining,
     checkRedis: async () => {
       try {
@@ -99,7 +109,24 @@ export async function startGateway(config: GatewayConfig, logger: Logger, option
 
   options.configureApp?.(app);
   const server = await new Promise<ServerType>((resolve) => {
-    const s = serve({ fetch: app.fetch, port: config.port, hostname: config.host }, () => resolve(s));
+    const s = serve(
+      {
+        fetch: app.fetch,
+        port: config.port,
+        hostname: config.host,
+        // Deliberate, not Node's defaults (a slow-header connection lived ~82 s): headers and body
+        // within bounds, checked every second; idle keep-alive longer than a proxy's upstream idle
+        // timeout (so the proxy, not we, closes first); a cap on connections per gateway.
+        serverOptions: {
+          headersTimeout: config.access.headersTimeoutMs,
+          requestTimeout: config.access.httpRequestTimeoutMs,
+          keepAliveTimeout: config.access.keepAliveTimeoutMs,
+          connectionsCheckingInterval: 1000,
+        },
+      },
+      () => resolve(s),
+    );
+    s.maxConnections = config.access.maxConnections;
   });
   const address = server.address() as AddressInfo;
   const host = config.host === '0.0.0.0' || config.host === '::' ? '127.0.0.1' : config.host;

@@ -1,5 +1,6 @@
 import { pino } from 'pino';
 import { createGatewayMetrics } from '@sluice/metrics';
+import { AccessConfigError } from './auth/access-config-error.js';
 import { ConfigError, loadGatewayConfig } from './config.js';
 import { startGateway } from './gateway.js';
 import { createGatewayObserver } from './gateway-observer.js';
@@ -19,15 +20,21 @@ async function main(): Promise<void> {
   const logger = pino({ name: 'gateway', level: config.logLevel });
   let gateway;
   try {
-    const metrics = createGatewayMetrics();
+    const metrics = createGatewayMetrics(undefined, { maxKeys: config.access.metricsMaxKeys });
     gateway = await startGateway(config, logger, {
       hooks: createGatewayObserver(metrics, logger),
+      keyUsage: metrics.keyUsage,
       configureApp: (app) =>
         app.get('/metrics', async (c) =>
           c.body(await metrics.registry.metrics(), 200, { 'Content-Type': metrics.registry.contentType }),
         ),
     });
   } catch (error) {
+    if (error instanceof AccessConfigError) {
+      logger.fatal(error.message);
+      process.stderr.write(`${error.message}\n`);
+      process.exit(1);
+    }
     logger.fatal({ err: error }, `gateway failed to start (REDIS_URL=${config.redisUrl})`);
     process.exit(1);
   }

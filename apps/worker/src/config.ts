@@ -45,8 +45,10 @@ export const workerEnvSchema = z.object({
   LOCK_DURATION_MS: int(1000).default(30_000),
   /** Port of the worker's HTTP endpoint (`/healthz`); 0 picks a free port. @defaultValue 9464 */
   METRICS_PORT: int(0).max(65535).default(9464),
-  /** Listen address of that endpoint. @defaultValue 0.0.0.0 */
-  METRICS_HOST: z.string().min(1).default('0.0.0.0'),
+  /** Listen address of that endpoint: loopback unless set (e.g. 0.0.0.0 for a Prometheus on another host). @defaultValue 127.0.0.1 */
+  METRICS_HOST: z.string().min(1).default('127.0.0.1'),
+  /** `/healthz` shows the id of the latest cancelled request (tests only: ids never leave the worker otherwise). @defaultValue false */
+  HEALTH_REQUEST_IDS: z.enum(['true', 'false', '1', '0']).default('false').transform((v) => v === 'true' || v === '1'),
   /** pino log level. @defaultValue info */
   LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
 });
@@ -73,6 +75,7 @@ export interface WorkerConfig {
   metricsPort: number;
   metricsHost: string;
   logLevel: z.infer<typeof workerEnvSchema>['LOG_LEVEL'];
+  healthRequestIds: boolean;
 }
 
 export class ConfigError extends Error {
@@ -113,5 +116,6 @@ export function loadWorkerConfig(env: NodeJS.ProcessEnv = process.env): WorkerCo
     metricsPort: e.METRICS_PORT,
     metricsHost: e.METRICS_HOST,
     logLevel: e.LOG_LEVEL,
+    healthRequestIds: e.HEALTH_REQUEST_IDS,
   };
 }

@@ -116,7 +116,8 @@ export async function startWorker(
     processed: processor.counters.processed,
     skipped: processor.counters.skipped,
     steps,
-    lastCancel: processor.counters.lastCancel ?? null,
+    // Request ids stay off this port unless a test asks for them.
+    lastCancel: config.healthRequestIds ? (processor.counters.lastCancel ?? null) : null,
   }));
   // Queue depth is read at each scrape, on the worker's own BullMQ connection (the Queue reuses it).
   const queue = new Queue(GENERATE_QUEUE, { connection: bullConnection, prefix: names.bullPrefix });

@@ -6,6 +6,7 @@ import {
   TIME_TO_FIRST_TOKEN_BUCKETS,
 } from './buckets.js';
 import { ensureDefaultMetrics } from './default-metrics.js';
+import { createKeyUsageMetrics, type KeyUsageMetrics } from './key-usage-metrics.js';
 import { RequestTracker, type RequestOutcome, type RequestStage } from './request-tracker.js';
 
 /** Kinds of SSE frames, counted apart so heartbeats do not hide in the content traffic. */
@@ -18,6 +19,8 @@ const REQUEST_OUTCOMES: readonly RequestOutcome[] = ['stop', 'length', 'cancelle
 export interface GatewayMetricsOptions {
   /** Monotonic clock in milliseconds, for tests. @defaultValue performance.now */
   now?: () => number;
+  /** Key names with their own series in the per-key metrics (the rest: `other`). @defaultValue 100 */
+  maxKeys?: number;
 }
 
 export interface TrackRequestOptions {
@@ -50,6 +53,8 @@ export interface GatewayMetrics {
   readonly sseEvents: Counter<'kind'>;
   readonly sseBytes: Counter<'kind'>;
   readonly rejected: Counter<'reason'>;
+  /** Usage per API key name (key-usage-metrics.ts). */
+  readonly keyUsage: KeyUsageMetrics;
   /**
    * Counts one HTTP response. `route` is the route pattern (`/v1/chat/completions`), never the raw
    * path, so that the label stays low-cardinality.
@@ -231,6 +236,7 @@ export function createGatewayMetrics(
     sseEvents,
     sseBytes,
     rejected,
+    keyUsage: createKeyUsageMetrics(registry, options.maxKeys),
     countRequest(route, status) {
       requests.labels(route, String(status)).inc();
     },

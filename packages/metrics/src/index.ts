@@ -6,6 +6,7 @@ export {
   type SseEventKind,
   type TrackRequestOptions,
 } from './gateway-metrics.js';
+export { createKeyUsageMetrics, type AuthFailure, type KeyRefusal, type KeyUsageMetrics } from './key-usage-metrics.js';
 export { RequestTracker, type RequestOutcome, type RequestStage } from './request-tracker.js';
 export {
   QUEUE_JOB_STATES,

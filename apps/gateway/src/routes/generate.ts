@@ -6,6 +6,7 @@ import type { JobInput, StreamFormat } from '@sluice/protocol';
 import type { AppDeps } from '../app.js';
 import { GatewayError } from '../errors.js';
 import { promptTokenIds } from '../prompt-tokens.js';
+import { checkInputLimits } from '../openai/input-limits.js';
 import { parseChatRequest, parseCompletionRequest, type Endpoint } from '../openai/request-schemas.js';
 import { ResponseFormat, type ResponseFormatOptions } from '../openai/response-format.js';
 import { PromptBatch } from '../prompt-batch.js';
@@ -52,8 +53,12 @@ export function generateHandler(deps: AppDeps, endpoint: Endpoint) {
     const receivedAtMono = performance.now();
     const body = await readJson(c.env.incoming, config.maxBodyBytes);
     const request = endpoint === 'chat' ? parseChatRequest(body) : parseCompletionRequest(body);
+    checkInputLimits(request, config.access);
     if (deps.isDraining()) throw new GatewayError('shutting_down');
     const served = registry.requireModel(request.model);
+    const apiKey = c.get('apiKey');
+    const admission = deps.access?.admission;
+    if (apiKey !== undefined) admission?.checkModel(apiKey, request.model);
     const prompts = request.prompts ?? [request.input];
     if (sessions.queuedCount + prompts.length > config.maxQueuedRequests) throw new GatewayError('queue_full');
     // Tokenized here, not on a worker: a prompt that cannot fit is a 400 before the 200 under any load.
@@ -68,9 +73,15 @@ export function generateHandler(deps: AppDeps, endpoint: Endpoint) {
     const requestId = c.get('requestId');
     // Our own id serves as both when the client sent none: then logs, reply and job id agree.
     const jobId = c.req.header('x-request-id') === requestId ? randomUUID() : requestId;
-    const observer =
+    // The key's limits, last of the refusals: a granted request settles when it ends.
+    const grant =
+      apiKey === undefined || admission === undefined
+        ? undefined
+        : await admission.admit(apiKey, request, promptIds, served.maxContextLength, jobId, c.env.outgoing);
+    const started =
       hooks.requestStarted?.({ requestId, jobId, endpoint, model: request.model, stream: request.stream, receivedAt: receivedAtMono }) ??
       noObserver();
+    const observer = grant === undefined || admission === undefined ? started : admission.observe(grant, started);
     // Usage so far on every chunk: read from the responder, which counts the tokens it writes.
     let responderUsage = () => ({ promptTokens: 0, completionTokens: 0 });
     if (request.continuousUsage === true && request.stream) formatOptions.liveUsage = () => responderUsage();

@@ -1,0 +1,92 @@
+import { Hono, type MiddlewareHandler } from 'hono';
+import { cors } from 'hono/cors';
+import { secureHeaders } from 'hono/secure-headers';
+
+type SecureHeadersOptions = NonNullable<Parameters<typeof secureHeaders>[0]>;
+import type { AppEnv } from '../app.js';
+import { GatewayError } from '../errors.js';
+
+/** Headers a browser page may read from a cross-origin reply (the rate limits, the request id). */
+const EXPOSED_HEADERS = [
+  'x-request-id',
+  'retry-after',
+  'x-ratelimit-limit-requests',
+  'x-ratelimit-remaining-requests',
+  'x-ratelimit-reset-requests',
+  'x-ratelimit-limit-tokens',
+  'x-ratelimit-remaining-tokens',
+  'x-ratelimit-reset-tokens',
+];
+
+/** hono/secure-headers for a JSON API: no framing, no content to run, no referrer. */
+const secureHeaderOptions: SecureHeadersOptions = {
+  xFrameOptions: 'DENY',
+  contentSecurityPolicy: { defaultSrc: ["'none'"], frameAncestors: ["'none'"] },
+};
+
+/**
+ * The security headers hono/secure-headers sets, read once from a throwaway app: the streaming and
+ * JSON responders write straight to the Node response (no Hono Response passes the middleware's
+ * "after" step), so the same headers are also put on the Node response before the handler runs.
+ */
+let securityHeaders: Promise<Array<[string, string]>> | undefined;
+function securityHeaderList(): Promise<Array<[string, string]>> {
+  securityHeaders ??= (async () => {
+    const probe = new Hono().use(secureHeaders(secureHeaderOptions)).get('/', (c) => c.body(null));
+    const res = await probe.request('/');
+    return [...res.headers.entries()].filter(([name]) => name !== 'content-type');
+  })();
+  return securityHeaders;
+}
+
+function isJson(contentType: string): boolean {
+  const type = contentType.split(';')[0]?.trim().toLowerCase() ?? '';
+  return type === 'application/json' || (type.startsWith('application/') && type.endsWith('+json'));
+}
+
+/** Whether the request carries a body (declared length > 0, or chunked). */
+function hasBody(headers: { 'content-length'?: string | undefined; 'transfer-encoding'?: string | undefined }): boolean {
+  return (headers['content-length'] !== undefined && headers['content-length'] !== '0') || headers['transfer-encoding'] !== undefined;
+}
+
+/**
+ * Browser safety, in the order it must run:
+ * 1. CORS (hono/cors) with the CORS_ORIGINS allow-list: preflights are answered (204); only listed
+ *    origins get `Access-Control-Allow-Origin`; `*` only when CORS_ORIGINS says `*`. No credentials
+ *    mode: keys travel in headers, never cookies.
+ * 2. Security headers (hono/secure-headers) on every reply, errors and streams included.
+ * 3. A POST with a body must be `application/json` (415 otherwise): a page can send `text/plain` or a
+ *    form cross-origin without a preflight, JSON it cannot.
+ */
+export function browserSafety(corsOrigins: readonly string[]): MiddlewareHandler<AppEnv>[] {
+  const anyOrigin = corsOrigins.includes('*');
+  const corsMiddleware = cors({
+    origin: anyOrigin ? '*' : (origin) => (corsOrigins.includes(origin) ? origin : null),
+    allowMethods: ['GET', 'POST', 'OPTIONS'],
+    exposeHeaders: EXPOSED_HEADERS,
+    maxAge: 600,
+  });
+  const nodeHeaders: MiddlewareHandler<AppEnv> = async (c, next) => {
+    const out = c.env?.outgoing;
+    if (out !== undefined && !out.headersSent) {
+      for (const [name, value] of await securityHeaderList()) out.setHeader(name, value);
+      // What hono/cors put on the pending response, for replies written past Hono.
+      c.res.headers.forEach((value, name) => {
+        if (name.startsWith('access-control-')) out.setHeader(name, value);
+      });
+      if (!anyOrigin) out.setHeader('Vary', 'Origin');
+    }
+    if (c.req.method === 'POST') {
+      const contentType = c.req.header('content-type');
+      const incoming = c.env?.incoming;
+      const bodied = incoming === undefined ? contentType !== undefined : hasBody(incoming.headers);
+      if ((contentType !== undefined && !isJson(contentType)) || (contentType === undefined && bodied)) {
+        throw new GatewayError('unsupported_media_type', {
+          message: `The request body must be application/json (got ${contentType === undefined ? 'no Content-Type' : JSON.stringify(contentType.slice(0, 100))}).`,
+        });
+      }
+    }
+    await next();
+  };
+  return [corsMiddleware, secureHeaders(secureHeaderOptions), nodeHeaders];
+}

@@ -1,0 +1,148 @@
+import type { ServerResponse } from 'node:http';
+import type { Logger } from 'pino';
+import { GatewayError } from '../errors.js';
+import type { RequestObserver } from '../hooks.js';
+import type { ParsedRequest } from '../openai/request-schemas.js';
+import type { AuthenticatedKey } from './auth-middleware.js';
+import type { KeyUsageRecorder } from './key-usage-recorder.js';
+import type { LimitState, RateLimiter } from './rate-limiter.js';
+import { tokenReservation } from './token-reservation.js';
+
+/** OpenAI's duration format of the `x-ratelimit-reset-*` headers: `20ms`, `1.5s`, `6m0s`. */
+export function formatReset(ms: number): string {
+  const clamped = Math.max(0, Math.ceil(ms));
+  if (clamped < 1000) return `${clamped}ms`;
+  const seconds = clamped / 1000;
+  if (seconds < 60) return `${Number(seconds.toFixed(3))}s`;
+  const minutes = Math.floor(seconds / 60);
+  return `${minutes}m${Number((seconds - minutes * 60).toFixed(3))}s`;
+}
+
+/** The `x-ratelimit-*` headers of a key's limits after a decision; a limit the key lacks has none. */
+export function rateLimitHeaders(state: LimitState): Record<string, string> {
+  const headers: Record<string, string> = {};
+  const { rpm, tpm } = state.limits;
+  if (rpm !== undefined) {
+    headers['x-ratelimit-limit-requests'] = String(rpm);
+    headers['x-ratelimit-remaining-requests'] = String(Math.max(0, rpm - state.requestsUsed));
+    headers['x-ratelimit-reset-requests'] = formatReset(state.requestsResetMs);
+  }
+  if (tpm !== undefined) {
+    headers['x-ratelimit-limit-tokens'] = String(tpm);
+    headers['x-ratelimit-remaining-tokens'] = String(Math.max(0, tpm - state.tokensUsed));
+    headers['x-ratelimit-reset-tokens'] = formatReset(state.tokensResetMs);
+  }
+  return headers;
+}
+
+/** What a granted request holds until it ends. */
+export interface KeyGrant {
+  readonly key: AuthenticatedKey;
+  readonly requestId: string;
+  readonly reservedTokens: number;
+}
+
+/**
+ * Admission of one request under its key: the allowed models (403), then the key's limits in one
+ * atomic step (429 with Retry-After), and, when the request ends, the settlement of its tokens and
+ * the release of its stream slot. Every ending passes through the request's observer's `finished`,
+ * which `observe` wraps, so no ending can leak a reservation.
+ */
+export class KeyAdmission {
+  readonly #limiter: RateLimiter;
+  readonly #usage: KeyUsageRecorder;
+  readonly #logger: Logger;
+  readonly #leaseMs: number;
+
+  constructor(limiter: RateLimiter, usage: KeyUsageRecorder, logger: Logger, leaseMs: number) {
+    this.#limiter = limiter;
+    this.#usage = usage;
+    this.#logger = logger;
+    this.#leaseMs = leaseMs;
+  }
+
+  /** 403 unless the key may use `model`. */
+  checkModel(key: AuthenticatedKey, model: string): void {
+    const { models, name } = key.record;
+    if (models === undefined || models.includes(model)) return;
+    this.#usage.refused(name, 'model');
+    throw new GatewayError('model_not_allowed', { message: `This API key may not use the model "${model}".`, param: 'model' });
+  }
+
+  /**
+   * Admits `request` for `key` or throws the refusal. The `x-ratelimit-*` headers go on `res` either
+   * way (Node merges them into whatever head is written later: a stream's, a JSON reply's, a 429's).
+   */
+  async admit(
+    key: AuthenticatedKey,
+    request: ParsedRequest,
+    promptIds: readonly (readonly number[])[],
+    maxContextLength: number,
+    requestId: string,
+    res: ServerResponse,
+  ): Promise<KeyGrant> {
+    const { record } = key;
+    this.checkModel(key, request.model);
+    const { limits } = record;
+    const reservedTokens =
+      limits.tpm === undefined ? 0 : tokenReservation(request, promptIds.map((ids) => ids.length), maxContextLength);
+    if (limits.rpm === undefined && limits.tpm === undefined && limits.maxStreams === undefined) {
+      this.#usage.admitted(record.name);
+      return { key, requestId, reservedTokens };
+    }
+    let admission;
+    try {
+      admission = await this.#limiter.admit(key.hash, limits, requestId, reservedTokens, this.#leaseMs);
+    } catch (error) {
+      throw new GatewayError('no_workers', { message: 'The rate limiter is unavailable.', cause: error });
+    }
+    for (const [name, value] of Object.entries(rateLimitHeaders(admission.state))) res.setHeader(name, value);
+    if (!admission.admitted) {
+      this.#usage.refused(record.name, admission.refused);
+      const retryAfterS = Math.max(1, Math.ceil(admission.retryAfterMs / 1000));
+      const message =
+        admission.refused === 'tokens' && limits.tpm !== undefined && reservedTokens > limits.tpm
+          ? `This request may use up to ${reservedTokens} tokens (prompt + max_tokens × n), more than this key's ${limits.tpm} tokens per minute. Lower max_tokens.`
+          : admission.refused === 'streams'
+            ? `This API key has ${limits.maxStreams} requests in flight already (max-streams). Retry when one ends.`
+            : `Rate limit reached for this API key: ${admission.refused === 'requests' ? `${limits.rpm} requests` : `${limits.tpm} tokens`} per minute. Retry after ${retryAfterS} s.`;
+      throw new GatewayError('rate_limit_exceeded', { message, retryAfterS });
+    }
+    this.#usage.admitted(record.name);
+    return { key, requestId, reservedTokens };
+  }
+
+  /**
+   * The request's observer, plus the settlement when it finishes: tokens settle to prompt +
+   * completion tokens as the responder counted them; a client that detached (resume grace) keeps its
+   * whole reservation, as its work goes on unseen.
+   */
+  observe(grant: KeyGrant, observer: RequestObserver): RequestObserver {
+    let settled = false;
+    return {
+      accepted: () => observer.accepted(),
+      contentWritten: (tokens) => observer.contentWritten(tokens),
+      tokensWithoutText: (tokens) => observer.tokensWithoutText(tokens),
+      finished: (info) => {
+        observer.finished(info);
+        if (settled) return;
+        settled = true;
+        const detached = info.end.outcome === 'disconnect' && info.end.detached === true;
+        const used = detached ? grant.reservedTokens : info.promptTokens + info.completionTokens;
+        this.#usage.used(grant.key.record.name, info.promptTokens, info.completionTokens);
+        this.settle(grant, used);
+      },
+    };
+  }
+
+  private settle(grant: KeyGrant, used: number): void {
+    const { limits, name } = grant.key.record;
+    if (limits.tpm === undefined && limits.maxStreams === undefined) return;
+    this.#limiter.settle(grant.key.hash, grant.requestId, limits.tpm === undefined ? 0 : used).then(
+      (delta) => {
+        if (delta > 0) this.#logger.warn({ key: name, requestId: grant.requestId, reserved: grant.reservedTokens, used }, 'a request used more tokens than it reserved');
+      },
+      (error: unknown) => this.#logger.warn({ err: error, key: name, requestId: grant.requestId }, 'rate limit settlement failed'),
+    );
+  }
+}

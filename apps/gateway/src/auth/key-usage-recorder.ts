@@ -1,0 +1,12 @@
+/**
+ * Where access control reports per-key usage (main.ts wires `@sluice/metrics`' KeyUsageMetrics;
+ * tests leave it out). Calls are synchronous and must never throw.
+ */
+export interface KeyUsageRecorder {
+  admitted(name: string): void;
+  used(name: string, promptTokens: number, completionTokens: number): void;
+  refused(name: string, reason: 'requests' | 'tokens' | 'streams' | 'model'): void;
+  authFailed(reason: 'missing' | 'invalid'): void;
+}
+
+export const noKeyUsage: KeyUsageRecorder = { admitted() {}, used() {}, refused() {}, authFailed() {} };

@@ -1,0 +1,211 @@
+import { createHash } from 'node:crypto';
+import type { Redis } from 'ioredis';
+import type { ApiKeyLimits } from './api-key.js';
+
+/**
+ * Per-key limits, exact across any number of gateways: every decision is one Lua script run in Redis
+ * (atomic, on Redis's clock), so two gateways can never both take the last unit.
+ *
+ * Why a script and not `rate-limiter-flexible`: its RateLimiterRedis is atomic per limiter, but a
+ * request here must pass three limits at once (requests, tokens, streams) and take from all or none;
+ * with three limiters, a request refused by the second has already consumed from the first, and the
+ * refund races other requests (40 concurrent requests on a 10 RPM key could admit fewer than 10).
+ * Its windows are fixed windows that start at the first consume, so a refund after the window rolled
+ * over lands in the wrong window, and it has no counting semaphore for concurrent streams. The script
+ * below is ~60 lines and does exactly what the limits promise:
+ *
+ * - requests: a sliding log (sorted set of admission times): never more than `rpm` in any 60 s.
+ * - tokens: a sliding log of reservations (request id → tokens, plus their running total): a request
+ *   reserves its worst case (prompt bound + max_tokens × n) and is refused when the window's total
+ *   would exceed `tpm`; when it ends, its entry is settled to the real usage (the total shrinks), so
+ *   concurrent requests can never overshoot and the window counts what was really used.
+ * - streams: a sorted set of request ids scored by a lease expiry, removed when the request ends (a
+ *   gateway that dies mid-stream leaks its slots only until the lease, the request deadline, passes).
+ */
+
+const WINDOW_MS = 60_000;
+
+const ADMIT = `
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local rpm, tpm, maxStreams = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local cost, id, window, lease = tonumber(ARGV[4]), ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7])
+local refused = ''
+local retryMs = 0
+local reqCount, total, streams = 0, 0, 0
+if rpm > 0 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - window)
+  reqCount = redis.call('ZCARD', KEYS[1])
+  if reqCount >= rpm then
+    refused = 'requests'
+    local oldest = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+    retryMs = tonumber(oldest[2]) + window - now
+  end
+end
+if tpm > 0 then
+  local old = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now - window)
+  total = tonumber(redis.call('GET', KEYS[4]) or '0')
+  for _, member in ipairs(old) do
+    total = total - tonumber(redis.call('HGET', KEYS[3], member) or '0')
+    redis.call('HDEL', KEYS[3], member)
+  end
+  if #old > 0 then
+    redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - window)
+    redis.call('SET', KEYS[4], total)
+  end
+  if refused == '' and total + cost > tpm then
+    refused = 'tokens'
+    if cost > tpm then
+      retryMs = window
+    else
+      -- The earliest time enough reservations leave the window for this one to fit.
+      local entries = redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES')
+      local left = total
+      for i = 1, #entries, 2 do
+        left = left - tonumber(redis.call('HGET', KEYS[3], entries[i]) or '0')
+        retryMs = tonumber(entries[i + 1]) + window - now
+        if left + cost <= tpm then break end
+      end
+    end
+  end
+end
+if maxStreams > 0 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', now)
+  streams = redis.call('ZCARD', KEYS[5])
+  if refused == '' and streams >= maxStreams then
+    refused = 'streams'
+    -- A stream's end is not foreseeable: a short retry.
+    retryMs = 1000
+  end
+end
+if refused == '' then
+  if rpm > 0 then
+    redis.call('ZADD', KEYS[1], now, id)
+    reqCount = reqCount + 1
+    redis.call('PEXPIRE', KEYS[1], window)
+  end
+  if tpm > 0 then
+    redis.call('ZADD', KEYS[2], now, id)
+    redis.call('HSET', KEYS[3], id, cost)
+    total = total + cost
+    redis.call('SET', KEYS[4], total)
+    for i = 2, 4 do redis.call('PEXPIRE', KEYS[i], window + lease) end
+  end
+  if maxStreams > 0 then
+    redis.call('ZADD', KEYS[5], now + lease, id)
+    streams = streams + 1
+    redis.call('PEXPIRE', KEYS[5], lease)
+  end
+end
+-- Full reset: when the newest entry leaves the window.
+local reqReset, tokReset = 0, 0
+if rpm > 0 and reqCount > 0 then
+  local newest = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
+  if newest[2] then reqReset = tonumber(newest[2]) + window - now end
+end
+if tpm > 0 and total > 0 then
+  local newest = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
+  if newest[2] then tokReset = tonumber(newest[2]) + window - now end
+end
+return {refused, retryMs, reqCount, reqReset, total, tokReset, streams}
+`;
+
+const SETTLE = `
+local id, used = ARGV[1], tonumber(ARGV[2])
+local reserved = redis.call('HGET', KEYS[3], id)
+local delta = 0
+if reserved then
+  -- Still in the window: its reservation becomes what it really used.
+  delta = used - tonumber(reserved)
+  redis.call('HSET', KEYS[3], id, used)
+  redis.call('INCRBY', KEYS[4], delta)
+end
+redis.call('ZREM', KEYS[5], id)
+return delta
+`;
+
+/** Which limit refused a request. */
+export type LimitName = 'requests' | 'tokens' | 'streams';
+
+/** The state of a key's limits after one decision: the `x-ratelimit-*` headers. */
+export interface LimitState {
+  limits: ApiKeyLimits;
+  /** Requests admitted in the last 60 s (this one included when admitted). */
+  requestsUsed: number;
+  /** ms until the request window is empty again. */
+  requestsResetMs: number;
+  /** Tokens reserved or used in the last 60 s. */
+  tokensUsed: number;
+  tokensResetMs: number;
+  streams: number;
+}
+
+export type Admission =
+  | { admitted: true; state: LimitState }
+  | { admitted: false; refused: LimitName; retryAfterMs: number; state: LimitState };
+
+class Script {
+  readonly sha: string;
+  constructor(readonly source: string) {
+    this.sha = createHash('sha1').update(source).digest('hex');
+  }
+
+  /** EVALSHA, loading the script on NOSCRIPT (a restarted or flushed Redis). */
+  async run(redis: Redis, keys: string[], args: Array<string | number>): Promise<unknown> {
+    try {
+      return await redis.evalsha(this.sha, keys.length, ...keys, ...args);
+    } catch (error) {
+      if (!(error instanceof Error) || !error.message.startsWith('NOSCRIPT')) throw error;
+      return redis.eval(this.source, keys.length, ...keys, ...args);
+    }
+  }
+}
+
+const admitScript = new Script(ADMIT);
+const settleScript = new Script(SETTLE);
+
+export class RateLimiter {
+  readonly #redis: Redis;
+  readonly #prefix: string;
+
+  constructor(redis: Redis, prefix: string) {
+    this.#redis = redis;
+    this.#prefix = prefix;
+  }
+
+  /** The Redis keys of one API key's limits; one hash tag, so a Redis Cluster keeps them in one slot. */
+  keys(keyHash: string): string[] {
+    const base = `${this.#prefix}:ratelimit:{${keyHash}}`;
+    return [`${base}:requests`, `${base}:tokens`, `${base}:token-costs`, `${base}:token-total`, `${base}:streams`];
+  }
+
+  /**
+   * Admits one request of `tokens` reserved tokens under `limits`, or says which limit refuses it and
+   * when to retry. `leaseMs` bounds how long a stream slot outlives a gateway that died holding it.
+   */
+  async admit(keyHash: string, limits: ApiKeyLimits, requestId: string, tokens: number, leaseMs: number): Promise<Admission> {
+    const reply = (await admitScript.run(this.#redis, this.keys(keyHash), [
+      limits.rpm ?? 0,
+      limits.tpm ?? 0,
+      limits.maxStreams ?? 0,
+      tokens,
+      requestId,
+      WINDOW_MS,
+      leaseMs,
+    ])) as [string, number, number, number, number, number, number];
+    const [refused, retryMs, requestsUsed, requestsResetMs, tokensUsed, tokensResetMs, streams] = reply;
+    const state: LimitState = { limits, requestsUsed, requestsResetMs, tokensUsed, tokensResetMs, streams };
+    if (refused === '') return { admitted: true, state };
+    return { admitted: false, refused: refused as LimitName, retryAfterMs: Math.max(0, retryMs), state };
+  }
+
+  /** The request ended having used `tokens`: settle its reservation and free its stream slot. */
+  async settle(keyHash: string, requestId: string, tokens: number): Promise<number> {
+    return (await settleScript.run(this.#redis, this.keys(keyHash), [requestId, tokens])) as number;
+  }
+
+  /** Tokens reserved or used in the current window (tests, `keys list`). */
+  async tokensInWindow(keyHash: string): Promise<number> {
+    return Number((await this.#redis.get(this.keys(keyHash)[3]!)) ?? 0);
+  }
+}
