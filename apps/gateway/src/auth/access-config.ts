@@ -21,8 +21,8 @@ export const accessEnvShape = {
   API_KEY_NAME: z.string().regex(/^[\w.-]{1,64}$/).default('default'),
   /** Comma-separated origins allowed to call the API from a browser (`*`: any). Empty: no cross-origin access. @defaultValue unset */
   CORS_ORIGINS: z.string().optional(),
-  /** Ceiling on `max_tokens` / `max_completion_tokens` (400 beyond). @defaultValue 32768 */
-  MAX_TOKENS_LIMIT: int(1).default(32_768),
+  /** Ceiling on `max_tokens` / `max_completion_tokens` (400 beyond; a model with a smaller context refuses earlier with context_length_exceeded). @defaultValue 131072 */
+  MAX_TOKENS_LIMIT: int(1).default(131_072),
   /** Max stop strings per request. @defaultValue 4 */
   MAX_STOP_SEQUENCES: int(0).default(4),
   /** Max characters of one stop string. @defaultValue 256 */

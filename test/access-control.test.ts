@@ -1,0 +1,406 @@
+import { createServer, type Server } from 'node:http';
+import { connect } from 'node:net';
+import OpenAI from 'openai';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import type { Browser } from 'playwright-core';
+import { createKey, runKeys } from './support/api-keys.js';
+import { hasChromium, launchChromium } from './support/chromium.js';
+import { Cluster, MODEL } from './support/cluster.js';
+import { freePort, startProcess, waitFor } from './support/processes.js';
+import { scrapePrometheus } from './support/prometheus.js';
+import { GATEWAY_MAIN, type GatewayProcess, type WorkerProcess } from './support/sluice.js';
+import { tokenReservation } from '../apps/gateway/src/auth/token-reservation.js';
+import { parseChatRequest } from '../apps/gateway/src/openai/request-schemas.js';
+import { hashApiKey } from '../apps/gateway/src/auth/api-key.js';
+
+/**
+ * Access control with the real processes: one redis-server, one worker (tiny model), two gateways
+ * with AUTH=keys sharing the keys and the limits, keys made with the `keys` command, the official
+ * `openai` client, and a real headless Chromium for CORS.
+ */
+
+const chat = (content: string, maxTokens: number, extra: Record<string, unknown> = {}) => ({
+  model: MODEL,
+  messages: [{ role: 'user' as const, content }],
+  max_tokens: maxTokens,
+  temperature: 0,
+  ...extra,
+});
+
+describe('access control across two gateways', () => {
+  let cluster: Cluster;
+  let worker: WorkerProcess;
+  const gateways: GatewayProcess[] = [];
+  let pages: Server;
+  let allowedOrigin: string;
+  let otherOrigin: string;
+
+  const client = (gateway: GatewayProcess, apiKey: string) =>
+    new OpenAI({ baseURL: `${gateway.url}/v1`, apiKey, maxRetries: 0, timeout: 30_000 });
+  const post = (gateway: GatewayProcess, key: string | undefined, body: unknown, headers: Record<string, string> = {}) =>
+    fetch(`${gateway.url}/v1/chat/completions`, {
+      method: 'POST',
+      headers: { 'Content-Type': 'application/json', ...(key === undefined ? {} : { Authorization: `Bearer ${key}` }), ...headers },
+      body: JSON.stringify(body),
+    });
+  const keys = (...args: string[]) => createKey(cluster.redis.url, args);
+
+  beforeAll(async () => {
+    cluster = await Cluster.start();
+    // A long TTL: the tests freeze the worker with SIGSTOP while admissions are decided.
+    worker = await cluster.worker({ WORKER_TTL_MS: '30000' });
+    const [pagePort, otherPort] = [await freePort(), await freePort()];
+    allowedOrigin = `http://127.0.0.1:${pagePort}`;
+    otherOrigin = `http://127.0.0.1:${otherPort}`;
+    const env = { AUTH: 'keys', CORS_ORIGINS: `${allowedOrigin},https://example.test`, HEADERS_WAIT_MS: '200' };
+    gateways.push(...(await Promise.all([cluster.gateway(env), cluster.gateway(env)])));
+    // A blank page on two origins: one allowed, one not.
+    pages = createServer((_req, res) => res.writeHead(200, { 'Content-Type': 'text/html' }).end('<!doctype html><title>page</title>'));
+    await new Promise<void>((resolve) => pages.listen(pagePort, '127.0.0.1', () => resolve()));
+    const other = createServer((_req, res) => res.writeHead(200, { 'Content-Type': 'text/html' }).end('<!doctype html><title>other</title>'));
+    await new Promise<void>((resolve) => other.listen(otherPort, '127.0.0.1', () => resolve()));
+    pages.once('close', () => other.close());
+  }, 180_000);
+
+  afterAll(async () => {
+    worker?.process.signal('SIGCONT');
+    pages?.close();
+    await cluster?.stop();
+  });
+
+  describe('API keys', () => {
+    it('refuses no key, a wrong key and a revoked key with 401 on both gateways, with the OpenAI error body', async () => {
+      const key = await keys('--name', 'revocable');
+      expect(key).toMatch(/^sk-sluice-[\w-]{43}$/);
+      for (const gateway of gateways) {
+        const none = await post(gateway, undefined, chat('hi', 2));
+        expect(none.status).toBe(401);
+        expect(await none.json()).toMatchObject({ error: { type: 'invalid_request_error', code: 'invalid_api_key' } });
+        await expect(client(gateway, 'sk-sluice-wrong').chat.completions.create(chat('hi', 2))).rejects.toBeInstanceOf(OpenAI.AuthenticationError);
+        const ok = await client(gateway, key).chat.completions.create(chat('hi', 2));
+        expect(ok.choices[0]?.finish_reason).toMatch(/stop|length/);
+        // x-api-key works too.
+        expect((await post(gateway, undefined, chat('hi', 2), { 'x-api-key': key })).status).toBe(200);
+      }
+      const revoked = await runKeys(cluster.redis.url, ['revoke', '--name', 'revocable']);
+      expect(revoked.code).toBe(0);
+      for (const gateway of gateways) {
+        const error = await client(gateway, key).chat.completions.create(chat('hi', 2)).catch((e: unknown) => e);
+        expect(error).toBeInstanceOf(OpenAI.AuthenticationError);
+        expect((error as InstanceType<typeof OpenAI.AuthenticationError>).code).toBe('invalid_api_key');
+        expect((await client(gateway, key).models.list().catch((e: unknown) => e)) as object).toBeInstanceOf(OpenAI.AuthenticationError);
+      }
+    });
+
+    it('lists keys by name and limits, never the key itself', async () => {
+      const key = await keys('--name', 'listed', '--rpm', '5', '--tpm', '1000', '--max-streams', '2', '--models', `${MODEL},other`);
+      const list = await runKeys(cluster.redis.url, ['list']);
+      expect(list.stdout).toMatch(/^listed\trpm=5 tpm=1000 max-streams=2\tmodels=.*,other\t/m);
+      expect(list.stdout).not.toContain(key);
+      const redis = cluster.redis.client();
+      const stored = await redis.hgetall('sluice:apikeys').finally(() => redis.disconnect());
+      expect(JSON.stringify(stored)).not.toContain(key);
+      expect(Object.keys(stored)).toContain(hashApiKey(key));
+    });
+
+    it('refuses a model the key may not use with 403, and serves the one it may', async () => {
+      const key = await keys('--name', 'one-model', '--models', 'some-other-model');
+      const error = await client(gateways[0]!, key).chat.completions.create(chat('hi', 2)).catch((e: unknown) => e);
+      expect(error).toBeInstanceOf(OpenAI.PermissionDeniedError);
+      expect((error as InstanceType<typeof OpenAI.PermissionDeniedError>).code).toBe('model_not_allowed');
+      const allowed = await keys('--name', 'this-model', '--models', MODEL);
+      expect((await client(gateways[1]!, allowed).chat.completions.create(chat('hi', 2))).choices).toHaveLength(1);
+    });
+  });
+
+  describe('per-key limits, shared by both gateways', () => {
+    it('admits exactly 10 of 40 concurrent requests on a --rpm 10 key, spread over both gateways; the rest get 429 with Retry-After', async () => {
+      const key = await keys('--name', 'rpm10', '--rpm', '10');
+      const replies = await Promise.all(
+        Array.from({ length: 40 }, async (_, i) => {
+          const res = await post(gateways[i % 2]!, key, chat(`request ${i}`, 1));
+          return { status: res.status, headers: res.headers, body: (await res.json()) as { error?: { code: string; type: string } } };
+        }),
+      );
+      const admitted = replies.filter((r) => r.status === 200);
+      const limited = replies.filter((r) => r.status === 429);
+      expect(admitted).toHaveLength(10);
+      expect(limited).toHaveLength(30);
+      // Each admission saw its own count: remaining 9, 8, ..., 0, whichever gateway decided it.
+      expect(admitted.map((r) => Number(r.headers.get('x-ratelimit-remaining-requests'))).sort((a, b) => a - b)).toEqual([0, 1, 2, 3, 4, 5, 6, 7, 8, 9]);
+      for (const r of replies) {
+        expect(r.headers.get('x-ratelimit-limit-requests')).toBe('10');
+        expect(r.headers.get('x-ratelimit-reset-requests')).toMatch(/^(\d+ms|\d+(\.\d+)?s|\d+m\d+(\.\d+)?s)$/);
+        expect(r.headers.get('x-ratelimit-limit-tokens')).toBeNull();
+      }
+      for (const r of limited) {
+        expect(r.body.error).toMatchObject({ code: 'rate_limit_exceeded', type: 'rate_limit_error' });
+        expect(r.headers.get('x-ratelimit-remaining-requests')).toBe('0');
+        const retryAfter = Number(r.headers.get('retry-after'));
+        expect(retryAfter).toBeGreaterThanOrEqual(1);
+        expect(retryAfter).toBeLessThanOrEqual(60);
+      }
+      // The official client sees a RateLimitError.
+      const error = await client(gateways[1]!, key).chat.completions.create(chat('one more', 1)).catch((e: unknown) => e);
+      expect(error).toBeInstanceOf(OpenAI.RateLimitError);
+      const metrics = await Promise.all(gateways.map((g) => scrapePrometheus(`${g.url}/metrics`)));
+      expect(metrics.reduce((sum, m) => sum + m.value('sluice_gateway_key_requests_total', { key: 'rpm10' }), 0)).toBe(10);
+      expect(metrics.reduce((sum, m) => sum + m.value('sluice_gateway_key_refusals_total', { key: 'rpm10', reason: 'requests' }), 0)).toBe(31);
+    });
+
+    it('never reserves more tokens than a --tpm budget for concurrent streams, and settles to the tokens actually streamed', async () => {
+      const content = 'Tell me a story about a lighthouse.';
+      const maxTokens = 24;
+      const reservation = tokenReservation(parseChatRequest(chat(content, maxTokens)), 1 << 30);
+      const budget = Math.floor(3.5 * reservation);
+      const key = await keys('--name', 'tpm', '--tpm', String(budget));
+      const openai = gateways.map((g) => client(g, key));
+
+      // Frozen worker: no request can end (and give tokens back) while the admissions are decided.
+      worker.process.signal('SIGSTOP');
+      let streams;
+      try {
+        streams = await Promise.all(
+          Array.from({ length: 8 }, (_, i) =>
+            openai[i % 2]!.chat.completions
+              .create({ ...chat(content, maxTokens), stream: true, stream_options: { include_usage: true } })
+              .withResponse()
+              .then(
+                ({ data, response }) => ({ ok: true as const, data, headers: response.headers }),
+                (error: unknown) => ({ ok: false as const, error }),
+              ),
+          ),
+        );
+      } finally {
+        worker.process.signal('SIGCONT');
+      }
+      const admitted = streams.filter((s) => s.ok);
+      const refused = streams.filter((s) => !s.ok);
+      expect(admitted).toHaveLength(3);
+      for (const r of refused) {
+        expect(r.error).toBeInstanceOf(OpenAI.RateLimitError);
+        expect((r.error as InstanceType<typeof OpenAI.RateLimitError>).headers?.get('retry-after')).toMatch(/^\d+$/);
+      }
+      // Remaining tokens after each admission: budget - k × reservation, never below 0.
+      const remaining = admitted.map((s) => Number(s.headers.get('x-ratelimit-remaining-tokens'))).sort((a, b) => b - a);
+      expect(remaining).toEqual([1, 2, 3].map((k) => budget - k * reservation));
+      for (const s of admitted) expect(s.headers.get('x-ratelimit-limit-tokens')).toBe(String(budget));
+
+      let streamed = 0;
+      for (const s of admitted) {
+        let usage: { prompt_tokens: number; completion_tokens: number } | undefined;
+        let chunks = 0;
+        for await (const chunk of s.data) {
+          if (chunk.choices[0]?.delta.content) chunks++;
+          if (chunk.usage) usage = chunk.usage;
+        }
+        expect(usage).toBeDefined();
+        expect(usage!.completion_tokens).toBeGreaterThanOrEqual(chunks > 0 ? 1 : 0);
+        streamed += usage!.prompt_tokens + usage!.completion_tokens;
+      }
+      // Settled: the key's window now holds exactly the tokens the three streams used.
+      const redis = cluster.redis.client();
+      try {
+        const totalKey = `sluice:ratelimit:{${hashApiKey(key)}}:token-total`;
+        await waitFor('the three reservations settled', async () => (Number(await redis.get(totalKey)) === streamed ? true : undefined), 5_000);
+      } finally {
+        redis.disconnect();
+      }
+      const metrics = await Promise.all(gateways.map((g) => scrapePrometheus(`${g.url}/metrics`)));
+      const used = metrics.reduce(
+        (sum, m) => sum + m.value('sluice_gateway_key_tokens_total', { key: 'tpm', kind: 'prompt' }) + m.value('sluice_gateway_key_tokens_total', { key: 'tpm', kind: 'completion' }),
+        0,
+      );
+      expect(used).toBe(streamed);
+      // The freed budget admits the next request at once, with consistent headers.
+      const next = await post(gateways[0]!, key, chat(content, maxTokens));
+      expect(next.status).toBe(200);
+      expect(Number(next.headers.get('x-ratelimit-remaining-tokens'))).toBe(budget - streamed - reservation);
+      await next.text();
+    });
+
+    it('caps concurrent streams with --max-streams and frees a slot on every ending (a finished stream, a client that left)', async () => {
+      const key = await keys('--name', 'streams2', '--max-streams', '2');
+      const stream = (gateway: GatewayProcess) => post(gateway, key, { ...chat('go', 8), stream: true });
+      worker.process.signal('SIGSTOP');
+      try {
+        // With the worker frozen, each 200 goes out after HEADERS_WAIT_MS and the streams stay open.
+        const opened = await Promise.all([stream(gateways[0]!), stream(gateways[1]!)]);
+        expect(opened.map((r) => r.status)).toEqual([200, 200]);
+        const third = await stream(gateways[0]!);
+        expect(third.status).toBe(429);
+        expect((await third.json()) as object).toMatchObject({ error: { code: 'rate_limit_exceeded' } });
+        // One client leaves: its slot is free, on the other gateway too.
+        await opened[0]!.body?.cancel();
+        const replacement = await waitFor('the slot of the client that left', async () => {
+          const res = await stream(gateways[1]!);
+          if (res.status === 200) return res;
+          await res.text();
+          return undefined;
+        });
+        worker.process.signal('SIGCONT');
+        await Promise.all([opened[1]!.text(), replacement.text()]);
+      } finally {
+        worker.process.signal('SIGCONT');
+      }
+      // Both endings released their slots: two more at once are admitted.
+      const again = await Promise.all([post(gateways[0]!, key, chat('a', 2)), post(gateways[1]!, key, chat('b', 2))]);
+      expect(again.map((r) => r.status)).toEqual([200, 200]);
+      await Promise.all(again.map((r) => r.text()));
+    });
+  });
+
+  describe('browser safety', () => {
+    it('answers a CORS preflight for an allowed origin, and not for another', async () => {
+      const preflight = (origin: string) =>
+        fetch(`${gateways[0]!.url}/v1/chat/completions`, {
+          method: 'OPTIONS',
+          headers: { Origin: origin, 'Access-Control-Request-Method': 'POST', 'Access-Control-Request-Headers': 'authorization,content-type' },
+        });
+      const allowed = await preflight(allowedOrigin);
+      expect(allowed.status).toBe(204);
+      expect(allowed.headers.get('access-control-allow-origin')).toBe(allowedOrigin);
+      expect(allowed.headers.get('access-control-allow-headers')).toMatch(/authorization/);
+      const other = await preflight(otherOrigin);
+      expect(other.headers.get('access-control-allow-origin')).toBeNull();
+    });
+
+    it('refuses a POST body that is not application/json with 415, before looking at the key', async () => {
+      for (const contentType of ['text/plain', 'application/x-www-form-urlencoded', 'multipart/form-data; boundary=x']) {
+        const res = await fetch(`${gateways[1]!.url}/v1/chat/completions`, { method: 'POST', headers: { 'Content-Type': contentType }, body: JSON.stringify(chat('hi', 2)) });
+        expect(res.status).toBe(415);
+        expect(await res.json()).toMatchObject({ error: { code: 'unsupported_media_type' } });
+      }
+    });
+
+    it('puts the security headers on every reply: JSON, errors and streams', async () => {
+      const key = await keys('--name', 'headers');
+      const replies = [
+        await fetch(`${gateways[0]!.url}/healthz`),
+        await post(gateways[0]!, undefined, chat('hi', 2)),
+        await post(gateways[0]!, key, { ...chat('hi', 2), stream: true }),
+        await post(gateways[0]!, key, chat('hi', 2)),
+      ];
+      for (const res of replies) {
+        expect(res.headers.get('x-content-type-options')).toBe('nosniff');
+        expect(res.headers.get('x-frame-options')).toBe('DENY');
+        expect(res.headers.get('content-security-policy')).toContain("default-src 'none'");
+        expect(res.headers.get('referrer-policy')).toBe('no-referrer');
+        await res.text();
+      }
+    });
+
+    it.skipIf(!hasChromium())('lets a page on an allowed origin stream a completion in real Chromium, and blocks a page on another origin', async () => {
+      const key = await keys('--name', 'browser');
+      let browser: Browser | undefined;
+      try {
+        browser = await launchChromium();
+        const page = await browser.newPage();
+        const call = (args: { url: string; key: string; model: string; contentType: string }) =>
+          page.evaluate(async ({ url, key, model, contentType }) => {
+            try {
+              const res = await fetch(url, {
+                method: 'POST',
+                headers: { 'Content-Type': contentType, Authorization: `Bearer ${key}` },
+                body: JSON.stringify({ model, messages: [{ role: 'user', content: 'hello' }], max_tokens: 8, stream: true }),
+              });
+              const reader = res.body!.getReader();
+              const decoder = new TextDecoder();
+              let text = '';
+              for (;;) {
+                const { done, value } = await reader.read();
+                if (done) break;
+                text += decoder.decode(value, { stream: true });
+              }
+              return { status: res.status, text, remaining: res.headers.get('x-request-id') };
+            } catch (error) {
+              return { error: String(error) };
+            }
+          }, args);
+        const url = `${gateways[1]!.url}/v1/chat/completions`;
+
+        await page.goto(`${allowedOrigin}/`);
+        const streamed = await call({ url, key, model: MODEL, contentType: 'application/json' });
+        expect(streamed).toMatchObject({ status: 200 });
+        expect((streamed as { text: string }).text).toMatch(/^data: \{.*"chat\.completion\.chunk"/m);
+        expect((streamed as { text: string }).text).toContain('data: [DONE]');
+        // The exposed headers are readable cross-origin.
+        expect((streamed as { remaining: string | null }).remaining).toMatch(/^[\w.-]+$/);
+        // A text/plain POST (no preflight needed) is refused before any work.
+        expect(await call({ url, key, model: MODEL, contentType: 'text/plain' })).toMatchObject({ status: 415 });
+
+        await page.goto(`${otherOrigin}/`);
+        const blocked = await call({ url, key, model: MODEL, contentType: 'application/json' });
+        expect(blocked).toMatchObject({ error: expect.stringMatching(/TypeError|Failed to fetch/) });
+      } finally {
+        await browser?.close();
+      }
+    });
+  });
+
+  describe('connections', () => {
+    it('closes a connection whose headers do not arrive within HEADERS_TIMEOUT_MS (408), instead of Node’s minute', async () => {
+      const gateway = await cluster.gateway({ AUTH: 'none', HEADERS_TIMEOUT_MS: '500', HTTP_REQUEST_TIMEOUT_MS: '1000' }, { waitReady: false });
+      const { port } = new URL(gateway.url);
+      const reply = await new Promise<string>((resolve, reject) => {
+        const socket = connect({ host: '127.0.0.1', port: Number(port) });
+        let data = '';
+        socket.setEncoding('utf8').on('data', (text) => (data += text));
+        socket.once('error', reject);
+        socket.once('close', () => resolve(data));
+        // Half a request head, then nothing.
+        socket.write('POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n');
+      });
+      expect(reply).toMatch(/^HTTP\/1\.1 408/);
+    });
+  });
+});
+
+describe('the safe default', () => {
+  let cluster: Cluster;
+  beforeAll(async () => {
+    cluster = await Cluster.start();
+  });
+  afterAll(async () => {
+    await cluster?.stop();
+  });
+
+  const gatewayProcess = async (env: Record<string, string>) => {
+    const port = await freePort();
+    return startProcess('gateway', process.execPath, [GATEWAY_MAIN], { REDIS_URL: cluster.redis.url, PORT: String(port), LOG_LEVEL: 'info', ...env });
+  };
+
+  it('refuses to start on a non-loopback address with no key, naming AUTH', async () => {
+    const proc = await gatewayProcess({ HOST: '0.0.0.0' });
+    const { code } = await proc.exited;
+    expect(code).toBe(1);
+    expect(proc.output()).toMatch(/refusing to start: HOST=0\.0\.0\.0 is not a loopback address/);
+    expect(proc.output()).toMatch(/AUTH=none/);
+  });
+
+  it('starts on a non-loopback address with AUTH=none set explicitly, and on loopback with no key, saying so', async () => {
+    for (const env of [{ HOST: '0.0.0.0', AUTH: 'none' }, { HOST: '127.0.0.1' }]) {
+      const proc = await gatewayProcess(env);
+      try {
+        await waitFor('the gateway to say AUTH=none', () => (/AUTH=none/.test(proc.output()) && /gateway listening/.test(proc.output()) ? true : undefined), 20_000);
+      } finally {
+        await proc.stop();
+      }
+    }
+  });
+
+  it('starts on a non-loopback address with a key from API_KEY, which then authenticates', async () => {
+    const apiKey = 'operator-key-0123456789abcdef0123456789';
+    const port = await freePort();
+    const proc = startProcess('gateway', process.execPath, [GATEWAY_MAIN], { REDIS_URL: cluster.redis.url, PORT: String(port), HOST: '0.0.0.0', API_KEY: apiKey, LOG_LEVEL: 'info' });
+    try {
+      await waitFor('gateway listening', () => (/gateway listening/.test(proc.output()) ? true : undefined), 20_000);
+      expect((await fetch(`http://127.0.0.1:${port}/v1/models`)).status).toBe(401);
+      expect((await fetch(`http://127.0.0.1:${port}/v1/models`, { headers: { Authorization: `Bearer ${apiKey}` } })).status).toBe(200);
+      const list = await runKeys(cluster.redis.url, ['list']);
+      expect(list.stdout).toMatch(/^default\t/m);
+    } finally {
+      await proc.stop();
+    }
+  });
+});
