@@ -9,8 +9,6 @@ import { Cluster, MODEL } from './support/cluster.js';
 import { freePort, startProcess, waitFor } from './support/processes.js';
 import { scrapePrometheus } from './support/prometheus.js';
 import { GATEWAY_MAIN, type GatewayProcess, type WorkerProcess } from './support/sluice.js';
-import { tokenReservation } from '../apps/gateway/src/auth/token-reservation.js';
-import { parseChatRequest } from '../apps/gateway/src/openai/request-schemas.js';
 import { hashApiKey } from '../apps/gateway/src/auth/api-key.js';
 
 /**
@@ -151,8 +149,14 @@ describe('access control across two gateways', () => {
     it('never reserves more tokens than a --tpm budget for concurrent streams, and settles to the tokens actually streamed', async () => {
       const content = 'Tell me a story about a lighthouse.';
       const maxTokens = 24;
-      const reservation = tokenReservation(parseChatRequest(chat(content, maxTokens)), 1 << 30);
-      const budget = Math.floor(3.5 * reservation);
+      // The reservation of one such request, read off a key with a large budget: the exact prompt
+      // tokens (the gateway tokenizes) + max_tokens.
+      const probe = await post(gateways[0]!, await keys('--name', 'tpm-probe', '--tpm', '1000000'), chat(content, maxTokens));
+      const reservation = 1_000_000 - Number(probe.headers.get('x-ratelimit-remaining-tokens'));
+      const probeUsage = ((await probe.json()) as { usage: { prompt_tokens: number } }).usage;
+      expect(reservation).toBe(probeUsage.prompt_tokens + maxTokens);
+      // Room for 3 such requests and a bit: the 4th never fits while they run.
+      const budget = 3 * reservation + probeUsage.prompt_tokens + 5;
       const key = await keys('--name', 'tpm', '--tpm', String(budget));
       const openai = gateways.map((g) => client(g, key));
 
@@ -212,11 +216,17 @@ describe('access control across two gateways', () => {
         0,
       );
       expect(used).toBe(streamed);
-      // The freed budget admits the next request at once, with consistent headers.
-      const next = await post(gateways[0]!, key, chat(content, maxTokens));
-      expect(next.status).toBe(200);
-      expect(Number(next.headers.get('x-ratelimit-remaining-tokens'))).toBe(budget - streamed - reservation);
-      await next.text();
+      // What the settlement gave back is usable at once, to the token: a request reserving one token
+      // more than is left is refused, one reserving exactly what is left is admitted.
+      const fits = budget - streamed - probeUsage.prompt_tokens;
+      const over = await post(gateways[0]!, key, chat(content, fits + 1));
+      expect(over.status).toBe(429);
+      expect(Number(over.headers.get('x-ratelimit-remaining-tokens'))).toBe(budget - streamed);
+      await over.text();
+      const exact = await post(gateways[1]!, key, chat(content, fits));
+      expect(exact.status).toBe(200);
+      expect(exact.headers.get('x-ratelimit-remaining-tokens')).toBe('0');
+      await exact.text();
     });
 
     it('caps concurrent streams with --max-streams and frees a slot on every ending (a finished stream, a client that left)', async () => {
