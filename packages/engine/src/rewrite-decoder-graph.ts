@@ -1,0 +1,167 @@
+/**
+ * The load-time rewrite of a decoder graph (onnx-proto only; the session that runs the result is
+ * `onnx-session.ts`): new key/value slices as outputs instead of `present.*`, nodes nothing reads
+ * removed, logits of the last position only. Why each: docs/engine.md, "KV cache".
+ */
+import { readFile } from 'node:fs/promises';
+import onnxProto from 'onnx-proto';
+import { orderedKvNames, PAST_INPUT, PRESENT_OUTPUT } from './kv-names.js';
+
+const { onnx } = onnxProto;
+
+/** Graph outputs added for GroupQueryAttention layers: the step's new key/value in [batch, kvHeads, new, headDim]. */
+const NEW_KV_OUTPUT = (layer: number, kind: string): string => `sluice_new_kv.${layer}.${kind}`;
+
+/**
+ * Reads the model and, where every layer's step keys/values can be read off the graph, returns it
+ * re-encoded with those new slices ([rows, kvHeads, newTokens, headDim]) as graph outputs in place
+ * of `present.*` (names in layer order, key then value). Two forms are recognized:
+ * - Optimum's plain ops: `present.{i}.key|value` is a Concat along the slot axis of
+ *   `past_key_values.{i}.key|value` and the new slice (the Concat's second input);
+ * - onnxruntime's GroupQueryAttention (`com.microsoft`) with `present.{i}.*` as its outputs 1 and 2,
+ *   the past as inputs 3 and 4, and separate key/value inputs already rotated (`do_rotary` off):
+ *   those inputs are [batch, new, kvHeads·headDim], so a Reshape and a Transpose are added.
+ * Dropping `present.*` from the outputs lets onnxruntime prune what only fed them: a graph that
+ * attends over the past and the new slice separately (the generator's `plain` form) then never
+ * copies the cache; Optimum's form still concatenates for attention. GroupQueryAttention still
+ * writes its present internally (onnxruntime-node would copy a pre-bound shared buffer back out
+ * whole, see docs/engine.md). Otherwise (another pattern, rotary inside GroupQueryAttention, or
+ * weights in an external-data file, which a session created from bytes could not locate)
+ * undefined: the engine then fetches `present.*`.
+ */
+export async function rewriteDecoderGraph(modelPath: string): Promise<{ bytes: Uint8Array; newKvNames: string[] } | undefined> {
+  let model: onnxProto.onnx.ModelProto;
+  try {
+    model = onnx.ModelProto.decode(await readFile(modelPath));
+  } catch {
+    return undefined;
+  }
+  const graph = model.graph;
+  if (graph == null) return undefined;
+  if ((graph.initializer ?? []).some((tensor) => tensor.dataLocation === onnx.TensorProto.DataLocation.EXTERNAL)) return undefined;
+  const pastNames = orderedKvNames((graph.input ?? []).map((input) => input.name ?? ''), PAST_INPUT);
+  const presentNames = orderedKvNames((graph.output ?? []).map((output) => output.name ?? ''), PRESENT_OUTPUT);
+  if (pastNames.length === 0 || pastNames.length !== presentNames.length) return undefined;
+  const producers = new Map<string, onnxProto.onnx.INodeProto>();
+  for (const node of graph.node ?? []) for (const output of node.output ?? []) producers.set(output, node);
+  const graphNames = new Set([...(graph.input ?? []), ...(graph.output ?? [])].map((value) => value.name ?? ''));
+  const pastInfo = new Map((graph.input ?? []).map((input) => [input.name ?? '', input]));
+  const headDim = Number(pastInfo.get(pastNames[0]!)?.type?.tensorType?.shape?.dim?.[3]?.dimValue ?? NaN);
+  const newKvNames: string[] = [];
+  const added: onnxProto.onnx.INodeProto[] = [];
+  const constants: onnxProto.onnx.ITensorProto[] = [];
+  for (let k = 0; k < presentNames.length; k++) {
+    const node = producers.get(presentNames[k]!);
+    const inputs = node?.input ?? [];
+    const attribute = (name: string) => (node?.attribute ?? []).find((entry) => entry.name === name);
+    const layer = Math.floor(k / 2);
+    const kind = k % 2 === 0 ? 'key' : 'value';
+    if (node?.opType === 'Concat' && (node.domain ?? '') === '' && inputs.length === 2 && inputs[0] === pastNames[k]) {
+      const axisValue = Number(attribute('axis')?.i ?? NaN);
+      if (axisValue !== 2 && axisValue !== -2) return undefined;
+      const slice = inputs[1]!;
+      if (slice === '' || graphNames.has(slice)) return undefined;
+      newKvNames.push(slice);
+    } else if (node?.opType === 'GroupQueryAttention' && node.domain === 'com.microsoft') {
+      const at = kind === 'key' ? 1 : 2;
+      if (node.output?.[at] !== presentNames[k] || inputs[at + 2] !== pastNames[k] || Number(attribute('do_rotary')?.i ?? 0) !== 0) return undefined;
+      const slice = inputs[at];
+      const kvHeads = Number(attribute('kv_num_heads')?.i ?? NaN);
+      if (slice === undefined || slice === '' || !Number.isInteger(kvHeads) || !Number.isInteger(headDim)) return undefined;
+      // [B, S, kvHeads·headDim] → [B, kvHeads, S, headDim].
+      const name = NEW_KV_OUTPUT(layer, kind);
+      const shapeName = `${name}/shape`;
+      constants.push({ name: shapeName, dims: [4], dataType: onnx.TensorProto.DataType.INT64, int64Data: [0, 0, kvHeads, headDim] });
+      added.push(
+        { name: `${name}/Reshape`, opType: 'Reshape', input: [slice, shapeName], output: [`${name}/4d`] },
+        { name: `${name}/Transpose`, opType: 'Transpose', input: [`${name}/4d`], output: [name], attribute: [{ name: 'perm', type: onnx.AttributeProto.AttributeType.INTS, ints: [0, 2, 1, 3] }] },
+      );
+      newKvNames.push(name);
+    } else {
+      return undefined;
+    }
+  }
+  const elemType = pastInfo.get(pastNames[0]!)?.type?.tensorType?.elemType ?? onnx.TensorProto.DataType.FLOAT;
+  const presents = new Set(presentNames);
+  graph.output = [
+    ...(graph.output ?? []).filter((output) => !presents.has(output.name ?? '')),
+    ...newKvNames.map((name) => onnx.ValueInfoProto.create({ name, type: { tensorType: { elemType } } })),
+  ];
+  const nodes = [...(graph.node ?? []), ...added.map((node) => onnx.NodeProto.create(node))];
+  const initializers = new Set((graph.initializer ?? []).map((tensor) => tensor.name ?? ''));
+  const lastOnly = lastPositionLogits(nodes, initializers);
+  if (lastOnly !== undefined) {
+    nodes.push(lastOnly.node);
+    constants.push(...lastOnly.constants);
+  }
+  graph.node = withoutDeadNodes(nodes, graph.output);
+  graph.initializer = [...(graph.initializer ?? []), ...constants.map((tensor) => onnx.TensorProto.create(tensor))];
+  return { bytes: onnx.ModelProto.encode(model).finish(), newKvNames };
+}
+
+/** Ops between the final hidden state and `logits` (the lm_head and its reshapes). */
+const LM_HEAD_OPS = new Set(['MatMul', 'Gemm', 'Reshape', 'Cast', 'Identity']);
+
+/**
+ * Logits of the last position only: the engine samples nothing else, and a prefill chunk's
+ * logits are [chunk, vocab] (a 512-token chunk at a 150k vocabulary is ~300 MB, all but one row
+ * unused). Walks back from `logits` through the lm_head ({@link LM_HEAD_OPS}, following the
+ * non-initializer input) to the hidden state [batch, positions, hidden] that feeds it, and makes
+ * every reader of that hidden state read its last position instead (a Slice on axis 1). Mutates
+ * `nodes`' inputs and returns the Slice node to add, or undefined when the pattern is not there.
+ * Graphs whose logits reshape takes its shape from `input_ids` would then fail to run; the
+ * generated ones take it from the hidden state, Optimum's MatMul head needs no reshape.
+ */
+function lastPositionLogits(
+  nodes: onnxProto.onnx.INodeProto[],
+  initializers: ReadonlySet<string>,
+): { node: onnxProto.onnx.INodeProto; constants: onnxProto.onnx.ITensorProto[] } | undefined {
+  const producers = new Map<string, onnxProto.onnx.INodeProto>();
+  for (const node of nodes) for (const output of node.output ?? []) producers.set(output, node);
+  let at = 'logits';
+  const head = new Set<onnxProto.onnx.INodeProto>();
+  for (let depth = 0; depth < 8; depth++) {
+    const node = producers.get(at);
+    if (node === undefined || (node.domain ?? '') !== '' || !LM_HEAD_OPS.has(node.opType ?? '')) break;
+    const next = (node.input ?? []).find((input) => input !== '' && !initializers.has(input) && producers.has(input));
+    if (next === undefined) return undefined;
+    head.add(node);
+    at = next;
+  }
+  if (at === 'logits' || producers.get(at) === undefined) return undefined;
+  // Only when the head (and Shape nodes sizing its output) are all that read the hidden state.
+  const readers = nodes.filter((node) => (node.input ?? []).includes(at));
+  if (!readers.every((node) => head.has(node) || node.opType === 'Shape')) return undefined;
+  // Every reader of the hidden state (the head, and shape ops that size the logits) reads the last position.
+  const hidden = at;
+  const last = `${hidden}/sluice_last_position`;
+  const name = (suffix: string) => `${last}/${suffix}`;
+  for (const node of nodes) node.input = (node.input ?? []).map((input) => (input === hidden ? last : input));
+  const int64 = (suffix: string, value: number | string): onnxProto.onnx.ITensorProto =>
+    ({ name: name(suffix), dims: [1], dataType: onnx.TensorProto.DataType.INT64, int64Data: [value] });
+  return {
+    node: onnx.NodeProto.create({ name: name('Slice'), opType: 'Slice', input: [hidden, name('starts'), name('ends'), name('axes')], output: [last] }),
+    constants: [int64('starts', -1), int64('ends', '9223372036854775807'), int64('axes', 1)],
+  };
+}
+
+/**
+ * The nodes that some graph output still needs. onnxruntime 1.30 runs a node whose outputs nobody
+ * reads (measured: the dropped `present.*` Concats still ran, ~15 ms of a 42 ms step at batch 32,
+ * past 256), so they are removed here. Names read inside subgraphs (If/Loop bodies) count as read.
+ */
+function withoutDeadNodes(nodes: onnxProto.onnx.INodeProto[], outputs: readonly onnxProto.onnx.IValueInfoProto[]): onnxProto.onnx.INodeProto[] {
+  const subgraphInputs = (graph: onnxProto.onnx.IGraphProto | null | undefined): string[] =>
+    (graph?.node ?? []).flatMap((node) => [...(node.input ?? []), ...(node.attribute ?? []).flatMap((a) => [a.g, ...(a.graphs ?? [])].flatMap(subgraphInputs))]);
+  let live = nodes;
+  for (;;) {
+    const read = new Set(outputs.map((output) => output.name ?? ''));
+    for (const node of live) {
+      for (const input of node.input ?? []) read.add(input);
+      for (const attribute of node.attribute ?? []) for (const name of [attribute.g, ...(attribute.graphs ?? [])].flatMap(subgraphInputs)) read.add(name);
+    }
+    const next = live.filter((node) => (node.output ?? []).some((output) => output !== '' && read.has(output)));
+    if (next.length === live.length) return live;
+    live = next;
+  }
+}
