@@ -1,4 +1,5 @@
-import { afterEach, describe, expect, it } from 'vitest';
+import { afterEach, describe, expect, it, vi } from 'vitest';
+import { spyOnPromClient } from '../../../test/support/prom-client-spy.js';
 import { closeAppHarnesses, startAppHarness as start, type AppHarness as Harness } from './support/app-harness.js';
 
 afterEach(closeAppHarnesses);
@@ -45,6 +46,34 @@ describe('gateway metrics as the app records them', () => {
     expect(await h.value('sluice_gateway_requests_total', { route: '/v1/chat/completions', status: '200' })).toBe(1);
     expect(await h.value('sluice_gateway_active_streams')).toBe(0);
     expect((await h.metrics.timeToFirstToken.get()).values.find((v) => v.metricName?.endsWith('_count'))?.value).toBe(1);
+  });
+
+  it('calls no prom-client method while content is written: tokens, TTFT and ITL are folded in when scraped', async () => {
+    const calls = spyOnPromClient();
+    try {
+      const callsFor = async (steps: number) => {
+        const h = await start();
+        const job = h.nextJob();
+        const reply = post(h, chatBody());
+        await job;
+        h.send([{ type: 'accepted', workerId: 'w1', promptTokens: 3 }]);
+        const before = calls.length;
+        for (let i = 0; i < steps; i++) h.send([{ type: 'text-delta', index: 0, text: 'x', tokens: 1 }]);
+        const during = calls.slice(before);
+        h.send([
+          { type: 'text-end', index: 0, finishReason: 'length' },
+          { type: 'finish', usage: { promptTokens: 3, completionTokens: steps } },
+        ]);
+        await (await reply).text();
+        await settle();
+        expect(await h.value('sluice_gateway_stream_tokens_total')).toBe(steps);
+        return during;
+      };
+      expect(await callsFor(50)).toEqual([]);
+      expect(await callsFor(1)).toEqual([]);
+    } finally {
+      vi.restoreAllMocks();
+    }
   });
 
   it.each([

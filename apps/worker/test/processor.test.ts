@@ -23,9 +23,9 @@ afterAll(async () => {
 });
 
 /** A processor and router on the real Redis around an engine the test drives step by step. */
-async function harness() {
+async function harness(connection: Redis = redis) {
   const submitted: Array<{ request: GenerateRequest; signal: AbortSignal | undefined }> = [];
-  const router = new StepRouter(redis, { workerId: 'w1', names, retentionMs: 60_000, maxLogEntries: 1000 }, pino({ level: 'silent' }));
+  const router = new StepRouter(connection, { workerId: 'w1', names, retentionMs: 60_000, maxLogEntries: 1000 }, pino({ level: 'silent' }));
   const subscriber = server.client();
   const controls = new ControlListener(subscriber, names.controlChannel, router, pino({ level: 'silent' }));
   const finished: Array<{ finishReason: string; completionTokens: number }> = [];
@@ -159,6 +159,58 @@ describe('the worker routes each engine step as a whole', () => {
     await a.close();
     await b.close();
     await h.close();
+  });
+  it('makes one Redis write per engine step: one pipeline with an append per request and a publish per gateway', async () => {
+    // The router's own connection, so that every command it sends is seen.
+    const connection = server.client();
+    let execs = 0;
+    const sent: string[] = [];
+    const pipeline = connection.pipeline.bind(connection);
+    connection.pipeline = ((...args: Parameters<Redis['pipeline']>) => {
+      const p = pipeline(...args);
+      const exec = p.exec.bind(p);
+      p.exec = ((...a: Parameters<typeof exec>) => {
+        execs++;
+        return exec(...a);
+      }) as typeof p.exec;
+      return p;
+    }) as Redis['pipeline'];
+    const send = connection.sendCommand.bind(connection);
+    connection.sendCommand = ((command: { name: string }, ...rest: unknown[]) => {
+      sent.push(command.name);
+      return (send as (...a: unknown[]) => unknown)(command, ...rest);
+    }) as Redis['sendCommand'];
+    const h = await harness(connection);
+    const a = await listen('gw-p1');
+    const b = await listen('gw-p2');
+    const jobs = [job('gw-p1'), job('gw-p1'), job('gw-p2')];
+    const runs = jobs.map((j) => h.processor.process(j, 1));
+    await waitFor('submitted', () => (h.submitted.length === 3 ? true : undefined));
+    await h.router.drained();
+    const steps: Array<Array<[string, EngineEvent]>> = [
+      jobs.map((j) => [j.requestId, { type: 'text-delta', index: 0, tokenIds: [1], text: 'x' }]),
+      jobs.map((j) => [j.requestId, { type: 'text-delta', index: 0, tokenIds: [2, 3], text: 'yz' }]),
+      jobs.flatMap((j): Array<[string, EngineEvent]> => [[j.requestId, { type: 'text-end', index: 0, finishReason: 'stop' }], [j.requestId, finish(3)]]),
+    ];
+    for (const events of steps) {
+      execs = 0;
+      sent.length = 0;
+      await h.step(events);
+      expect(execs).toBe(1);
+      // The append script (EVALSHA, or EVAL the first time the connection runs it) per request, a PUBLISH per gateway.
+      expect(sent.filter((c) => c !== 'script').map((c) => (c === 'eval' ? 'evalsha' : c)).sort()).toEqual([
+        'evalsha',
+        'evalsha',
+        'evalsha',
+        'publish',
+        'publish',
+      ]);
+    }
+    await Promise.all(runs);
+    await a.close();
+    await b.close();
+    await h.close();
+    connection.disconnect();
   });
 });
 

@@ -7,7 +7,8 @@ import {
 } from './buckets.js';
 import { ensureDefaultMetrics } from './default-metrics.js';
 import { createKeyUsageMetrics, type KeyUsageMetrics } from './key-usage-metrics.js';
-import { RequestTracker, type RequestOutcome, type RequestStage } from './request-tracker.js';
+import { PendingHistogram } from './pending-histogram.js';
+import { RequestTracker, type RequestInstruments, type RequestOutcome, type RequestStage } from './request-tracker.js';
 
 /** Kinds of SSE frames, counted apart so heartbeats do not hide in the content traffic. */
 export type SseEventKind = 'chunk' | 'heartbeat' | 'error' | 'done';
@@ -101,17 +102,22 @@ export function createGatewayMetrics(
     help: 'SSE streams currently open to clients.',
     registers,
   });
-  const timeToFirstToken = new Histogram({
+  // Observed per step of every stream: kept as plain bucket counts, folded in when read (see PendingHistogram).
+  const pendingTtft = new PendingHistogram(TIME_TO_FIRST_TOKEN_BUCKETS);
+  const pendingItl = new PendingHistogram(INTER_TOKEN_LATENCY_BUCKETS);
+  const timeToFirstToken: Histogram = new Histogram({
     name: 'sluice_time_to_first_token_seconds',
     help: 'Time to first token as the client sees it: request received to the first content chunk written (streams only).',
     buckets: [...TIME_TO_FIRST_TOKEN_BUCKETS],
     registers,
+    collect: () => pendingTtft.fold(timeToFirstToken),
   });
-  const interTokenLatency = new Histogram({
+  const interTokenLatency: Histogram = new Histogram({
     name: 'sluice_inter_token_latency_seconds',
     help: 'Time between two consecutive content chunks written to one client stream (one observation per chunk after the first).',
     buckets: [...INTER_TOKEN_LATENCY_BUCKETS],
     registers,
+    collect: () => pendingItl.fold(interTokenLatency),
   });
   const e2eRequestLatency = new Histogram({
     name: 'sluice_e2e_request_latency_seconds',
@@ -159,10 +165,16 @@ export function createGatewayMetrics(
     help: 'Sequence gaps detected in the live delta messages of a request (lost pub/sub messages), each repaired from the token log.',
     registers,
   });
-  const streamTokens = new Counter({
+  let pendingTokens = 0;
+  const streamTokens: Counter = new Counter({
     name: 'sluice_gateway_stream_tokens_total',
     help: 'Completion tokens written to clients, streaming and non-streaming, all choices.',
     registers,
+    collect: () => {
+      if (pendingTokens === 0) return;
+      streamTokens.inc(pendingTokens);
+      pendingTokens = 0;
+    },
   });
   // The SSE write path runs per chunk per client, and prom-client hashes the labels on every inc even
   // through a bound child: writes add to plain numbers, moved into the counters when they are read.
@@ -204,17 +216,21 @@ export function createGatewayMetrics(
     sseBytes.inc({ kind }, 0);
   }
 
-  const instruments = {
+  const instruments: RequestInstruments = {
     activeStreams,
-    timeToFirstToken,
-    interTokenLatency,
+    timeToFirstToken: pendingTtft,
+    interTokenLatency: pendingItl,
     e2eRequestLatency,
     requestQueueTime,
     requestOutcomes,
     disconnects,
     timeouts,
     streamErrors,
-    streamTokens,
+    streamTokens: {
+      inc: (tokens) => {
+        pendingTokens += tokens;
+      },
+    },
   };
 
   return {

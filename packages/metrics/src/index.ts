@@ -7,7 +7,8 @@ export {
   type TrackRequestOptions,
 } from './gateway-metrics.js';
 export { createKeyUsageMetrics, type AuthFailure, type KeyRefusal, type KeyUsageMetrics } from './key-usage-metrics.js';
-export { RequestTracker, type RequestOutcome, type RequestStage } from './request-tracker.js';
+export { PendingHistogram } from './pending-histogram.js';
+export { RequestTracker, type RequestInstruments, type RequestOutcome, type RequestStage } from './request-tracker.js';
 export {
   QUEUE_JOB_STATES,
   createWorkerMetrics,

@@ -7,18 +7,22 @@ export type RequestStage = 'queued' | 'prefill' | 'decode';
 /** `cancelled`: ended by `POST .../{id}/cancel` (finish reason `abort`); `detached`: its client left with a resume grace. */
 export type RequestOutcome = 'stop' | 'length' | 'cancelled' | 'detached' | 'disconnect' | 'timeout' | 'error';
 
-/** The gateway instruments a tracker writes to. */
+/**
+ * The gateway instruments a tracker writes to. Those called per step of a stream (tokens, TTFT, ITL)
+ * are plain local accumulators, folded into prom-client when a scrape reads them: the write path never
+ * calls prom-client per token. The rest run once per request.
+ */
 export interface RequestInstruments {
   activeStreams: Gauge;
-  timeToFirstToken: Histogram;
-  interTokenLatency: Histogram;
+  timeToFirstToken: { observe(seconds: number): void };
+  interTokenLatency: { observe(seconds: number): void };
   e2eRequestLatency: Histogram;
   requestQueueTime: Histogram;
   requestOutcomes: Counter<'outcome'>;
   disconnects: Counter<'stage'>;
   timeouts: Counter<'kind'>;
   streamErrors: Counter<'code'>;
-  streamTokens: Counter;
+  streamTokens: { inc(tokens: number): void };
 }
 
 /**
