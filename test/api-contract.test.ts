@@ -176,6 +176,24 @@ describe('the official openai client on the newer endpoints and request features
     expect(whole.system_fingerprint).toMatch(/^fp_/);
   });
 
+  it("gives chat logprobs the vocabulary's raw bytes: together they spell the answer's UTF-8", async () => {
+    const reply = await client.chat.completions.create({
+      model: MODEL,
+      messages: [{ role: 'user', content: 'Write something.' }],
+      max_tokens: 48,
+      temperature: 0,
+      logprobs: true,
+      top_logprobs: 2,
+    });
+    const content = reply.choices[0]!.logprobs!.content!;
+    expect(Buffer.from(content.flatMap((lp) => lp.bytes!)).toString('utf8')).toBe(reply.choices[0]!.message.content);
+    for (const lp of content) {
+      // A token that holds part of a character shows as U+FFFD; its bytes are the vocabulary's.
+      if (lp.token.includes('\uFFFD')) expect(lp.bytes).not.toEqual([0xef, 0xbf, 0xbd]);
+      for (const top of lp.top_logprobs) expect(top.bytes!.length).toBeGreaterThan(0);
+    }
+  });
+
   it('gives completions logprobs with the sampled token among top_logprobs, also for logprobs: 0', async () => {
     for (const k of [0, 3]) {
       const reply = await client.completions.create({ model: MODEL, prompt: 'The sea', max_tokens: 5, temperature: 0, logprobs: k });

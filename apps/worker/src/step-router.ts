@@ -284,6 +284,9 @@ export class StepRouter {
 
 function toWireLogprob(lp: TokenLogprob): TokenLogprobWire {
   const out: TokenLogprobWire = { token: lp.token, logprob: lp.logprob };
-  if (lp.topLogprobs !== undefined) out.top = lp.topLogprobs.map((t) => ({ token: t.token, logprob: t.logprob }));
+  if (lp.bytes !== undefined) out.bytes = lp.bytes;
+  if (lp.topLogprobs !== undefined) {
+    out.top = lp.topLogprobs.map((t) => (t.bytes === undefined ? { token: t.token, logprob: t.logprob } : { token: t.token, logprob: t.logprob, bytes: t.bytes }));
+  }
   return out;
 }

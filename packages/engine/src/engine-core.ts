@@ -48,6 +48,7 @@ export class EngineCore {
   readonly #eos: ReadonlySet<number>;
   readonly #padTokenId: number;
   readonly #tokenText = new Map<number, string>();
+  readonly #tokenBytes = new Map<number, number[]>();
   /** The decode rows, split into lanes of similar length (one model call each). */
   #lanes: Lane[] = [];
   readonly #laneCost: number;
@@ -276,10 +277,26 @@ export class EngineCore {
       token: this.#text(sampled.tokenId),
       logprob: sampled.logprob ?? 0,
     };
+    const bytes = this.#bytes(sampled.tokenId);
+    if (bytes !== undefined) logprob.bytes = bytes;
     if (sampled.topLogprobs !== undefined) {
-      logprob.topLogprobs = sampled.topLogprobs.map((top) => ({ ...top, token: this.#text(top.tokenId) }));
+      logprob.topLogprobs = sampled.topLogprobs.map((top) => {
+        const topBytes = this.#bytes(top.tokenId);
+        return { ...top, token: this.#text(top.tokenId), ...(topBytes === undefined ? {} : { bytes: topBytes }) };
+      });
     }
     return logprob;
+  }
+
+  /** The vocabulary bytes of a token (logprobs `bytes`), cached like its text. */
+  #bytes(tokenId: number): number[] | undefined {
+    let bytes = this.#tokenBytes.get(tokenId);
+    if (bytes === undefined) {
+      bytes = this.#model.tokenizer.tokenBytes?.(tokenId);
+      if (bytes === undefined) return undefined;
+      this.#tokenBytes.set(tokenId, bytes);
+    }
+    return bytes;
   }
 
   #text(tokenId: number): string {

@@ -66,7 +66,9 @@ export interface TokenLogprob {
   tokenId: number;
   token: string;
   logprob: number;
-  topLogprobs?: Array<{ tokenId: number; token: string; logprob: number }>;
+  /** The token's raw bytes (may be part of a UTF-8 character, which `token` shows as U+FFFD). */
+  bytes?: number[];
+  topLogprobs?: Array<{ tokenId: number; token: string; logprob: number; bytes?: number[] }>;
 }
 
 export type FinishReason = 'stop' | 'length' | 'abort' | 'error';

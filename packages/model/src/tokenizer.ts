@@ -1,4 +1,5 @@
 import { Tokenizer as HfTokenizer } from '@huggingface/tokenizers';
+import { tokenBytes } from './token-bytes.js';
 import type { DecodeOptions, EncodeOptions, Tokenizer } from './types.js';
 
 /**
@@ -26,7 +27,7 @@ export function loadTokenizer(tokenizerJson: unknown, tokenizerConfig: unknown):
     added_tokens: addedTokens,
   };
   const hf = new HfTokenizer(json, { ...config, clean_up_tokenization_spaces: false });
-  return new HfBackedTokenizer(hf, specialIds(hf, addedTokens, config));
+  return new HfBackedTokenizer(hf, specialIds(hf, addedTokens, config), hasByteLevelDecoder(tokenizerJson['decoder']));
 }
 
 /** Ids that `skipSpecialTokens` drops: added tokens marked special, plus `additional_special_tokens`. */
@@ -50,6 +51,7 @@ class HfBackedTokenizer implements Tokenizer {
   constructor(
     private readonly hf: HfTokenizer,
     private readonly specials: ReadonlySet<number>,
+    private readonly byteLevel = false,
   ) {
     let maxId = -1;
     for (const id of hf.get_vocab(true).values()) if (id > maxId) maxId = id;
@@ -79,6 +81,19 @@ class HfBackedTokenizer implements Tokenizer {
   isSpecial(id: number): boolean {
     return this.specials.has(id);
   }
+
+  tokenBytes(id: number): number[] {
+    // Special tokens are text, whatever the decoder.
+    const token = this.specials.has(id) ? undefined : this.hf.id_to_token(id);
+    return tokenBytes(token, this.byteLevel, this.decode([id], { skipSpecialTokens: false }));
+  }
+}
+
+/** A ByteLevel decoder, alone or in a Sequence. */
+function hasByteLevelDecoder(decoder: unknown): boolean {
+  if (!isObject(decoder)) return false;
+  if (decoder['type'] === 'ByteLevel') return true;
+  return decoder['type'] === 'Sequence' && Array.isArray(decoder['decoders']) && decoder['decoders'].some(hasByteLevelDecoder);
 }
 
 function isObject(value: unknown): value is Record<string, unknown> {

@@ -24,6 +24,8 @@ export interface Tokenizer {
   tokenToId(token: string): number | undefined;
   /** Whether the id is a special (added, `special: true`) token. */
   isSpecial(id: number): boolean;
+  /** The raw bytes the token stands for (part of a UTF-8 character, possibly): logprobs `bytes`. */
+  tokenBytes?(id: number): number[];
 }
 
 /** One chat message as the OpenAI API carries it (content already flattened to text). */
