@@ -120,7 +120,12 @@ export function createApp(deps: AppDeps) {
 
   // CORS, security headers, JSON-only POSTs; then API keys on the API (health and metrics stay open).
   for (const middleware of browserSafety(deps.config.access.corsOrigins)) app.use('*', middleware);
-  if (deps.access?.authenticate !== undefined) app.use('/v1/*', deps.access.authenticate);
+  if (deps.access?.authenticate !== undefined) {
+    app.use('/v1/*', deps.access.authenticate);
+    // Tokenization runs a served model's tokenizer: as closed as the API.
+    app.use('/tokenize', deps.access.authenticate);
+    app.use('/detokenize', deps.access.authenticate);
+  }
 
   app.get('/healthz', healthHandler());
   app.get('/health', healthHandler());

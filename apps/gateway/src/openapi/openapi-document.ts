@@ -52,7 +52,13 @@ function errors(...which: GatewayErrorCode[]): ZodOpenApiResponsesObject {
   return out;
 }
 
+/** What access control answers (when it is on: `Authorization: Bearer <key>`), on every `/v1` route and tokenization. */
+const ACCESS: GatewayErrorCode[] = ['invalid_api_key', 'rate_limit_exceeded'];
+
 const REFUSALS: GatewayErrorCode[] = [
+  ...ACCESS,
+  'model_not_allowed',
+  'unsupported_media_type',
   'invalid_json',
   'invalid_request',
   'context_length_exceeded',
@@ -139,7 +145,7 @@ function resume(kind: 'chat' | 'completion'): ZodOpenApiOperationObject {
         headers: requestIdHeader,
         content: { 'text/event-stream': sse(chat ? 'ChatCompletionChunk' : 'CompletionChunk', '') },
       },
-      ...errors('invalid_request', 'not_found', 'no_workers', 'shutting_down'),
+      ...errors(...ACCESS, 'invalid_request', 'not_found', 'no_workers', 'shutting_down'),
     },
   };
 }
@@ -154,7 +160,7 @@ function cancel(kind: 'chat' | 'completion'): ZodOpenApiOperationObject {
     requestParams: { path: idParam },
     responses: {
       '200': { description: 'The cancel was sent to the worker.', content: { 'application/json': { schema: cancelReplySchema } } },
-      ...errors('not_found'),
+      ...errors(...ACCESS, 'not_found'),
     },
   };
 }
@@ -191,7 +197,12 @@ export function createOpenApiDocument(version: string): object {
       '/v1/chat/completions/{id}/cancel': { post: cancel('chat') },
       '/v1/completions/{id}/cancel': { post: cancel('completion') },
       '/v1/models': {
-        get: { operationId: 'listModels', tags: ['Models'], summary: 'The models live workers serve', responses: { '200': json(modelListSchema, 'The models.') } },
+        get: {
+          operationId: 'listModels',
+          tags: ['Models'],
+          summary: 'The models live workers serve',
+          responses: { '200': json(modelListSchema, 'The models.'), ...errors(...ACCESS) },
+        },
       },
       '/v1/models/{id}': {
         get: {
@@ -199,7 +210,7 @@ export function createOpenApiDocument(version: string): object {
           tags: ['Models'],
           summary: 'One model',
           requestParams: { path: z.object({ id: z.string().meta({ description: 'A model id; may contain `/`.' }) }) },
-          responses: { '200': json(modelSchema, 'The model.'), ...errors('model_not_found') },
+          responses: { '200': json(modelSchema, 'The model.'), ...errors(...ACCESS, 'model_not_found') },
         },
       },
       '/tokenize': {
@@ -209,7 +220,7 @@ export function createOpenApiDocument(version: string): object {
           summary: 'Text or messages to token ids',
           description: "vLLM's shape. Messages are rendered with the model chat template (with the assistant turn's opening).",
           requestBody: { required: true, content: { 'application/json': { schema: tokenizeRequestSchema } } },
-          responses: { '200': json(tokenizeResponseSchema, 'The token ids.'), ...errors('invalid_json', 'invalid_request', 'model_not_found', 'no_workers') },
+          responses: { '200': json(tokenizeResponseSchema, 'The token ids.'), ...errors(...ACCESS, 'model_not_allowed', 'unsupported_media_type', 'invalid_json', 'invalid_request', 'model_not_found', 'no_workers') },
         },
       },
       '/detokenize': {
@@ -218,7 +229,7 @@ export function createOpenApiDocument(version: string): object {
           tags: ['Tokenization'],
           summary: 'Token ids to text',
           requestBody: { required: true, content: { 'application/json': { schema: detokenizeRequestSchema } } },
-          responses: { '200': json(detokenizeResponseSchema, 'The text.'), ...errors('invalid_json', 'invalid_request', 'model_not_found', 'no_workers') },
+          responses: { '200': json(detokenizeResponseSchema, 'The text.'), ...errors(...ACCESS, 'model_not_allowed', 'unsupported_media_type', 'invalid_json', 'invalid_request', 'model_not_found', 'no_workers') },
         },
       },
       '/health': { get: { operationId: 'health', tags: ['Operations'], summary: 'Liveness (alias of /healthz)', responses: { '200': json(healthSchema, 'Alive.') } } },

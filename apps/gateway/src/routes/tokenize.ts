@@ -8,11 +8,19 @@ import { detokenizeRequestSchema, tokenizeRequestSchema } from '../openai/tokeni
 /** The body, size-limited by MAX_BODY_BYTES as a generation request's is. */
 const jsonBody = (deps: AppDeps, c: Context<AppEnv>) => readJson(c.env.incoming, deps.config.maxBodyBytes);
 
+/** The served model, if the caller's API key (when access control is on) may use it. */
+function servedModel(deps: AppDeps, c: Context<AppEnv>, model: string) {
+  const served = deps.registry.requireModel(model);
+  const apiKey = c.get('apiKey');
+  if (apiKey !== undefined) deps.access?.admission?.checkModel(apiKey, model);
+  return served;
+}
+
 /** `POST /tokenize`: the token ids a prompt or a chat becomes, with the model's own tokenizer. */
 export function tokenizeHandler(deps: AppDeps) {
   return async (c: Context<AppEnv>) => {
     const body = parseWith(tokenizeRequestSchema, await jsonBody(deps, c));
-    const served = deps.registry.requireModel(body.model);
+    const served = servedModel(deps, c, body.model);
     const tokenizer = await deps.tokenizers.forModel(served);
     const tokens =
       body.messages !== undefined
@@ -28,7 +36,7 @@ export function tokenizeHandler(deps: AppDeps) {
 export function detokenizeHandler(deps: AppDeps) {
   return async (c: Context<AppEnv>) => {
     const body = parseWith(detokenizeRequestSchema, await jsonBody(deps, c));
-    const tokenizer = await deps.tokenizers.forModel(deps.registry.requireModel(body.model));
+    const tokenizer = await deps.tokenizers.forModel(servedModel(deps, c, body.model));
     const bad = body.tokens.find((id) => id >= tokenizer.vocabSize);
     if (bad !== undefined) {
       throw new GatewayError('invalid_request', { message: `tokens: token ids must be in [0, ${tokenizer.vocabSize}), got ${bad}.`, param: 'tokens' });
