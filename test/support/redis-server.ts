@@ -16,8 +16,9 @@ export function hasRedisServer(): boolean {
   return spawnSync('redis-server', ['--version']).status === 0;
 }
 
-export async function startRedis(): Promise<RedisServer> {
-  const port = await freePort();
+/** @param options.port a fixed port: a Redis restarted where the old one was (its clients reconnect) */
+export async function startRedis(options: { port?: number } = {}): Promise<RedisServer> {
+  const port = options.port ?? (await freePort());
   const proc = startProcess('redis', 'redis-server', [
     '--port', String(port),
     '--bind', '127.0.0.1',

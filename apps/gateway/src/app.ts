@@ -107,6 +107,8 @@ export function createApp(deps: AppDeps) {
     const error = toGatewayError(err);
     const requestId = c.get('requestId');
     if (error.code === 'internal') deps.logger.error({ err, requestId }, 'request failed');
+    // A client that left mid-body gets no reply: there is no one to send it to.
+    if (error.code === 'client_closed') c.env.outgoing.destroy();
     hooks.rejected?.(error.code);
     return c.json(toErrorBody(error), error.status as 400, {
       'X-Request-Id': requestId,

@@ -5,6 +5,10 @@ export type GatewayErrorCode =
   | 'invalid_json'
   | 'invalid_request'
   | 'request_too_large'
+  | 'headers_too_large'
+  | 'bad_http_request'
+  | 'request_timeout'
+  | 'client_closed'
   | 'not_found'
   | 'method_not_allowed'
   | 'model_not_found'
@@ -37,6 +41,11 @@ const codes: Record<GatewayErrorCode, CodeInfo> = {
   invalid_json: { status: 400, type: 'invalid_request_error', message: 'The request body is not valid JSON.' },
   invalid_request: { status: 400, type: 'invalid_request_error', message: 'Invalid request.' },
   request_too_large: { status: 413, type: 'invalid_request_error', message: 'The request body is too large.' },
+  headers_too_large: { status: 431, type: 'invalid_request_error', message: 'The request headers are too large.' },
+  bad_http_request: { status: 400, type: 'invalid_request_error', message: 'The request is not valid HTTP/1.1.' },
+  request_timeout: { status: 408, type: 'invalid_request_error', message: 'The request was not received in time.' },
+  // nginx's 499: the client closed its connection before the request was read (nobody gets the reply).
+  client_closed: { status: 499, type: 'invalid_request_error', message: 'The client closed the connection.' },
   not_found: { status: 404, type: 'invalid_request_error', message: 'Not found.' },
   method_not_allowed: { status: 405, type: 'invalid_request_error', message: 'Method not allowed.' },
   model_not_found: { status: 404, type: 'invalid_request_error', message: 'The model does not exist.' },

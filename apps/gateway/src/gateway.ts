@@ -7,6 +7,7 @@ import { GENERATE_QUEUE, redisNames } from '@sluice/protocol';
 import { createApp } from './app.js';
 import { startAccessControl } from './auth/access-control.js';
 import { noKeyUsage, type KeyUsageRecorder } from './auth/key-usage-recorder.js';
+import { clientErrorHandler } from './client-error.js';
 import type { GatewayConfig } from './config.js';
 import { GatewayError } from './errors.js';
 import type { GatewayHooks } from './hooks.js';
@@ -34,15 +35,23 @@ export interface StartGatewayOptions {
   keyUsage?: KeyUsageRecorder;
 }
 
+/** Longest wait between two reconnect attempts to Redis. */
+const RECONNECT_MAX_MS = 250;
+/** Redis unreachable this long (not a mere reconnect): the open streams end with an error. */
+const REDIS_OUTAGE_MS = 2_000;
+
 /** Connects to Redis, subscribes to this gateway's channel, reads the registry once, then listens. */
 export async function startGateway(config: GatewayConfig, logger: Logger, options: StartGatewayOptions = {}): Promise<RunningGateway> {
   const hooks = options.hooks ?? {};
   const names = redisNames(config.redisPrefix);
   const channel = names.gatewayChannel(config.gatewayId);
-  // Commands fail fast while Redis is away (the request gets a 503) instead of queueing forever.
-  const redis = new Redis(config.redisUrl, { maxRetriesPerRequest: 1, enableOfflineQueue: false, lazyConnect: true });
-  const subscriber = new Redis(config.redisUrl, { maxRetriesPerRequest: null, lazyConnect: true });
-  const queueConnection = new Redis(config.redisUrl, { maxRetriesPerRequest: 1, enableOfflineQueue: false, lazyConnect: true });
+  // Commands fail fast while Redis is away (the request gets a 503) instead of queueing forever, and
+  // every connection retries every ≤ 250 ms: ioredis's default backoff grows to 2 s, so a gateway
+  // could stay unready for seconds after Redis returned.
+  const retryStrategy = (times: number) => Math.min(50 * times, RECONNECT_MAX_MS);
+  const redis = new Redis(config.redisUrl, { maxRetriesPerRequest: 1, enableOfflineQueue: false, lazyConnect: true, retryStrategy });
+  const subscriber = new Redis(config.redisUrl, { maxRetriesPerRequest: null, lazyConnect: true, retryStrategy });
+  const queueConnection = new Redis(config.redisUrl, { maxRetriesPerRequest: 1, enableOfflineQueue: false, lazyConnect: true, retryStrategy });
   for (const [name, connection] of [['commands', redis], ['subscriber', subscriber], ['queue', queueConnection]] as const) {
     connection.on('error', (err: Error) => logger.warn({ err: err.message, connection: name }, 'redis connection error'));
   }
@@ -67,6 +76,23 @@ export async function startGateway(config: GatewayConfig, logger: Logger, option
   // A subscriber that reconnected missed what was published meanwhile: the token logs have it.
   const relay = new Relay(subscriber, channel, (message) => sessions.dispatch(message), () => sessions.repairAll(), logger);
   await relay.start();
+  // While Redis is away no entry can reach this gateway, and workers end the streams they cannot write
+  // (their entries are lost): a stream is ended here once the outage outlasts a reconnect, instead of
+  // hanging until Redis returns or its idle timeout.
+  let outageTimer: NodeJS.Timeout | undefined;
+  subscriber.on('close', () => {
+    outageTimer ??= setTimeout(() => {
+      outageTimer = undefined;
+      if (subscriber.status === 'ready' || sessions.size === 0 || draining) return;
+      logger.warn({ open: sessions.size }, 'redis unreachable: ending the open streams');
+      sessions.failAll(new GatewayError('stream_interrupted', { message: 'The gateway lost its connection to Redis.' }), 'stream_failed');
+    }, REDIS_OUTAGE_MS);
+    outageTimer.unref();
+  });
+  subscriber.on('ready', () => {
+    clearTimeout(outageTimer);
+    outageTimer = undefined;
+  });
   // Workers whose publish reaches nobody check this key before they count this gateway's clients as gone.
   const aliveKey = names.gatewayAliveKey(channel);
   const aliveTtlMs = Math.max(3_000, config.registryPollMs * 3);
@@ -98,12 +124,18 @@ export async function startGateway(config: GatewayConfig, logger: Logger, option
     hooks,
     access,
     isDraining: () => draining,
+    // Ready only when every connection a request needs is up: commands (meta, logs, registry), the
+    // queue (enqueue) and the subscriber (the answers).
     checkRedis: async () => {
-      try {
-        return (await redis.ping()) === 'PONG';
-      } catch {
-        return false;
-      }
+      const ping = async (connection: Redis) => {
+        try {
+          return (await connection.ping()) === 'PONG';
+        } catch {
+          return false;
+        }
+      };
+      const [commands, queued] = await Promise.all([ping(redis), ping(queueConnection)]);
+      return commands && queued && subscriber.status === 'ready';
     },
   });
 
@@ -128,6 +160,8 @@ export async function startGateway(config: GatewayConfig, logger: Logger, option
     );
     s.maxConnections = config.access.maxConnections;
   });
+  // Requests Node's parser refuses get an OpenAI error body too.
+  server.on('clientError', clientErrorHandler(logger, hooks));
   const address = server.address() as AddressInfo;
   const host = config.host === '0.0.0.0' || config.host === '::' ? '127.0.0.1' : config.host;
   const url = `http://${host}:${address.port}`;
@@ -162,7 +196,10 @@ export async function startGateway(config: GatewayConfig, logger: Logger, option
       ['heartbeats', () => heartbeats.close()],
       // Let the cancels of failed streams go out before the connections close.
       ['cancels', () => new Promise((resolve) => setTimeout(resolve, 50))],
-      ['relay', () => relay.close()],
+      ['relay', () => {
+        clearTimeout(outageTimer);
+        return relay.close();
+      }],
       ['queue', () => queue.close()],
       ['redis', () => redis.quit()],
       ['queue connection', () => queueConnection.quit()],

@@ -28,8 +28,18 @@ export interface JobSubmitter {
   cancelRequest(requestId: string, meta: RequestMeta): Promise<void>;
 }
 
-/** A cancel marker outlives the request's deadline by this much: a worker never starts a job after it. */
-const MARKER_MARGIN_MS = 5_000;
+/**
+ * A cancel marker is only for a worker that took the job just as it was cancelled (the queue could not
+ * remove it: locked): that worker reads the marker as it starts the job, within moments. A job the
+ * queue removed needs none, and a running job is stopped by the control message, so no marker waits
+ * out the request's deadline (1,500 disconnects once left ~950 keys for 10 minutes).
+ */
+const MARKER_TTL_MS = 30_000;
+
+/** A marker's TTL: the pickup window, never past the request's deadline (+1 s). */
+function markerTtlMs(deadlineAt: number): number {
+  return Math.min(MARKER_TTL_MS, Math.max(0, deadlineAt - Date.now()) + 1_000);
+}
 
 /**
  * The gateway's side of the BullMQ queue: enqueues jobs and cancels them. A cancel removes the job
@@ -73,8 +83,7 @@ export class RedisJobQueue implements JobSubmitter, WorkCanceller {
 
   cancel(session: RequestSession, reason: CancelReason, wasQueued: boolean): void {
     if (this.pending.length === 0) queueMicrotask(() => this.flush());
-    const ttlMs = Math.max(1_000, session.deadlineAt - Date.now()) + MARKER_MARGIN_MS;
-    this.pending.push({ requestId: session.requestId, reason, ttlMs, wasQueued });
+    this.pending.push({ requestId: session.requestId, reason, ttlMs: markerTtlMs(session.deadlineAt), wasQueued });
   }
 
   private flush(): void {
@@ -82,8 +91,9 @@ export class RedisJobQueue implements JobSubmitter, WorkCanceller {
     this.pending = [];
     const multi = this.redis.multi();
     const byReason = new Map<CancelReason, string[]>();
-    for (const { requestId, reason, ttlMs } of batch) {
-      multi.set(this.names.cancelMarkerKey(requestId), reason, 'PX', ttlMs);
+    for (const { requestId, reason, ttlMs, wasQueued } of batch) {
+      // A worker that accepted the job gets the control message; only a waiting job needs a marker.
+      if (wasQueued) multi.set(this.names.cancelMarkerKey(requestId), reason, 'PX', ttlMs);
       const ids = byReason.get(reason) ?? [];
       ids.push(requestId);
       byReason.set(reason, ids);
@@ -94,9 +104,16 @@ export class RedisJobQueue implements JobSubmitter, WorkCanceller {
     multi.exec().catch((error: unknown) => this.logger.error({ err: error }, 'publishing cancels failed'));
     for (const { requestId, wasQueued } of batch) {
       if (!wasQueued) continue;
-      // Removes a waiting job; a job a worker holds is locked and stays (the cancel reaches that worker).
-      this.queue.remove(requestId).catch((error: unknown) => this.logger.warn({ err: error, requestId }, 'removing job failed'));
+      // Removes a waiting job; a job a worker holds is locked and stays (the marker reaches that worker).
+      this.removeQueued(requestId).catch((error: unknown) => this.logger.warn({ err: error, requestId }, 'removing job failed'));
     }
+  }
+
+  /** Removes a waiting job; once it is gone, its marker has nobody left to tell. Resolves true when removed. */
+  private async removeQueued(requestId: string): Promise<boolean> {
+    const removed = (await this.queue.remove(requestId)) === 1;
+    if (removed) await this.redis.del(this.names.cancelMarkerKey(requestId));
+    return removed;
   }
 
   /** The client left with a grace: the request stops publishing here and waits for a resume (or its grace). */
@@ -124,13 +141,12 @@ export class RedisJobQueue implements JobSubmitter, WorkCanceller {
    * choice ended `abort`, and a `finish`, as a worker would have written them.
    */
   async cancelRequest(requestId: string, meta: RequestMeta): Promise<void> {
-    const ttlMs = Math.max(1, meta.deadlineAt - Date.now()) + MARKER_MARGIN_MS;
     await this.redis
       .multi()
-      .set(this.names.cancelMarkerKey(requestId), 'cancelled', 'PX', ttlMs)
+      .set(this.names.cancelMarkerKey(requestId), 'cancelled', 'PX', markerTtlMs(meta.deadlineAt))
       .publish(this.names.controlChannel, encodeControlMessage({ type: 'cancel', requestIds: [requestId], reason: 'cancelled' }))
       .exec();
-    if ((await this.queue.remove(requestId)) !== 1) return;
+    if (!(await this.removeQueued(requestId))) return;
     const entries: GatewayEntry[] = [{ requestId, seq: 0, type: 'accepted', workerId: '', promptTokens: 0 }];
     for (let index = 0; index < meta.format.n; index++) entries.push({ requestId, seq: entries.length, type: 'text-end', index, finishReason: 'abort' });
     entries.push({ requestId, seq: entries.length, type: 'finish', usage: { promptTokens: 0, completionTokens: 0 } });

@@ -3,7 +3,7 @@ import type { Logger } from 'pino';
 import type { Engine, EngineErrorCode, EngineEvent, SamplingParams } from '@sluice/engine';
 import { decodeRequestMeta, generateJobSchema, type GenerateJob, type RedisNames, type WireError } from '@sluice/protocol';
 import type { ControlListener } from './control-listener.js';
-import type { Route, StepRouter } from './step-router.js';
+import { REDIS_UNAVAILABLE, type Route, type StepRouter } from './step-router.js';
 
 /** The reason a drain passes to `abort()`: the client gets `worker_shutdown` instead of silence. */
 export const SHUTDOWN_REASON = 'worker_shutdown';
@@ -233,6 +233,9 @@ export class JobProcessor {
     if (signal.aborted && signal.reason === SHUTDOWN_REASON) {
       // A drain tells the client why its stream ends.
       router.push(route, { type: 'error', error: { code: 'worker_shutdown', message: 'The worker shut down.', param: null } });
+    } else if (signal.aborted && signal.reason === REDIS_UNAVAILABLE) {
+      // Entries were lost while Redis was away: the answer cannot be completed, and says so.
+      router.push(route, { type: 'error', error: { code: 'worker_lost', message: 'The worker lost its connection to Redis.', param: null } });
     } else if (signal.aborted && signal.reason === 'superseded') {
       // A newer attempt owns the request: this one writes nothing more.
     } else if (!signal.aborted && event.error !== undefined) {

@@ -9,6 +9,9 @@ import {
   type TokenLogprobWire,
 } from '@sluice/protocol';
 
+/** The abort reason of a request whose entries could not be written (Redis unreachable). */
+export const REDIS_UNAVAILABLE = 'redis_unavailable';
+
 /** An entry before the router numbers it and names its request. */
 export type EntryDraft = GatewayEntryDraft extends infer E ? (E extends GatewayEntryDraft ? Omit<E, 'requestId'> : never) : never;
 
@@ -246,8 +249,10 @@ export class StepRouter {
         if (results === null) return;
         appended.forEach((route, i) => {
           const [error, value] = results[i] ?? [];
-          if (error) this.logger.error({ err: error, requestId: route.requestId }, 'appending to the token log failed');
-          else if (value === 0 && !route.ended) {
+          if (error) {
+            this.logger.error({ err: error, requestId: route.requestId }, 'appending to the token log failed');
+            if (this.#redis.status !== 'ready') this.#lost(route);
+          } else if (value === 0 && !route.ended) {
             // A newer attempt owns the request (this worker was taken for dead): stop decoding it.
             this.logger.warn({ requestId: route.requestId, attempt: route.attempt }, 'fenced out by a newer attempt');
             route.channel = null;
@@ -259,8 +264,21 @@ export class StepRouter {
           if (receivers === 0) this.#checkGateway(channel);
         });
       },
-      (error: unknown) => this.logger.error({ err: error }, 'publishing a step failed'),
+      (error: unknown) => {
+        this.logger.error({ err: error }, 'publishing a step failed');
+        if (this.#redis.status !== 'ready') for (const route of appended) this.#lost(route);
+      },
     );
+  }
+
+  /**
+   * Redis was away when this request's entries were written: they are neither in its log nor with its
+   * gateway, so the answer cannot be completed. The request stops now (no decoding for nobody, nothing
+   * held in memory to replay later); its gateway fails the stream when its repair finds the gap.
+   */
+  #lost(route: Route): void {
+    if (route.ended) return;
+    route.abort(REDIS_UNAVAILABLE);
   }
 
   /**

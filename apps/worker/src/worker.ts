@@ -25,6 +25,11 @@ export interface RunningWorker {
   drain(): Promise<void>;
 }
 
+/** Longest wait between two reconnect attempts to Redis. */
+const RECONNECT_MAX_MS = 250;
+/** BullMQ's pause after a failed fetch (its default is 15 s): jobs flow again ~1 s after Redis returns. */
+const FETCH_RETRY_MS = 500;
+
 function withTimeout<T>(promise: Promise<T>, ms: number): Promise<'timeout' | T> {
   let timer: NodeJS.Timeout | undefined;
   return Promise.race([promise, new Promise<'timeout'>((resolve) => (timer = setTimeout(() => resolve('timeout'), ms)))]).finally(
@@ -48,10 +53,16 @@ export async function startWorker(
 ): Promise<RunningWorker> {
   const { engine, modelId, logger, metrics } = deps;
   const names = redisNames(config.redisPrefix);
-  // BullMQ needs `maxRetriesPerRequest: null` on worker connections (blocking commands).
-  const redis = new Redis(config.redisUrl, { maxRetriesPerRequest: null, lazyConnect: true });
-  const subscriber = new Redis(config.redisUrl, { maxRetriesPerRequest: null, lazyConnect: true });
-  const bullConnection = new Redis(config.redisUrl, { maxRetriesPerRequest: null, lazyConnect: true });
+  // Every connection retries every ≤ 250 ms (ioredis's default backoff grows to 2 s): back to work
+  // about as soon as Redis is.
+  const retryStrategy = (times: number) => Math.min(50 * times, RECONNECT_MAX_MS);
+  // The command connection (step pipelines, request state, heartbeat) queues nothing while Redis is
+  // away: a step that cannot be written fails now, and its streams are ended (StepRouter), instead
+  // of piling up in memory and replaying to gateways that already failed them.
+  const redis = new Redis(config.redisUrl, { maxRetriesPerRequest: 1, enableOfflineQueue: false, lazyConnect: true, retryStrategy });
+  // BullMQ needs `maxRetriesPerRequest: null` on its connections (blocking commands).
+  const subscriber = new Redis(config.redisUrl, { maxRetriesPerRequest: null, lazyConnect: true, retryStrategy });
+  const bullConnection = new Redis(config.redisUrl, { maxRetriesPerRequest: null, lazyConnect: true, retryStrategy });
   for (const [name, connection] of [['commands', redis], ['subscriber', subscriber], ['queue', bullConnection]] as const) {
     connection.on('error', (err: Error) => logger.warn({ err: err.message, connection: name }, 'redis connection error'));
   }
@@ -150,6 +161,7 @@ export async function startWorker(
       lockDuration: config.lockDurationMs,
       stalledInterval: config.lockDurationMs,
       maxStalledCount: 1,
+      runRetryDelay: FETCH_RETRY_MS,
       removeOnComplete: { count: 0 },
       removeOnFail: { count: 0 },
     },

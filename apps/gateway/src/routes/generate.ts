@@ -1,5 +1,4 @@
 import { randomUUID } from 'node:crypto';
-import type { IncomingMessage } from 'node:http';
 import type { Context } from 'hono';
 import type { HttpBindings } from '@hono/node-server';
 import type { JobInput, StreamFormat } from '@sluice/protocol';
@@ -7,6 +6,7 @@ import type { AppDeps } from '../app.js';
 import { GatewayError } from '../errors.js';
 import { promptTokenIds } from '../prompt-tokens.js';
 import { checkInputLimits } from '../openai/input-limits.js';
+import { readJsonBody } from '../read-json-body.js';
 import { parseChatRequest, parseCompletionRequest, type Endpoint } from '../openai/request-schemas.js';
 import { ResponseFormat, type ResponseFormatOptions } from '../openai/response-format.js';
 import { PromptBatch } from '../prompt-batch.js';
@@ -21,27 +21,6 @@ import type { AppEnv } from '../app.js';
 import { noObserver } from '../responders/responder-context.js';
 
 /**
- * Reads the body straight off the Node request (no web Request/ReadableStream on the hot path),
- * refusing more than `maxBytes`.
- */
-export async function readJson(incoming: IncomingMessage, maxBytes: number): Promise<unknown> {
-  const declared = Number(incoming.headers['content-length'] ?? 0);
-  if (declared > maxBytes) throw new GatewayError('request_too_large');
-  const chunks: Buffer[] = [];
-  let size = 0;
-  for await (const chunk of incoming as AsyncIterable<Buffer>) {
-    size += chunk.length;
-    if (size > maxBytes) throw new GatewayError('request_too_large');
-    chunks.push(chunk);
-  }
-  try {
-    return JSON.parse(Buffer.concat(chunks, size).toString('utf8'));
-  } catch {
-    throw new GatewayError('invalid_json');
-  }
-}
-
-/**
  * `POST /v1/chat/completions` and `POST /v1/completions`: validate, admit, enqueue, then let a
  * responder turn the session's events into the reply. Every refusal before the 200 is thrown as a
  * GatewayError and becomes an HTTP error in the app's error handler.
@@ -51,7 +30,7 @@ export function generateHandler(deps: AppDeps, endpoint: Endpoint) {
   return async (c: Context<AppEnv>): Promise<Response> => {
     const receivedAt = Date.now();
     const receivedAtMono = performance.now();
-    const body = await readJson(c.env.incoming, config.maxBodyBytes);
+    const body = await readJsonBody(c.env.incoming, c.env.outgoing, config.maxBodyBytes);
     const request = endpoint === 'chat' ? parseChatRequest(body) : parseCompletionRequest(body);
     checkInputLimits(request, config.access);
     if (deps.isDraining()) throw new GatewayError('shutting_down');

@@ -2,11 +2,11 @@ import type { Context } from 'hono';
 import type { AppDeps, AppEnv } from '../app.js';
 import { GatewayError } from '../errors.js';
 import { flattenContent, parseWith } from '../openai/request-schemas.js';
-import { readJson } from './generate.js';
+import { readJsonBody } from '../read-json-body.js';
 import { detokenizeRequestSchema, tokenizeRequestSchema } from '../openai/tokenize-schemas.js';
 
 /** The body, size-limited by MAX_BODY_BYTES as a generation request's is. */
-const jsonBody = (deps: AppDeps, c: Context<AppEnv>) => readJson(c.env.incoming, deps.config.maxBodyBytes);
+const jsonBody = (deps: AppDeps, c: Context<AppEnv>) => readJsonBody(c.env.incoming, c.env.outgoing, deps.config.maxBodyBytes);
 
 /** The served model, if the caller's API key (when access control is on) may use it. */
 function servedModel(deps: AppDeps, c: Context<AppEnv>, model: string) {

@@ -4,6 +4,7 @@ import { pino } from 'pino';
 import { createGatewayMetrics, type GatewayMetrics } from '@sluice/metrics';
 import type { CancelReason, GatewayEntryDraft, GenerateJob } from '@sluice/protocol';
 import { createApp } from '../../src/app.js';
+import { clientErrorHandler } from '../../src/client-error.js';
 import { loadGatewayConfig } from '../../src/config.js';
 import { createGatewayObserver } from '../../src/gateway-observer.js';
 import type { RequestSession } from '../../src/request-session.js';
@@ -97,6 +98,7 @@ export async function startAppHarness(env: Record<string, string> = {}): Promise
   const server = await new Promise<ServerType>((resolve) => {
     const s = serve({ fetch: app.fetch, port: 0, hostname: '127.0.0.1' }, () => resolve(s));
   });
+  server.on('clientError', clientErrorHandler(logger, hooks));
   const seqs = new Map<string, number>();
   const harness: AppHarness = {
     url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`,

@@ -1,0 +1,86 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { Cluster, MODEL } from './support/cluster.js';
+import { sleep, waitFor } from './support/processes.js';
+import { startRedis, type RedisServer } from './support/redis-server.js';
+import type { GatewayProcess } from './support/sluice.js';
+import { LiveStream, postRaw, streamError } from './support/sse.js';
+
+/**
+ * Redis killed (SIGKILL) and restarted empty on the same port while streams run. Timings are
+ * printed, not asserted (shared 2-core machine); the bounds below are generous and structural: every
+ * stream ends, nothing hangs, the gateway says ready only when it is, and a request then succeeds.
+ */
+describe('when Redis is killed and restarted under load', () => {
+  let cluster: Cluster;
+  let gateway: GatewayProcess;
+  let restarted: RedisServer | undefined;
+
+  beforeAll(async () => {
+    cluster = await Cluster.start();
+    await cluster.worker();
+    gateway = await cluster.gateway();
+  });
+
+  afterAll(async () => {
+    await Promise.all([...cluster.gateways, ...cluster.workers].map((p) => p.process.stop(3_000)));
+    await restarted?.stop();
+    await cluster.redis.stop();
+  });
+
+  const body = { model: MODEL, prompt: 'Once upon a time', max_tokens: 1000, ignore_eos: true, temperature: 0, stream: true };
+
+  async function startStreams(): Promise<{ streams: LiveStream[]; ends: Array<Promise<number>> }> {
+    const streams = Array.from({ length: 8 }, () => new LiveStream(`${gateway.url}/v1/completions`, body));
+    for (const stream of streams) await stream.until('streaming', () => stream.contentChunks > 0);
+    return { streams, ends: streams.map((stream) => stream.ended.then(() => Date.now())) };
+  }
+
+  async function killRedis(): Promise<number> {
+    const current = restarted ?? cluster.redis;
+    current.process.signal('SIGKILL');
+    await current.process.exited;
+    return Date.now();
+  }
+
+  it('ends every in-flight stream, turns ready again, and serves the next request', async () => {
+    const { streams, ends } = await startStreams();
+    const killedAt = await killRedis();
+    await sleep(1_000);
+    restarted = await startRedis({ port: cluster.redis.port });
+    const backAt = Date.now();
+
+    const endedAt = await Promise.race([Promise.all(ends), sleep(30_000).then(() => undefined)]);
+    expect(endedAt, 'every stream ended').toBeDefined();
+    for (const stream of streams) {
+      // Each ends with an error frame and [DONE] (the answer cannot be completed), never silently.
+      expect(stream.items.at(-1)).toMatchObject({ kind: 'data', data: '[DONE]' });
+      expect(streamError(stream.items)?.code).toMatch(/stream_interrupted|worker_lost/);
+    }
+    // The worker stopped decoding for nobody: its sequences' entries could not be written.
+    await waitFor('worker idle', async () => ((await cluster.workers[0]!.health()).running === 0 ? true : undefined), 30_000, 50);
+    const idleAt = Date.now();
+    const readyAt = await waitFor('/readyz 200', async () => ((await gateway.get('/readyz')).status === 200 ? Date.now() : undefined), 30_000, 50);
+    const sentAt = Date.now();
+    const next = await postRaw(`${gateway.url}/v1/completions`, { model: MODEL, prompt: 'Hello', max_tokens: 4, temperature: 0 });
+    const answeredAt = Date.now();
+    expect(next.status).toBe(200);
+    console.log(
+      `redis restart: streams ended ${Math.max(...endedAt!) - backAt} ms after Redis returned (${Math.max(...endedAt!) - killedAt} ms after the kill); ` +
+        `worker idle ${idleAt - backAt} ms after; /readyz 200 after ${readyAt - backAt} ms; first request answered in ${answeredAt - sentAt} ms (${answeredAt - backAt} ms after Redis returned)`,
+    );
+  });
+
+  it('ends the streams while Redis is still away when the outage outlasts a reconnect', async () => {
+    const { streams, ends } = await startStreams();
+    const killedAt = await killRedis();
+    const endedAt = await Promise.race([Promise.all(ends), sleep(30_000).then(() => undefined)]);
+    expect(endedAt, 'every stream ended with Redis still down').toBeDefined();
+    for (const stream of streams) expect(streamError(stream.items)?.code).toMatch(/stream_interrupted|worker_lost/);
+    expect((await gateway.get('/readyz')).status).toBe(503);
+    console.log(`redis down: streams ended ${Math.max(...endedAt!) - killedAt} ms after the kill, Redis still away`);
+    restarted = await startRedis({ port: cluster.redis.port });
+    await waitFor('/readyz 200', async () => ((await gateway.get('/readyz')).status === 200 ? true : undefined), 30_000, 50);
+    const next = await postRaw(`${gateway.url}/v1/completions`, { model: MODEL, prompt: 'Hello', max_tokens: 4, temperature: 0 });
+    expect(next.status).toBe(200);
+  });
+});
