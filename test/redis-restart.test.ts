@@ -31,7 +31,11 @@ describe('when Redis is killed and restarted under load', () => {
 
   async function startStreams(): Promise<{ streams: LiveStream[]; ends: Array<Promise<number>> }> {
     const streams = Array.from({ length: 8 }, () => new LiveStream(`${gateway.url}/v1/completions`, body));
-    for (const stream of streams) await stream.until('streaming', () => stream.contentChunks > 0);
+    for (const stream of streams) {
+      await stream.until('streaming', () => stream.contentChunks > 0).catch((error: unknown) => {
+        throw new Error(`${String(error)}: ${stream.status} ${JSON.stringify(stream.items.slice(-3))}`);
+      });
+    }
     return { streams, ends: streams.map((stream) => stream.ended.then(() => Date.now())) };
   }
 

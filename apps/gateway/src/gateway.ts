@@ -108,6 +108,8 @@ export async function startGateway(config: GatewayConfig, logger: Logger, option
   });
   await registry.refresh();
   registry.start();
+  // Back from an outage: read the registry now (the poll keeps its last good read while Redis is away).
+  redis.on('ready', () => void registry.refresh().catch((error: unknown) => logger.warn({ err: error }, 'reading the worker registry failed')));
   const heartbeats = new HeartbeatTicker(config.heartbeatMs);
 
   let draining = false;

@@ -151,6 +151,11 @@ export async function startWorker(
 
   // Registered before taking jobs: a gateway must know this worker by the time it accepts one.
   await heartbeat.start();
+  // A Redis that came back may have lost the registry (a restart): re-register at once, not at the
+  // next beat, so gateways count this worker again as soon as they can enqueue.
+  redis.on('ready', () => {
+    if (!draining) heartbeat.beat().catch((error: unknown) => logger.warn({ err: error }, 'registry heartbeat failed'));
+  });
   const worker = new Worker(
     GENERATE_QUEUE,
     async (job: Job, _token?: string, signal?: AbortSignal) => processor.process(job.data, job.attemptsStarted, signal),
