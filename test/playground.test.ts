@@ -3,6 +3,7 @@ import { fileURLToPath } from 'node:url';
 import { chromium, type Browser, type Page } from 'playwright-core';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Cluster, MODEL } from './support/cluster.js';
+import { startNginx, type NginxServer } from './support/nginx.js';
 import { waitFor } from './support/processes.js';
 import { scrapePrometheus } from './support/prometheus.js';
 import type { GatewayProcess, WorkerProcess } from './support/sluice.js';
@@ -14,6 +15,7 @@ import type { GatewayProcess, WorkerProcess } from './support/sluice.js';
  */
 
 const CHROMIUM = process.env.CHROMIUM_PATH ?? '/usr/bin/chromium';
+const CHROMIUM_ARGS = ['--headless', '--no-sandbox', '--disable-gpu', '--disable-background-networking', '--disable-component-update', '--no-first-run'];
 const SCREENSHOT = fileURLToPath(new URL('../docs/playground.png', import.meta.url));
 
 describe.skipIf(!existsSync(CHROMIUM))('the playground in headless Chromium', () => {
@@ -32,7 +34,7 @@ describe.skipIf(!existsSync(CHROMIUM))('the playground in headless Chromium', ()
     contextLength = models.data[0]!.max_model_len;
     browser = await chromium.launch({
       executablePath: CHROMIUM,
-      args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-background-networking', '--disable-component-update', '--no-first-run'],
+      args: CHROMIUM_ARGS,
     });
     page = await browser.newPage({ viewport: { width: 1280, height: 800 } });
     await page.goto(`${gateway.url}/`);
@@ -127,6 +129,67 @@ describe.skipIf(!existsSync(CHROMIUM))('the playground in headless Chromium', ()
     expect(await page.textContent('#resumes')).toBe('1');
     expect(await page.textContent('#finish')).toBe('length');
     expect(await lastAnswer()).toBe(await apiAnswer('Tell me a story.', maxTokens, { ignore_eos: true }));
+    expect(Number(await page.textContent('#tokens'))).toBe(maxTokens);
+  });
+});
+
+describe.skipIf(!existsSync(CHROMIUM))('the playground behind nginx when the gateway holding its stream dies', () => {
+  let cluster: Cluster;
+  let worker: WorkerProcess;
+  let gateways: GatewayProcess[];
+  let nginx: NginxServer;
+  let browser: Browser;
+
+  beforeAll(async () => {
+    cluster = await Cluster.start();
+    worker = await cluster.worker();
+    gateways = await Promise.all([cluster.gateway(), cluster.gateway()]);
+    nginx = await startNginx({ upstreamPorts: gateways.map((g) => Number(new URL(g.url).port)) });
+    browser = await chromium.launch({ executablePath: CHROMIUM, args: CHROMIUM_ARGS });
+  }, 180_000);
+
+  afterAll(async () => {
+    await browser?.close();
+    await nginx?.close();
+    await cluster?.stop();
+  });
+
+  it('resumes on the other gateway with Last-Event-ID after a real connection loss: the whole answer, each token once', async () => {
+    const page = await browser.newPage();
+    await page.goto(`${nginx.url}/`);
+    await page.waitForSelector(`#model option[value="${MODEL}"]`, { state: 'attached' });
+    const maxTokens = 96;
+    await page.fill('#max_tokens', String(maxTokens));
+    await page.fill('#temperature', '0');
+    await page.setChecked('#ignore_eos', true);
+    await page.fill('#message', 'Tell me a long story.');
+    await page.press('#message', 'Enter');
+    await page.waitForFunction("Number(document.querySelector('#tokens').textContent) >= 2", undefined, { timeout: 30_000 });
+    // Frozen generation, so the kill lands mid-stream; then the gateway that holds the page's stream
+    // dies: nginx cuts the page's connection, the fetch fails as on any network loss.
+    worker.process.signal('SIGSTOP');
+    try {
+      const active = await Promise.all(
+        gateways.map(async (g) => (await scrapePrometheus(`${g.url}/metrics`)).value('sluice_gateway_active_streams')),
+      );
+      const victim = gateways[active.indexOf(1)]!;
+      expect(victim).toBeDefined();
+      victim.process.child.kill('SIGKILL');
+      await victim.process.exited;
+    } finally {
+      worker.process.signal('SIGCONT');
+    }
+    await page.waitForFunction("document.querySelector('#status').textContent === 'Done.'", undefined, { timeout: 60_000 });
+    expect(Number(await page.textContent('#resumes'))).toBeGreaterThanOrEqual(1);
+    expect(await page.textContent('#finish')).toBe('length');
+    const survivor = gateways.find((g) => g.process.child.exitCode === null && g.process.child.signalCode === null)!;
+    const res = await fetch(`${survivor.url}/v1/chat/completions`, {
+      method: 'POST',
+      headers: { 'Content-Type': 'application/json' },
+      body: JSON.stringify({ model: MODEL, messages: [{ role: 'user', content: 'Tell me a long story.' }], max_tokens: maxTokens, temperature: 0, ignore_eos: true }),
+    });
+    const alone = ((await res.json()) as { choices: Array<{ message: { content: string } }> }).choices[0]!.message.content;
+    expect(await page.locator('.turn.assistant .text').last().textContent()).toBe(alone);
     expect(Number(await page.textContent('#tokens'))).toBe(maxTokens);
   });
 });
