@@ -97,10 +97,76 @@ function freePort(): Promise<number> {
   });
 }
 
-function start(command: string, args: string[], env: Record<string, string>): ChildProcess {
-  const child = spawn(command, args, { env: { ...process.env, ...env }, stdio: ['ignore', 'ignore', 'inherit'] });
+function start(command: string, args: string[], env: Record<string, string>, onLine?: (line: string) => void): ChildProcess {
+  const child = spawn(command, args, { env: { ...process.env, ...env }, stdio: ['ignore', onLine === undefined ? 'ignore' : 'pipe', 'inherit'] });
+  if (onLine !== undefined) {
+    let rest = '';
+    child.stdout!.setEncoding('utf8').on('data', (text: string) => {
+      const lines = (rest + text).split('\n');
+      rest = lines.pop() ?? '';
+      for (const line of lines) onLine(line);
+    });
+  }
   process.once('exit', () => child.kill('SIGKILL'));
   return child;
+}
+
+/** The `timing` of a gateway's and a worker's `request finished` log lines (gateway-observer.ts, processor.ts). */
+interface GatewayTiming {
+  receivedAt: number;
+  preparedMs: number;
+  enqueuedMs?: number;
+  acceptedMs?: number;
+  firstTokenMs?: number;
+}
+interface WorkerTiming {
+  pickedUpAt: number;
+  checkedMs?: number;
+  submittedMs?: number;
+  firstStepMs?: number;
+  publishedMs?: number;
+  engineQueueMs: number;
+  engineFirstTokenMs: number;
+}
+
+/** Spans before the first token, in order, per request (ms); they add up to the gateway's TTFT. */
+export const TTFT_SPANS = [
+  ['receive → prompt ready', 'gateway: body read, validated, tokenized'],
+  ['→ worker pickup', 'gateway writes meta + BullMQ add, worker wakes and moves the job to active'],
+  ['→ job checks done', 'worker: job parsed, cancel marker + meta read (one round trip)'],
+  ['→ engine submit', 'worker: sampling options, engine.submit (posts to the engine thread)'],
+  ['→ first token on the engine thread', 'engine: thread hop, wait for the step, prefill + sample'],
+  ['→ step on the worker host', 'engine thread → host message (structured clone), router gets the step'],
+  ['→ pipeline answered', 'worker: entries serialized, one pipeline (log append + publish), Redis replies'],
+  ['→ written to the client', 'pub/sub delivery, gateway decode, dispatch, chunk formatting, write'],
+] as const;
+
+function spansOf(g: GatewayTiming, w: WorkerTiming): number[] | undefined {
+  if (g.firstTokenMs === undefined || w.checkedMs === undefined || w.submittedMs === undefined || w.firstStepMs === undefined || w.publishedMs === undefined) return undefined;
+  // One timeline in ms after the gateway received the request (both processes read the same clock).
+  const pickup = w.pickedUpAt - g.receivedAt;
+  const points = [
+    0,
+    g.preparedMs,
+    pickup,
+    pickup + w.checkedMs,
+    pickup + w.submittedMs,
+    pickup + w.submittedMs + w.engineFirstTokenMs,
+    pickup + w.firstStepMs,
+    pickup + w.publishedMs,
+    g.firstTokenMs,
+  ];
+  return points.slice(1).map((at, i) => at - points[i]!);
+}
+
+export interface TtftBreakdown {
+  /** Per span, in TTFT_SPANS order: the median over requests, ms. */
+  medianMs: number[];
+  /** Of `→ worker pickup`: the time the gateway waited for the meta write and BullMQ's add, median ms. */
+  gatewayEnqueueMs: number;
+  /** Of `→ first token on the engine thread`: submit → the step that took the request was scheduled, median ms. */
+  engineQueueMs: number;
+  requests: number;
 }
 
 async function until(what: string, check: () => Promise<boolean>, timeoutMs = 60_000): Promise<void> {
@@ -113,6 +179,10 @@ async function until(what: string, check: () => Promise<boolean>, timeoutMs = 60
 
 export interface Deployment {
   url: string;
+  /** Forgets the log lines seen so far (a warm-up). */
+  clearTimings(): void;
+  /** The TTFT breakdown of the requests finished since the last clear. */
+  ttftBreakdown(): TtftBreakdown;
   stop(): Promise<void>;
 }
 
@@ -122,6 +192,13 @@ export async function deploy(workload: LatencyWorkload): Promise<Deployment> {
   const redis = start('redis-server', ['--port', String(redisPort), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no', '--maxmemory-policy', 'noeviction'], {});
   const redisUrl = `redis://127.0.0.1:${redisPort}`;
   const workerPort = await freePort();
+  const gatewayLines = new Map<string, GatewayTiming>();
+  const workerLines = new Map<string, WorkerTiming>();
+  const collect = (into: Map<string, unknown>) => (line: string) => {
+    if (!line.includes('"request finished"') || !line.includes('"timing"')) return;
+    const parsed = JSON.parse(line) as { jobId?: string; timing?: unknown };
+    if (parsed.jobId !== undefined && parsed.timing !== undefined) into.set(parsed.jobId, parsed.timing);
+  };
   const worker = start(process.execPath, [`${root}apps/worker/dist/main.js`], {
     REDIS_URL: redisUrl,
     MODEL_DIR: await ensureBuiltinModel(workload.preset),
@@ -129,17 +206,18 @@ export async function deploy(workload: LatencyWorkload): Promise<Deployment> {
     INTRA_OP_THREADS: String(workload.intraOpThreads),
     METRICS_PORT: String(workerPort),
     METRICS_HOST: '127.0.0.1',
-    LOG_LEVEL: 'warn',
-  });
+    // Info: the per-request line carries the worker's side of the TTFT breakdown.
+    LOG_LEVEL: 'info',
+  }, collect(workerLines));
   const port = await freePort();
   await sleep(300);
   const gateway = start(process.execPath, [`${root}apps/gateway/dist/main.js`], {
     REDIS_URL: redisUrl,
     PORT: String(port),
     HOST: '127.0.0.1',
-    LOG_LEVEL: 'warn',
+    LOG_LEVEL: 'info',
     REGISTRY_POLL_MS: '200',
-  });
+  }, collect(gatewayLines));
   const url = `http://127.0.0.1:${port}`;
   await until('the gateway to see the worker', async () => (await fetch(`${url}/readyz`)).status === 200);
   const stopOne = (child: ChildProcess) =>
@@ -151,6 +229,30 @@ export async function deploy(workload: LatencyWorkload): Promise<Deployment> {
     });
   return {
     url,
+    clearTimings: () => {
+      gatewayLines.clear();
+      workerLines.clear();
+    },
+    ttftBreakdown: () => {
+      const rows: number[][] = [];
+      const enqueue: number[] = [];
+      const engineQueue: number[] = [];
+      for (const [jobId, g] of gatewayLines) {
+        const w = workerLines.get(jobId);
+        if (w === undefined) continue;
+        const spans = spansOf(g, w);
+        if (spans === undefined) continue;
+        rows.push(spans);
+        if (g.enqueuedMs !== undefined) enqueue.push(g.enqueuedMs - g.preparedMs);
+        engineQueue.push(w.engineQueueMs);
+      }
+      return {
+        medianMs: TTFT_SPANS.map((_, i) => round(percentile(rows.map((r) => r[i]!), 50))),
+        gatewayEnqueueMs: round(percentile(enqueue, 50)),
+        engineQueueMs: round(percentile(engineQueue, 50)),
+        requests: rows.length,
+      };
+    },
     stop: async () => {
       await Promise.all([stopOne(gateway), stopOne(worker)]);
       await stopOne(redis);

@@ -7,12 +7,12 @@
  *    engine called in process (alternating rounds, samples pooled).
  *
  * Writes bench-results/gateway.json and the gateway section of docs/benchmarks.md.
- * Env: BENCH_ROUNDS (SSE round pairs, default 8), BENCH_STREAMS (1000), BENCH_EVENTS (150 per stream per round).
+ * Env: BENCH_ROUNDS (SSE round pairs, default 8), BENCH_LATENCY_ROUNDS (5 per model), BENCH_STREAMS (1000), BENCH_EVENTS (150 per stream per round).
  */
 import { mkdir, readFile, writeFile } from 'node:fs/promises';
 import { arch, cpus, platform, release, totalmem } from 'node:os';
 import { fileURLToPath } from 'node:url';
-import { deploy, inProcessEngine, summarize, throughGateway, type LatencySamples, type LatencySummary, type LatencyWorkload } from './latency.js';
+import { deploy, inProcessEngine, summarize, throughGateway, TTFT_SPANS, type LatencySamples, type LatencySummary, type LatencyWorkload, type TtftBreakdown } from './latency.js';
 import { measureRound, PINNED, type ThroughputRound } from './sse-throughput.js';
 import { median, round } from './stats.js';
 
@@ -20,6 +20,7 @@ const root = fileURLToPath(new URL('../..', import.meta.url));
 const streams = Number(process.env.BENCH_STREAMS ?? 1000);
 const events = Number(process.env.BENCH_EVENTS ?? 150);
 const rounds = Number(process.env.BENCH_ROUNDS ?? 8);
+const latencyRounds = Number(process.env.BENCH_LATENCY_ROUNDS ?? 5);
 const log = (message: string) => process.stderr.write(`[bench:gateway] ${message}\n`);
 
 async function sse() {
@@ -66,15 +67,21 @@ async function latency(workload: LatencyWorkload, latencyRounds: number) {
   const deployment = await deploy(workload);
   const local: LatencySamples = { ttftMs: [], itlMs: [] };
   const remote: LatencySamples = { ttftMs: [], itlMs: [] };
+  let breakdown: TtftBreakdown | undefined;
   try {
     // Warm-up (JIT, first onnxruntime runs), not recorded.
     await engine.run({ ttftMs: [], itlMs: [] });
     await throughGateway(deployment.url, workload, { ttftMs: [], itlMs: [] });
+    // Let the warm-up's log lines arrive before they are forgotten.
+    await new Promise((resolve) => setTimeout(resolve, 200));
+    deployment.clearTimings();
     for (let i = 0; i < latencyRounds; i++) {
       await engine.run(local);
       await throughGateway(deployment.url, workload, remote);
       log(`latency round ${i + 1}/${latencyRounds} done`);
     }
+    await new Promise((resolve) => setTimeout(resolve, 200));
+    breakdown = deployment.ttftBreakdown();
   } finally {
     await engine.close();
     await deployment.stop();
@@ -94,7 +101,19 @@ async function latency(workload: LatencyWorkload, latencyRounds: number) {
       itlP99Ms: added((s) => s.itlMs.p99),
     },
     targetAddedP99Ms: 5,
+    ttftBreakdown: breakdown,
   };
+}
+
+function breakdownTable(b: TtftBreakdown | undefined): string {
+  if (b === undefined || b.requests === 0) return '(no TTFT breakdown: the request log lines were not seen)';
+  return [
+    '| span (in order; they add up to the TTFT the gateway sees) | median ms | what runs |',
+    '|---|---:|---|',
+    ...TTFT_SPANS.map(([name, what], i) => `| ${name} | ${b.medianMs[i]} | ${what} |`),
+    '',
+    `Medians over ${b.requests} requests, each span on its own (so the medians need not add up exactly). Of the pickup span, the gateway waited ${b.gatewayEnqueueMs} ms for the meta write and BullMQ's add; of the engine span, ${b.engineQueueMs} ms went from submit to the step that took the request. From the \`timing\` field of the gateway's and the worker's \`request finished\` log lines (joined by \`jobId\`; both processes read the same clock).`,
+  ].join('\n');
 }
 
 function markdown(result: Awaited<ReturnType<typeof collect>>): string {
@@ -106,6 +125,11 @@ function markdown(result: Awaited<ReturnType<typeof collect>>): string {
       `| engine in process | ${l.inProcess.ttftMs.p50} | ${l.inProcess.ttftMs.p99} | ${l.inProcess.itlMs.p50} | ${l.inProcess.itlMs.p99} |`,
       `| through gateway + Redis + worker | ${l.gateway.ttftMs.p50} | ${l.gateway.ttftMs.p99} | ${l.gateway.itlMs.p50} | ${l.gateway.itlMs.p99} |`,
       `| **added by the gateway path** | ${l.added.ttftP50Ms} | ${l.added.ttftP99Ms} | ${l.added.itlP50Ms} | ${l.added.itlP99Ms} |`,
+      '',
+      '',
+      `TTFT by span through the gateway (\`${l.workload.preset}\` model):`,
+      '',
+      breakdownTable(l.ttftBreakdown),
       '',
       `Workload: ${l.workload.concurrency} concurrent completions (starts ${l.workload.staggerMs} ms apart), ${l.workload.maxTokens} tokens each (greedy, ignore_eos), built-in \`${l.workload.preset}\` model, MAX_BATCH_SIZE=${l.workload.maxBatchSize}, INTRA_OP_THREADS=${l.workload.intraOpThreads}; ${l.rounds} measured rounds per side after a warm-up, samples pooled (${l.gateway.requests} requests, ${l.gateway.itlSamples} ITL samples through the gateway). Times in ms, measured where the caller sees text (non-empty delta / content chunk).`,
     ].join('\n');
@@ -151,8 +175,8 @@ async function collect() {
   const sseResult = await sse();
   // Below the engine's saturation: queueing inside a saturated engine would swamp what the path adds.
   const base = { concurrency: 8, maxTokens: 32, staggerMs: 60, maxBatchSize: 16, intraOpThreads: 1 };
-  const benchLatency = await latency({ ...base, preset: 'bench' }, 5);
-  const tinyLatency = await latency({ ...base, preset: 'tiny' }, 5);
+  const benchLatency = await latency({ ...base, preset: 'bench' }, latencyRounds);
+  const tinyLatency = await latency({ ...base, preset: 'tiny' }, latencyRounds);
   return { date: new Date().toISOString(), machine, sse: sseResult, latency: { bench: benchLatency, tiny: tinyLatency } };
 }
 

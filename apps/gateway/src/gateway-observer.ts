@@ -5,7 +5,9 @@ import type { GatewayHooks, RequestObserver } from './hooks.js';
 /**
  * The gateway's hooks, implemented with `@sluice/metrics` (served on `GET /metrics`) and pino: one
  * child logger per request carrying `requestId` (the id the client sees) and `jobId` (ours), and one
- * info line when the request ends, with its outcome, tokens and milliseconds.
+ * info line when the request ends, with its outcome, tokens and milliseconds, and the gateway's side of
+ * the TTFT breakdown (`timing`: epoch ms of the receive, then ms after it; the worker's line of the
+ * same `jobId` has its side, on the same clock: docs/benchmarks.md).
  */
 export function createGatewayObserver(metrics: GatewayMetrics, logger: Logger): GatewayHooks {
   return {
@@ -19,10 +21,22 @@ export function createGatewayObserver(metrics: GatewayMetrics, logger: Logger): 
       const tracker = metrics.trackRequest({ stream, receivedAt });
       const log = logger.child({ requestId, jobId });
       let writtenTokens = 0;
+      // Spans before the first token, on the performance.now() clock (ms); plain numbers, set once.
+      const preparedAt = performance.now();
+      let enqueuedAt = 0;
+      let acceptedAt = 0;
+      let firstContentAt = 0;
       return {
-        accepted: () => tracker.started(),
+        enqueued() {
+          enqueuedAt = performance.now();
+        },
+        accepted() {
+          acceptedAt = performance.now();
+          tracker.started();
+        },
         contentWritten(tokens) {
           writtenTokens += tokens;
+          if (firstContentAt === 0 && tokens > 0) firstContentAt = performance.now();
           tracker.contentWritten(tokens);
         },
         tokensWithoutText(tokens) {
@@ -61,6 +75,13 @@ export function createGatewayObserver(metrics: GatewayMetrics, logger: Logger): 
               completionTokens,
               writtenTokens,
               ms: Math.round(performance.now() - receivedAt),
+              timing: {
+                receivedAt: round3(performance.timeOrigin + receivedAt),
+                preparedMs: round3(preparedAt - receivedAt),
+                ...(enqueuedAt === 0 ? {} : { enqueuedMs: round3(enqueuedAt - receivedAt) }),
+                ...(acceptedAt === 0 ? {} : { acceptedMs: round3(acceptedAt - receivedAt) }),
+                ...(firstContentAt === 0 ? {} : { firstTokenMs: round3(firstContentAt - receivedAt) }),
+              },
             },
             'request finished',
           );
@@ -68,4 +89,9 @@ export function createGatewayObserver(metrics: GatewayMetrics, logger: Logger): 
       };
     },
   };
+}
+
+/** Milliseconds to the microsecond: enough for spans, short in the log. */
+function round3(ms: number): number {
+  return Math.round(ms * 1000) / 1000;
 }

@@ -27,6 +27,8 @@ export interface RequestFinishedInfo {
  * later calls are ignored.
  */
 export interface RequestObserver {
+  /** The job is in the queue (its meta written, BullMQ's add answered): a span of the TTFT breakdown. */
+  enqueued?(): void;
   /** The worker's `accepted` arrived (queue time ends). */
   accepted(): void;
   /** One delta message carrying `tokens` completion tokens was written (or collected) for the client. */

@@ -3,7 +3,7 @@ import type { Logger } from 'pino';
 import type { Engine, EngineErrorCode, EngineEvent, SamplingParams } from '@sluice/engine';
 import { decodeRequestMeta, generateJobSchema, type GenerateJob, type RedisNames, type WireError } from '@sluice/protocol';
 import type { ControlListener } from './control-listener.js';
-import { REDIS_UNAVAILABLE, type Route, type StepRouter } from './step-router.js';
+import { REDIS_UNAVAILABLE, type Route, type RouteTiming, type StepRouter } from './step-router.js';
 
 /** The reason a drain passes to `abort()`: the client gets `worker_shutdown` instead of silence. */
 export const SHUTDOWN_REASON = 'worker_shutdown';
@@ -65,6 +65,35 @@ export interface WorkerHooks {
   }): void;
 }
 
+/** Epoch ms (performance.timeOrigin + now) of a job's steps before its first token; the router adds the last two. */
+interface ProcessTiming extends RouteTiming {
+  pickedUpAt: number;
+  checkedAt?: number;
+  submittedAt?: number;
+}
+
+function epochMs(): number {
+  return performance.timeOrigin + performance.now();
+}
+
+/**
+ * The worker's side of the TTFT breakdown for the log: the pickup on the epoch clock the gateway's
+ * line uses, then ms after it, and the engine's own timings (submit → scheduled, prefill, first token).
+ */
+function timingFields(t: ProcessTiming, engine: { queueMs: number; prefillMs: number; firstTokenMs: number }): Record<string, number> {
+  const after = (at: number | undefined) => (at === undefined ? undefined : Math.round((at - t.pickedUpAt) * 1000) / 1000);
+  const fields: Record<string, number | undefined> = {
+    pickedUpAt: Math.round(t.pickedUpAt * 1000) / 1000,
+    checkedMs: after(t.checkedAt),
+    submittedMs: after(t.submittedAt),
+    firstStepMs: after(t.firstStepAt),
+    publishedMs: after(t.publishedAt),
+    engineQueueMs: Math.round(engine.queueMs * 1000) / 1000,
+    engineFirstTokenMs: Math.round(engine.firstTokenMs * 1000) / 1000,
+  };
+  return Object.fromEntries(Object.entries(fields).filter(([, v]) => v !== undefined)) as Record<string, number>;
+}
+
 export interface ProcessorDeps {
   engine: Pick<Engine, 'submit' | 'info'>;
   router: StepRouter;
@@ -99,6 +128,7 @@ export class JobProcessor {
       return;
     }
     const job = parsed.data;
+    const timing: ProcessTiming = { pickedUpAt: epochMs() };
     // `requestId` is the id the client sees (x-request-id); `jobId` is the gateway's unique one.
     const log = this.deps.logger.child({ requestId: job.correlationId ?? job.requestId, jobId: job.requestId });
     const controller = new AbortController();
@@ -114,14 +144,15 @@ export class JobProcessor {
       deadlineAt: job.deadlineAt,
       graceMs: job.resumeGraceMs,
       nextSeq: 0,
+      timing,
       abort: (reason) => controller.abort(reason),
       onFinish: (event) => {
-        this.finish(route, event, controller.signal, log);
+        this.finish(route, event, controller.signal, log, timing);
         finished();
       },
     });
     try {
-      if (await this.start(job, attempt, route, controller.signal, log)) await done;
+      if (await this.start(job, attempt, route, controller.signal, log, timing)) await done;
     } catch (error) {
       log.error({ err: error }, 'job failed');
       this.deps.router.push(route, { type: 'error', error: { code: 'internal', message: 'The worker failed.', param: null } });
@@ -134,7 +165,7 @@ export class JobProcessor {
   }
 
   /** Validates and submits the request; false when it never reached the engine. */
-  private async start(job: GenerateJob, attempt: number, route: Route, signal: AbortSignal, logger: Logger): Promise<boolean> {
+  private async start(job: GenerateJob, attempt: number, route: Route, signal: AbortSignal, logger: Logger, timing: ProcessTiming): Promise<boolean> {
     const { redis, names, engine, router } = this.deps;
     if (signal.aborted || Date.now() >= job.deadlineAt) return this.skip(logger);
     if (attempt > 1) {
@@ -182,6 +213,7 @@ export class JobProcessor {
     }
 
     const [[, cancelled], [, rawMeta]] = ((await state) ?? [[null, 0], [null, {}]]) as [[unknown, number], [unknown, Record<string, string>]];
+    timing.checkedAt = epochMs();
     if (cancelled === 1 || signal.aborted) return this.skip(logger);
     const meta = decodeRequestMeta(rawMeta ?? {});
     if (meta !== undefined) {
@@ -203,6 +235,7 @@ export class JobProcessor {
       if (isEngineError(error)) return this.reject(route, toWireError(error.code, error.message), logger);
       throw error;
     }
+    timing.submittedAt = epochMs();
     router.push(route, { type: 'accepted', workerId: this.deps.workerId, promptTokens: promptTokenIds.length });
     this.counters.running++;
     route.startedAt = performance.now();
@@ -212,7 +245,7 @@ export class JobProcessor {
   }
 
   /** The engine's finish event: metrics, the log line, and the request's last entry. */
-  private finish(route: Route, event: Extract<EngineEvent, { type: 'finish' }>, signal: AbortSignal, logger: Logger): void {
+  private finish(route: Route, event: Extract<EngineEvent, { type: 'finish' }>, signal: AbortSignal, logger: Logger, timing: ProcessTiming): void {
     this.counters.running--;
     if (route.cancelledAt !== undefined) {
       this.counters.lastCancel = { requestId: route.requestId, ms: Math.round(performance.now() - route.cancelledAt) };
@@ -226,6 +259,7 @@ export class JobProcessor {
         promptTokens: event.usage.promptTokens,
         completionTokens: event.usage.completionTokens,
         ms: Math.round(performance.now() - (route.startedAt ?? 0)),
+        timing: timingFields(timing, event.timings),
       },
       'request finished',
     );

@@ -49,6 +49,14 @@ export interface Route {
   /** performance.now() when the engine took it, and when it was cancelled (metrics, logs). */
   startedAt?: number;
   cancelledAt?: number;
+  /** Epoch ms (performance.timeOrigin + now) of the steps before the first token (the TTFT breakdown in the log). */
+  timing?: RouteTiming;
+}
+
+/** When the first token reached the router, and when the pipeline carrying it was answered by Redis. */
+export interface RouteTiming {
+  firstStepAt?: number;
+  publishedAt?: number;
 }
 
 interface PendingAppend {
@@ -87,7 +95,7 @@ export class StepRouter {
     redis.defineCommand('appendLog', { numberOfKeys: 2, lua: APPEND_LOG_SCRIPT });
   }
 
-  open(route: Omit<Route, 'held' | 'graceTimer' | 'ended' | 'lastFinishReason' | 'startedAt' | 'cancelledAt'>): Route {
+  open(route: Omit<Route, 'held' | 'graceTimer' | 'ended' | 'lastFinishReason' | 'startedAt' | 'cancelledAt' | 'timing'> & { timing?: RouteTiming }): Route {
     const full: Route = { ...route, held: [], graceTimer: undefined, ended: false };
     this.#routes.set(route.requestId, full);
     return full;
@@ -197,6 +205,7 @@ export class StepRouter {
           return;
         }
         route.held[event.index] = undefined;
+        if (route.timing !== undefined && route.timing.firstStepAt === undefined) route.timing.firstStepAt = epochMs();
         this.push(route, {
           type: 'text-delta',
           index: event.index,
@@ -233,7 +242,9 @@ export class StepRouter {
     const pipeline = this.#redis.pipeline() as ReturnType<Redis['pipeline']> & { appendLog(...args: Array<string | number>): unknown };
     const now = Date.now();
     const appended: Route[] = [];
+    let firsts: RouteTiming[] | undefined;
     for (const [requestId, { route, pairs, workerId: accepting }] of logs) {
+      if (route.timing?.firstStepAt !== undefined && route.timing.publishedAt === undefined) (firsts ??= []).push(route.timing);
       // The TTL starts when the request ends; until then it only bounds a request nobody finishes.
       const ttlMs = route.ended ? retentionMs : Math.max(0, route.deadlineAt - now) + retentionMs;
       pipeline.appendLog(names.metaKey(requestId), names.logKey(requestId), route.attempt, maxLogEntries, ttlMs, accepting, ...pairs);
@@ -246,6 +257,10 @@ export class StepRouter {
     }
     this.#flushing = pipeline.exec().then(
       (results) => {
+        if (firsts !== undefined) {
+          const at = epochMs();
+          for (const timing of firsts) timing.publishedAt = at;
+        }
         if (results === null) return;
         appended.forEach((route, i) => {
           const [error, value] = results[i] ?? [];
@@ -298,6 +313,10 @@ export class StepRouter {
       .catch((error: unknown) => this.logger.warn({ err: error, channel }, 'checking a gateway failed'))
       .finally(() => this.#checking.delete(channel));
   }
+}
+
+function epochMs(): number {
+  return performance.timeOrigin + performance.now();
 }
 
 function toWireLogprob(lp: TokenLogprob): TokenLogprobWire {

@@ -141,6 +141,7 @@ export function generateHandler(deps: AppDeps, endpoint: Endpoint) {
       observer.finished({ end: { outcome: 'error', code: refusal.code }, status: refusal.status, promptTokens: 0, completionTokens: 0 });
       throw refusal;
     }
+    observer.enqueued?.();
     responder.begin();
     return responder.reply;
   };
