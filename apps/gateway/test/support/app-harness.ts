@@ -5,6 +5,7 @@ import { createGatewayMetrics, type GatewayMetrics } from '@sluice/metrics';
 import type { CancelReason, GatewayEntryDraft, GenerateJob } from '@sluice/protocol';
 import { createApp } from '../../src/app.js';
 import { clientErrorHandler } from '../../src/client-error.js';
+import type { AccessControl } from '../../src/auth/access-control.js';
 import { loadGatewayConfig } from '../../src/config.js';
 import { createGatewayObserver } from '../../src/gateway-observer.js';
 import type { RequestSession } from '../../src/request-session.js';
@@ -48,7 +49,8 @@ export async function closeAppHarnesses(): Promise<void> {
   await Promise.all(open.splice(0).map((h) => h.close()));
 }
 
-export async function startAppHarness(env: Record<string, string> = {}): Promise<AppHarness> {
+/** `access`: API keys and limits (auth/access-control.ts), as main.ts wires them; absent: none. */
+export async function startAppHarness(env: Record<string, string> = {}, options: { access?: AccessControl } = {}): Promise<AppHarness> {
   const config = loadGatewayConfig({ HEADERS_WAIT_MS: '1000', ...env });
   const logger = pino({ level: 'silent' });
   const metrics = createGatewayMetrics();
@@ -93,6 +95,7 @@ export async function startAppHarness(env: Record<string, string> = {}): Promise
     tokenizers: { forModel: async () => charTokenizer },
     checkRedis: async () => true,
     isDraining: () => false,
+    ...(options.access === undefined ? {} : { access: options.access }),
   });
   app.get('/metrics', async (c) => c.body(await metrics.registry.metrics(), 200, { 'Content-Type': metrics.registry.contentType }));
   const server = await new Promise<ServerType>((resolve) => {
