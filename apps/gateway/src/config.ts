@@ -31,6 +31,10 @@ export const gatewayEnvSchema = z.object({
   HEARTBEAT_MS: int(10).default(15_000),
   /** Deltas of one stream arriving within this window are written as one chunk (0 = each as it comes). @defaultValue 0 */
   STREAM_INTERVAL_MS: int(0).default(0),
+  /** Most bytes one stream holds for a client that does not read (coalesced deltas + socket buffer); beyond, the stream ends and its work stops. @defaultValue 1048576 */
+  MAX_STREAM_BUFFER_BYTES: int(0).default(1024 * 1024),
+  /** A stream whose socket does not drain for this long ends and its work stops (0 = never). @defaultValue 30000 */
+  CLIENT_STALL_TIMEOUT_MS: int(0).default(30_000),
   /** Max time a request waits in the queue for a worker. @defaultValue 60000 */
   QUEUE_TIMEOUT_MS: int(1).default(60_000),
   /** Max time without a delta once a worker accepted the request. @defaultValue 30000 */
@@ -68,6 +72,8 @@ export interface GatewayConfig {
   headersWaitMs: number;
   heartbeatMs: number;
   streamIntervalMs: number;
+  maxStreamBufferBytes: number;
+  clientStallTimeoutMs: number;
   queueTimeoutMs: number;
   idleTimeoutMs: number;
   requestTimeoutMs: number;
@@ -106,6 +112,8 @@ export function loadGatewayConfig(env: NodeJS.ProcessEnv = process.env): Gateway
     headersWaitMs: e.HEADERS_WAIT_MS,
     heartbeatMs: e.HEARTBEAT_MS,
     streamIntervalMs: e.STREAM_INTERVAL_MS,
+    maxStreamBufferBytes: e.MAX_STREAM_BUFFER_BYTES,
+    clientStallTimeoutMs: e.CLIENT_STALL_TIMEOUT_MS,
     queueTimeoutMs: e.QUEUE_TIMEOUT_MS,
     idleTimeoutMs: e.IDLE_TIMEOUT_MS,
     requestTimeoutMs: e.REQUEST_TIMEOUT_MS,

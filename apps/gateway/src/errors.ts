@@ -9,6 +9,7 @@ export type GatewayErrorCode =
   | 'bad_http_request'
   | 'request_timeout'
   | 'client_closed'
+  | 'client_too_slow'
   | 'not_found'
   | 'method_not_allowed'
   | 'model_not_found'
@@ -46,6 +47,8 @@ const codes: Record<GatewayErrorCode, CodeInfo> = {
   request_timeout: { status: 408, type: 'invalid_request_error', message: 'The request was not received in time.' },
   // nginx's 499: the client closed its connection before the request was read (nobody gets the reply).
   client_closed: { status: 499, type: 'invalid_request_error', message: 'The client closed the connection.' },
+  // Only ever an SSE error frame (the 200 went out): the client stopped reading its stream.
+  client_too_slow: { status: 408, type: 'invalid_request_error', message: 'The client did not read its stream.' },
   not_found: { status: 404, type: 'invalid_request_error', message: 'Not found.' },
   method_not_allowed: { status: 405, type: 'invalid_request_error', message: 'Method not allowed.' },
   model_not_found: { status: 404, type: 'invalid_request_error', message: 'The model does not exist.' },

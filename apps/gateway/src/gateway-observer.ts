@@ -58,6 +58,9 @@ export function createGatewayObserver(metrics: GatewayMetrics, logger: Logger): 
             case 'timeout':
               tracker.timeout(end.kind);
               break;
+            case 'slow_client':
+              tracker.slowClient(end.cause);
+              break;
             case 'error':
               tracker.fail(end.code);
               break;
@@ -70,6 +73,7 @@ export function createGatewayObserver(metrics: GatewayMetrics, logger: Logger): 
               outcome: end.outcome,
               ...('code' in end ? { code: end.code } : {}),
               ...(end.outcome === 'disconnect' ? { stage } : {}),
+              ...(end.outcome === 'slow_client' ? { cause: end.cause } : {}),
               status,
               promptTokens,
               completionTokens,

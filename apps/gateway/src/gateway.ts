@@ -110,7 +110,7 @@ export async function startGateway(config: GatewayConfig, logger: Logger, option
   registry.start();
   // Back from an outage: read the registry now (the poll keeps its last good read while Redis is away).
   redis.on('ready', () => void registry.refresh().catch((error: unknown) => logger.warn({ err: error }, 'reading the worker registry failed')));
-  const heartbeats = new HeartbeatTicker(config.heartbeatMs);
+  const heartbeats = new HeartbeatTicker(config.heartbeatMs, config.clientStallTimeoutMs);
 
   let draining = false;
   const app = createApp({

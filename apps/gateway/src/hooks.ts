@@ -11,6 +11,8 @@ export type RequestEnd =
   /** `detached`: the client left, and the request goes on within its resume grace. */
   | { outcome: 'disconnect'; detached?: boolean }
   | { outcome: 'timeout'; kind: 'queue' | 'idle' | 'deadline'; code: string }
+  /** The client did not read: its buffer bound (`buffer`) or stall timeout (`stall`) ended the stream. */
+  | { outcome: 'slow_client'; cause: 'buffer' | 'stall' }
   | { outcome: 'error'; code: string };
 
 export interface RequestFinishedInfo {

@@ -28,6 +28,17 @@ export class SseWriter {
   wroteSinceTick = false;
   /** Last tick that saw a write (heartbeat ticker clock). */
   lastWriteTick = 0;
+  /**
+   * The socket is not draining: `res.write()` returned false and no `drain` came since. The responder
+   * then coalesces deltas instead of writing them (adaptive coalescing).
+   */
+  congested = false;
+  /** When the current congestion began (ms since epoch): the stall clock. */
+  congestedSince = 0;
+  /** Called on `drain` after a congestion (the responder writes what it coalesced meanwhile). */
+  onDrain: (() => void) | undefined;
+  /** Called by the ticker when a congestion outlasts the stall timeout. */
+  onStall: (() => void) | undefined;
   private ended = false;
   private readonly meter: SseMeter;
 
@@ -58,14 +69,20 @@ export class SseWriter {
    */
   frames(frames: string, count = 1): void {
     if (this.ended || frames === '') return;
-    this.res.write(frames);
+    if (!this.res.write(frames)) this.congest();
     this.wroteSinceTick = true;
     this.meter('chunk', Buffer.byteLength(frames), count);
   }
 
+  /** Bytes written but not yet handed to the kernel (this response's and its socket's buffers). */
+  get buffered(): number {
+    return this.res.writableLength;
+  }
+
   ping(): void {
-    if (this.ended) return;
-    this.res.write(PING);
+    // Bytes already wait on a congested socket: a ping there keeps nothing alive and only adds to them.
+    if (this.ended || this.congested) return;
+    if (!this.res.write(PING)) this.congest();
     this.meter('heartbeat', PING_BYTES, 1);
   }
 
@@ -100,6 +117,16 @@ export class SseWriter {
     this.heartbeats.delete(this);
   }
 
+  private congest(): void {
+    if (this.congested) return;
+    this.congested = true;
+    this.congestedSince = Date.now();
+    this.res.once('drain', () => {
+      this.congested = false;
+      if (!this.ended) this.onDrain?.();
+    });
+  }
+
   private finish(frames: string): void {
     this.ended = true;
     this.heartbeats.delete(this);
@@ -116,8 +143,15 @@ export class HeartbeatTicker {
   private readonly writers = new Set<SseWriter>();
   private readonly timer: NodeJS.Timeout;
 
-  constructor(private readonly heartbeatMs: number) {
-    const tickMs = Math.max(5, Math.min(1000, Math.floor(heartbeatMs / 5)));
+  /**
+   * @param stallMs a stream whose socket stays congested this long (no `drain`) is given up on
+   *   (`SseWriter.onStall`); 0 disables it
+   */
+  constructor(
+    private readonly heartbeatMs: number,
+    private readonly stallMs = 0,
+  ) {
+    const tickMs = Math.max(5, Math.min(1000, Math.floor(heartbeatMs / 5), stallMs > 0 ? Math.floor(stallMs / 5) : Infinity));
     this.timer = setInterval(() => this.tick(), tickMs);
     this.timer.unref();
   }
@@ -142,6 +176,10 @@ export class HeartbeatTicker {
   private tick(): void {
     const now = (this.now = Date.now());
     for (const writer of this.writers) {
+      if (writer.congested && this.stallMs > 0 && now - writer.congestedSince >= this.stallMs) {
+        writer.onStall?.();
+        continue;
+      }
       if (writer.wroteSinceTick) {
         writer.wroteSinceTick = false;
         writer.lastWriteTick = now;

@@ -47,6 +47,7 @@ export interface GatewayMetrics {
   readonly requestOutcomes: Counter<'outcome'>;
   readonly disconnects: Counter<'stage'>;
   readonly timeouts: Counter<'kind'>;
+  readonly slowClients: Counter<'cause'>;
   readonly streamErrors: Counter<'code'>;
   readonly streamGaps: Counter;
   readonly streamResumes: Counter;
@@ -149,6 +150,12 @@ export function createGatewayMetrics(
     labelNames: ['kind'] as const,
     registers,
   });
+  const slowClients = new Counter({
+    name: 'sluice_gateway_slow_clients_total',
+    help: 'Streams ended because their client did not read, by cause: buffer (MAX_STREAM_BUFFER_BYTES) or stall (CLIENT_STALL_TIMEOUT_MS).',
+    labelNames: ['cause'] as const,
+    registers,
+  });
   const streamErrors = new Counter({
     name: 'sluice_gateway_stream_errors_total',
     help: 'Accepted requests that ended in an error other than a timeout (an error frame after the 200, or an error reply), by error code.',
@@ -225,6 +232,7 @@ export function createGatewayMetrics(
     requestOutcomes,
     disconnects,
     timeouts,
+    slowClients,
     streamErrors,
     streamTokens: {
       inc: (tokens) => {
@@ -245,6 +253,7 @@ export function createGatewayMetrics(
     requestOutcomes,
     disconnects,
     timeouts,
+    slowClients,
     streamErrors,
     streamGaps,
     streamResumes,

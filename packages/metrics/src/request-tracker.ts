@@ -5,7 +5,8 @@ export type RequestStage = 'queued' | 'prefill' | 'decode';
 
 /** How an accepted request ended, as `sluice_gateway_request_outcomes_total{outcome}` counts it. */
 /** `cancelled`: ended by `POST .../{id}/cancel` (finish reason `abort`); `detached`: its client left with a resume grace. */
-export type RequestOutcome = 'stop' | 'length' | 'cancelled' | 'detached' | 'disconnect' | 'timeout' | 'error';
+/** `slow_client`: the client did not read its stream (buffer bound or stall timeout): ended and its work stopped. */
+export type RequestOutcome = 'stop' | 'length' | 'cancelled' | 'detached' | 'disconnect' | 'timeout' | 'slow_client' | 'error';
 
 /**
  * The gateway instruments a tracker writes to. Those called per step of a stream (tokens, TTFT, ITL)
@@ -21,6 +22,7 @@ export interface RequestInstruments {
   requestOutcomes: Counter<'outcome'>;
   disconnects: Counter<'stage'>;
   timeouts: Counter<'kind'>;
+  slowClients: Counter<'cause'>;
   streamErrors: Counter<'code'>;
   streamTokens: { inc(tokens: number): void };
 }
@@ -121,6 +123,12 @@ export class RequestTracker {
   timeout(kind: string): void {
     if (!this.#end('timeout')) return;
     this.#instruments.timeouts.labels(kind).inc();
+  }
+
+  /** The gateway gave up on a client that did not read: `buffer` (MAX_STREAM_BUFFER_BYTES) or `stall` (CLIENT_STALL_TIMEOUT_MS). */
+  slowClient(cause: string): void {
+    if (!this.#end('slow_client')) return;
+    this.#instruments.slowClients.labels(cause).inc();
   }
 
   /** The request ended in an error other than a timeout, with this code (`worker_lost`, `stream_interrupted`, ...). */

@@ -1,7 +1,7 @@
 import type { ServerResponse } from 'node:http';
 import { RESPONSE_ALREADY_SENT } from '@hono/node-server/utils/response';
 import type { TokenLogprobWire } from '@sluice/protocol';
-import { fromWireError, toSseErrorFrames, type GatewayError } from '../errors.js';
+import { fromWireError, GatewayError, toSseErrorFrames } from '../errors.js';
 import type { SessionEvent } from '../request-session.js';
 import { SseWriter, type HeartbeatTicker } from '../sse-writer.js';
 import { errorEnd, errorResponse, Outcome, paramRenamer, type ResponderContext } from './responder-context.js';
@@ -11,7 +11,20 @@ export interface StreamResponderOptions {
   headersWaitMs: number;
   /** Deltas within this window are written as one chunk (0: each as it comes). */
   streamIntervalMs: number;
+  /**
+   * Most bytes a stream may hold for a client that does not read (coalesced text + the socket's
+   * buffer); beyond, the stream ends as `slow_client`. 0: no bound.
+   */
+  maxBufferBytes?: number;
+  /** The stream gave up on its client (too slow): stop or detach its work, as when a client leaves. */
+  onGiveUp?: () => void;
 }
+
+/** How long a given-up stream's last bytes may take to leave before its socket is closed. */
+const GIVE_UP_CLOSE_MS = 1_000;
+
+/** Rough JSON size of one logprob entry beyond its token text (numbers, keys, bytes array). */
+const LOGPROB_OVERHEAD_BYTES = 64;
 
 interface PendingText {
   text: string;
@@ -37,6 +50,8 @@ export class StreamResponder {
   private lastFlushAt = 0;
   /** Tokens of the coalesced text not yet written. */
   private pendingTokens = 0;
+  /** Approximate bytes of the coalesced text and logprobs not yet written (the buffer bound). */
+  private pendingBytes = 0;
   /** The latest choice's finish reason (with n > 1, the last choice to finish decides). */
   private finishReason: 'stop' | 'length' | 'abort' = 'stop';
   /**
@@ -52,6 +67,10 @@ export class StreamResponder {
     private readonly options: StreamResponderOptions,
   ) {
     this.writer = new SseWriter(res, heartbeats, ctx.hooks.sseWritten);
+    // Backpressure: a socket that does not drain gets coalesced deltas, written at its next drain; one
+    // that stalls past the stall timeout (HeartbeatTicker) or the buffer bound is given up on.
+    this.writer.onDrain = () => this.flushAll();
+    this.writer.onStall = () => this.giveUp('stall');
     this.outcome = new Outcome(ctx);
     this.reply = new Promise((resolve) => (this.resolveReply = resolve));
   }
@@ -168,7 +187,8 @@ export class StreamResponder {
   private text(index: number, text: string, logprobs: TokenLogprobWire[] | undefined, tokens: number): void {
     const now = Date.now();
     const interval = this.options.streamIntervalMs;
-    if (interval === 0 || (this.flushTimer === undefined && now - this.lastFlushAt >= interval)) {
+    const congested = this.writer.congested;
+    if (!congested && (interval === 0 || (this.flushTimer === undefined && now - this.lastFlushAt >= interval))) {
       this.writer.frames(this.idLine() + this.ctx.format.deltaChunk(index, text, logprobs));
       this.ctx.observer.contentWritten(tokens);
       this.lastFlushAt = now;
@@ -176,6 +196,7 @@ export class StreamResponder {
     }
     // Coalesced text counts when it is written (flushAll/flushChoice).
     this.pendingTokens += tokens;
+    this.pendingBytes += text.length + (logprobs === undefined ? 0 : logprobs.reduce((sum, lp) => sum + logprobBytes(lp), 0));
     const pending = this.pendingText.get(index);
     if (pending === undefined) {
       this.pendingText.set(index, { text, logprobs: logprobs === undefined ? undefined : [...logprobs] });
@@ -183,10 +204,43 @@ export class StreamResponder {
       pending.text += text;
       if (logprobs !== undefined) (pending.logprobs ??= []).push(...logprobs);
     }
+    const maxBytes = this.options.maxBufferBytes ?? 0;
+    if (maxBytes > 0 && this.pendingBytes + this.writer.buffered > maxBytes) {
+      this.giveUp('buffer');
+      return;
+    }
+    // A congested socket is written at its next drain; a timer would only find it congested still.
+    if (congested) return;
     this.flushTimer ??= setTimeout(() => {
       this.flushTimer = undefined;
-      this.flushAll();
+      if (!this.writer.congested) this.flushAll();
     }, this.lastFlushAt + interval - now);
+  }
+
+  /**
+   * The client does not read: its stream ends (an error frame it may never see, then the socket
+   * closes), its coalesced text is dropped, and its work stops (or detaches, within a resume grace).
+   */
+  private giveUp(cause: 'buffer' | 'stall'): void {
+    if (this.phase !== 'streaming') return;
+    this.phase = 'done';
+    this.clearTimers();
+    this.pendingText.clear();
+    this.pendingBytes = 0;
+    this.pendingTokens = 0;
+    const error = new GatewayError('client_too_slow', {
+      message: cause === 'stall' ? 'The client read nothing for too long.' : 'The client read too slowly: its stream buffer is full.',
+    });
+    this.writer.endWith(toSseErrorFrames(error));
+    // Bytes the client is not reading stay bounded: the socket closes if they do not go out soon.
+    const res = this.writer.res;
+    if (!res.writableFinished) {
+      const timer = setTimeout(() => res.destroy(), GIVE_UP_CLOSE_MS);
+      timer.unref();
+      res.once('finish', () => clearTimeout(timer));
+    }
+    this.outcome.report({ outcome: 'slow_client', cause }, 200);
+    this.options.onGiveUp?.();
   }
 
   private flushAll(): void {
@@ -199,6 +253,7 @@ export class StreamResponder {
       frames += ++i === count ? this.idLine() + chunk : chunk;
     }
     this.pendingText.clear();
+    this.pendingBytes = 0;
     this.writer.frames(frames, count);
     this.lastFlushAt = Date.now();
     this.notePendingWritten();
@@ -215,4 +270,10 @@ export class StreamResponder {
     clearTimeout(this.flushTimer);
     this.flushTimer = undefined;
   }
+}
+
+function logprobBytes(lp: TokenLogprobWire): number {
+  let bytes = lp.token.length + LOGPROB_OVERHEAD_BYTES;
+  for (const top of lp.top ?? []) bytes += top.token.length + LOGPROB_OVERHEAD_BYTES;
+  return bytes;
 }

@@ -79,6 +79,11 @@ export function generateHandler(deps: AppDeps, endpoint: Endpoint) {
       ? new StreamResponder(ctx, res, heartbeats, {
           headersWaitMs: config.headersWaitMs,
           streamIntervalMs: config.streamIntervalMs,
+          maxBufferBytes: config.maxStreamBufferBytes,
+          // A client that does not read is treated as one that left.
+          onGiveUp: () => {
+            for (const session of opened) sessions.clientLeft(session);
+          },
         })
       : new CompleteResponder(ctx);
     if (responder instanceof StreamResponder) responderUsage = () => responder.usage;

@@ -81,7 +81,12 @@ export function resumeHandler(deps: AppDeps, endpoint: Endpoint) {
       observer: noObserver(),
     };
     const res = c.env.outgoing;
-    const responder = new StreamResponder(ctx, res, heartbeats, { headersWaitMs: 0, streamIntervalMs: config.streamIntervalMs });
+    const responder: StreamResponder = new StreamResponder(ctx, res, heartbeats, {
+      headersWaitMs: 0,
+      streamIntervalMs: config.streamIntervalMs,
+      maxBufferBytes: config.maxStreamBufferBytes,
+      onGiveUp: () => sessions.clientLeft(session),
+    });
     const session = sessions.open(jobId, meta.deadlineAt, (event) => responder.handle(event), {
       nextSeq: cursor + 1,
       graceMs: meta.graceMs,

@@ -70,7 +70,7 @@ export async function startAppHarness(env: Record<string, string> = {}, options:
     logger,
     (gap) => hooks.streamGap?.(gap),
   );
-  const heartbeats = new HeartbeatTicker(config.heartbeatMs);
+  const heartbeats = new HeartbeatTicker(config.heartbeatMs, config.clientStallTimeoutMs);
   const app = createApp({
     config,
     logger,
