@@ -64,6 +64,8 @@ interface PendingAppend {
   /** seq, json, seq, json, ... (the script's argument tail). */
   pairs: string[];
   workerId: string;
+  /** The request's last entry is among them (finish, error, rejected): its log's TTL is the retention. */
+  final: boolean;
 }
 
 /**
@@ -128,6 +130,10 @@ export class StepRouter {
         this.logger.error({ err: error, requestId }, 'routing an engine event failed');
       }
     }
+    // The step is whole once routed: it leaves now, not an event-loop turn later (that turn sat in
+    // every token's latency). Entries pushed outside a step (accepted, errors) still wait for the
+    // next turn, so that a burst of them shares one pipeline.
+    if (this.#scheduled) this.#flush();
   };
 
   /** Numbers an entry and queues it for this step's pipeline. */
@@ -141,10 +147,12 @@ export class StepRouter {
         route,
         pairs: [String(seq), json],
         workerId: draft.type === 'accepted' ? draft.workerId : '',
+        final: isFinal(draft),
       });
     } else {
       log.pairs.push(String(seq), json);
       if (draft.type === 'accepted') log.workerId = draft.workerId;
+      if (isFinal(draft)) log.final = true;
     }
     if (route.channel !== null) {
       const entries = this.#channels.get(route.channel);
@@ -243,10 +251,10 @@ export class StepRouter {
     const now = Date.now();
     const appended: Route[] = [];
     let firsts: RouteTiming[] | undefined;
-    for (const [requestId, { route, pairs, workerId: accepting }] of logs) {
+    for (const [requestId, { route, pairs, workerId: accepting, final }] of logs) {
       if (route.timing?.firstStepAt !== undefined && route.timing.publishedAt === undefined) (firsts ??= []).push(route.timing);
       // The TTL starts when the request ends; until then it only bounds a request nobody finishes.
-      const ttlMs = route.ended ? retentionMs : Math.max(0, route.deadlineAt - now) + retentionMs;
+      const ttlMs = route.ended || final ? retentionMs : Math.max(0, route.deadlineAt - now) + retentionMs;
       pipeline.appendLog(names.metaKey(requestId), names.logKey(requestId), route.attempt, maxLogEntries, ttlMs, accepting, ...pairs);
       appended.push(route);
     }
@@ -313,6 +321,10 @@ export class StepRouter {
       .catch((error: unknown) => this.logger.warn({ err: error, channel }, 'checking a gateway failed'))
       .finally(() => this.#checking.delete(channel));
   }
+}
+
+function isFinal(draft: EntryDraft): boolean {
+  return draft.type === 'finish' || draft.type === 'error' || draft.type === 'rejected';
 }
 
 function epochMs(): number {
