@@ -53,6 +53,8 @@ export const gatewayEnvSchema = z.object({
   RESUME_GRACE_MS: int(0).default(0),
   /** Cap on a request's `resume_grace_ms` (larger values are lowered to it). @defaultValue 600000 */
   MAX_RESUME_GRACE_MS: int(0).default(600_000),
+  /** How many times a stream may move to another worker after its worker was lost (then: `worker_lost`). @defaultValue 3 */
+  MAX_MIGRATIONS: int(0).default(3),
   /** pino log level. @defaultValue info */
   LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
   /** Access control, input ceilings, connection limits: auth/access-config.ts. */
@@ -83,6 +85,7 @@ export interface GatewayConfig {
   streamRetentionMs: number;
   resumeGraceMs: number;
   maxResumeGraceMs: number;
+  maxMigrations: number;
   logLevel: GatewayEnv['LOG_LEVEL'];
   access: AccessConfig;
 }
@@ -123,6 +126,7 @@ export function loadGatewayConfig(env: NodeJS.ProcessEnv = process.env): Gateway
     streamRetentionMs: e.STREAM_RETENTION_MS,
     resumeGraceMs: e.RESUME_GRACE_MS,
     maxResumeGraceMs: e.MAX_RESUME_GRACE_MS,
+    maxMigrations: e.MAX_MIGRATIONS,
     logLevel: e.LOG_LEVEL,
     access: toAccessConfig(e),
   };

@@ -17,6 +17,9 @@ export function createGatewayObserver(metrics: GatewayMetrics, logger: Logger): 
     sseWritten: metrics.sseWritten,
     streamGap: () => metrics.streamGaps.inc(),
     streamResumed: () => metrics.streamResumes.inc(),
+    streamMigrated: (byThisGateway) => {
+      if (byThisGateway) metrics.streamMigrations.inc();
+    },
     requestStarted({ requestId, jobId, endpoint, model, stream, receivedAt }): RequestObserver {
       const tracker = metrics.trackRequest({ stream, receivedAt });
       const log = logger.child({ requestId, jobId });

@@ -64,7 +64,7 @@ export async function startGateway(config: GatewayConfig, logger: Logger, option
 
   const queue = new Queue(GENERATE_QUEUE, { connection: queueConnection, prefix: names.bullPrefix });
   queue.on('error', (err: Error) => logger.warn({ err: err.message }, 'queue error'));
-  const jobs = new RedisJobQueue(queue, redis, names, channel, config.streamRetentionMs, logger);
+  const jobs = new RedisJobQueue(queue, redis, names, channel, config.streamRetentionMs, config.maxMigrations, logger);
   const log = new RedisTokenLog(redis, names);
   const sessions = new SessionManager(
     { queueTimeoutMs: config.queueTimeoutMs, idleTimeoutMs: config.idleTimeoutMs },
@@ -72,6 +72,7 @@ export async function startGateway(config: GatewayConfig, logger: Logger, option
     log,
     logger,
     (gap) => hooks.streamGap?.(gap),
+    (byThisGateway) => hooks.streamMigrated?.(byThisGateway),
   );
   // A subscriber that reconnected missed what was published meanwhile: the token logs have it.
   const relay = new Relay(subscriber, channel, (message) => sessions.dispatch(message), () => sessions.repairAll(), logger);

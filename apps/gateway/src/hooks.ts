@@ -54,6 +54,8 @@ export interface GatewayHooks {
    * it to counter increments.
    */
   sseWritten?(kind: SseFrameKind, bytes: number, frames: number): void;
+  /** A stream's worker was lost and the request moved to another worker (`byThisGateway`: this gateway moved it). */
+  streamMigrated?(byThisGateway: boolean): void;
   /** A client resumed a stream here (`GET .../{id}?stream=true`). */
   streamResumed?(): void;
   /** Entries of a request were lost between worker and gateway (a sequence gap, repaired from the token log). */

@@ -3,6 +3,8 @@ import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
 import {
   APPEND_LOG_SCRIPT,
+  attemptJobId,
+  MIGRATE_SCRIPT,
   encodeControlMessage,
   encodeGatewayMessage,
   type GatewayEntry,
@@ -41,6 +43,16 @@ function markerTtlMs(deadlineAt: number): number {
   return Math.min(MARKER_TTL_MS, Math.max(0, deadlineAt - Date.now()) + 1_000);
 }
 
+/** What {@link WorkCanceller.migrate} did: moved to `attempt`, or why not. */
+export type MigrationResult =
+  | { outcome: 'migrated'; attempt: number }
+  /** Someone else moved it already (or its worker is not the lost one): `attempt` is the current one. */
+  | { outcome: 'moved'; attempt: number }
+  /** It used up MAX_MIGRATIONS. */
+  | { outcome: 'exhausted' }
+  /** Nothing is left to continue it from (its meta or its job is gone). */
+  | { outcome: 'gone' };
+
 /**
  * The gateway's side of the BullMQ queue: enqueues jobs and cancels them. A cancel removes the job
  * while it still waits, and always sets a cancel marker (for a worker that takes the job later) and
@@ -58,9 +70,12 @@ export class RedisJobQueue implements JobSubmitter, WorkCanceller {
     private readonly channel: string,
     /** How long a request's meta and log outlive its deadline at most. */
     private readonly retentionMs: number,
+    /** How many times a request may move to another worker after its worker was lost. */
+    private readonly maxMigrations: number,
     private readonly logger: Logger,
   ) {
     redis.defineCommand('routeRequest', { numberOfKeys: 1, lua: ROUTE_SCRIPT });
+    redis.defineCommand('migrateRequest', { numberOfKeys: 1, lua: MIGRATE_SCRIPT });
     redis.defineCommand('appendLog', { numberOfKeys: 2, lua: APPEND_LOG_SCRIPT });
   }
 
@@ -124,6 +139,24 @@ export class RedisJobQueue implements JobSubmitter, WorkCanceller {
     (this.redis.routeRequest?.(this.names.metaKey(requestId), '', this.channel, now) ?? Promise.resolve(0))
       .then(() => this.redis.publish(this.names.controlChannel, encodeControlMessage({ type: 'route', requestId, channel: null, from: this.channel })))
       .catch((error: unknown) => this.logger.warn({ err: error, requestId }, 'detaching a request failed'));
+  }
+
+  /**
+   * The request's worker was lost: fence its attempt out of the log and enqueue a continuation (at
+   * the front of the queue) that goes on from the token ids in the log. Exactly one caller wins.
+   */
+  async migrate(requestId: string, attempt: number, lostWorkerId: string): Promise<MigrationResult> {
+    const redis = this.redis as Redis & { migrateRequest(...args: Array<string | number>): Promise<[number, number]> };
+    const [code, current] = await redis.migrateRequest(this.names.metaKey(requestId), attempt, lostWorkerId, this.maxMigrations, this.channel);
+    if (code === 0) return { outcome: 'moved', attempt: current };
+    if (code !== 1) return { outcome: code === 2 ? 'exhausted' : 'gone' };
+    // The lost attempt's job is still in BullMQ (active, its lock held by the dead worker): its data
+    // is the request's.
+    const previous = await this.queue.getJob(attemptJobId(requestId, attempt));
+    if (previous === undefined) return { outcome: 'gone' };
+    const job: GenerateJob = { ...(previous.data as GenerateJob), channel: this.channel, continuation: { attempt: current } };
+    await this.queue.add(GENERATE_JOB, job, { jobId: attemptJobId(requestId, current), lifo: true, removeOnComplete: true, removeOnFail: true, attempts: 1 });
+    return { outcome: 'migrated', attempt: current };
   }
 
   /**

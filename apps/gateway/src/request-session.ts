@@ -17,6 +17,8 @@ export class RequestSession {
   nextSeq = 0;
   /** The attempt (worker epoch) whose entries count; older ones are fenced out. */
   attempt = 1;
+  /** Its worker was lost and the move to a new attempt is being decided: live entries are dropped. */
+  migrating = false;
   /** A read of the token log is under way: live entries only note how far the stream got. */
   repairing = false;
   /** Highest sequence number seen live while a repair ran (or that revealed a gap). */

@@ -2,6 +2,7 @@ import type { CancelReason, GatewayEntry, GatewayMessage } from '@sluice/protoco
 import type { Logger } from 'pino';
 import { GatewayError } from './errors.js';
 import { RequestSession, type SessionEvent } from './request-session.js';
+import type { MigrationResult } from './job-queue.js';
 import type { TokenLog } from './token-log-reader.js';
 
 /** Stops the work of a request that nobody waits for any more, or lets it outlive its client. */
@@ -9,6 +10,8 @@ export interface WorkCanceller {
   cancel(session: RequestSession, reason: CancelReason, wasQueued: boolean): void;
   /** The client left with a resume grace: the request goes on into its log until resumed or the grace ends. */
   detach(session: RequestSession): void;
+  /** The request's worker was lost: continue it on another worker from its log. */
+  migrate(requestId: string, attempt: number, lostWorkerId: string): Promise<MigrationResult>;
 }
 
 export interface SessionManagerOptions {
@@ -42,6 +45,8 @@ export class SessionManager {
     private readonly logger: Logger,
     /** Told of every sequence gap (metrics). */
     private readonly onGap: (info: { requestId: string; expected: number; got: number }) => void = () => {},
+    /** Told of every stream moved to another worker (metrics): `true` when this gateway moved it. */
+    private readonly onMigrated: (byThisGateway: boolean) => void = () => {},
   ) {
     const sweepMs = Math.max(10, Math.min(500, Math.floor(Math.min(options.queueTimeoutMs, options.idleTimeoutMs) / 10)));
     this.sweepTimer = setInterval(() => this.sweep(Date.now()), sweepMs);
@@ -137,8 +142,9 @@ export class SessionManager {
   }
 
   private deliver(session: RequestSession, entry: GatewayEntry, fromLog: boolean): void {
-    // Entries of a superseded attempt (a worker taken for dead that came back) are fenced out.
-    if ((entry.attempt ?? 1) < session.attempt) return;
+    // Live entries of a superseded attempt (a worker taken for dead that came back) are fenced out;
+    // the log holds only what each attempt wrote while it was current.
+    if (!fromLog && ((entry.attempt ?? 1) < session.attempt || session.migrating)) return;
     if (!fromLog && session.repairing) {
       session.seenSeq = Math.max(session.seenSeq, entry.seq);
       return;
@@ -217,7 +223,10 @@ export class SessionManager {
     for (const session of [...this.sessions.values()]) this.fail(session, error, reason);
   }
 
-  /** Fails the streams of workers missing from a registry snapshot taken after they accepted. */
+  /**
+   * Moves the streams of workers missing from a registry snapshot taken after they accepted to
+   * another worker: the client sees a pause, then the rest of the same answer.
+   */
   failLostWorkers(liveWorkerIds: ReadonlySet<string>, snapshotAt: number): void {
     for (const session of [...this.sessions.values()]) {
       if (
@@ -226,10 +235,40 @@ export class SessionManager {
         session.acceptedAt < snapshotAt &&
         !liveWorkerIds.has(session.workerId)
       ) {
-        this.logger.warn({ requestId: session.requestId, workerId: session.workerId }, 'worker stopped heartbeating');
-        this.fail(session, new GatewayError('worker_lost'), 'stream_failed');
+        this.logger.warn({ requestId: session.requestId, workerId: session.workerId, attempt: session.attempt }, 'worker stopped heartbeating: migrating');
+        this.migrate(session, session.workerId);
       }
     }
+  }
+
+  /**
+   * While the move is decided, live entries are dropped (a worker that merely looked dead may still
+   * publish); then the session takes the new attempt and reads the log, which holds every entry the
+   * old attempt wrote before it was fenced out.
+   */
+  private migrate(session: RequestSession, lostWorkerId: string): void {
+    session.workerId = undefined;
+    session.migrating = true;
+    this.canceller.migrate(session.requestId, session.attempt, lostWorkerId).then(
+      (result) => {
+        session.migrating = false;
+        if (session.state === 'closed') return;
+        if (result.outcome === 'exhausted' || result.outcome === 'gone') {
+          this.logger.warn({ requestId: session.requestId, outcome: result.outcome }, 'cannot migrate the request');
+          this.fail(session, new GatewayError('worker_lost'), 'stream_failed');
+          return;
+        }
+        session.attempt = result.attempt;
+        session.lastEventAt = Date.now();
+        this.onMigrated(result.outcome === 'migrated');
+        this.repair(session);
+      },
+      (error: unknown) => {
+        session.migrating = false;
+        this.logger.warn({ err: error, requestId: session.requestId }, 'migrating a request failed');
+        this.fail(session, new GatewayError('worker_lost'), 'stream_failed');
+      },
+    );
   }
 
   /** Resolves once no session is open (graceful drain). */

@@ -3,6 +3,7 @@ import { describe, expect, it } from 'vitest';
 import type { CancelReason, GatewayEntry } from '@sluice/protocol';
 import type { SessionEvent } from '../src/request-session.js';
 import { SessionManager } from '../src/session-manager.js';
+import type { MigrationResult } from '../src/job-queue.js';
 import type { TokenLog } from '../src/token-log-reader.js';
 
 /** The token logs as the sessions see them: entries by request, in memory. */
@@ -24,12 +25,18 @@ function memoryLog() {
 function setup() {
   const cancels: Array<{ requestId: string; reason: CancelReason; wasQueued: boolean }> = [];
   const detached: string[] = [];
+  const migrations: Array<{ requestId: string; attempt: number; lostWorkerId: string }> = [];
+  let migration: MigrationResult = { outcome: 'exhausted' };
   const { log, logs, reads } = memoryLog();
   const manager = new SessionManager(
     { queueTimeoutMs: 1_000, idleTimeoutMs: 500 },
     {
       cancel: (session, reason, wasQueued) => cancels.push({ requestId: session.requestId, reason, wasQueued }),
       detach: (session) => detached.push(session.requestId),
+      migrate: async (requestId, attempt, lostWorkerId) => {
+        migrations.push({ requestId, attempt, lostWorkerId });
+        return migration;
+      },
     },
     log,
     pino({ level: 'silent' }),
@@ -39,6 +46,8 @@ function setup() {
     manager,
     cancels,
     detached,
+    migrations,
+    willMigrate: (result: MigrationResult) => (migration = result),
     events,
     logs,
     reads,
@@ -206,15 +215,39 @@ describe('SessionManager', () => {
     manager.close();
   });
 
-  it('fails the sessions of a worker missing from a registry snapshot taken after it accepted', () => {
-    const { manager, events, open } = setup();
+  it('moves the sessions of a worker missing from a registry snapshot taken after it accepted to a new attempt', async () => {
+    const { manager, events, logs, migrations, willMigrate, open } = setup();
     open('a');
     manager.dispatch({ workerId: 'w', entries: [{ requestId: 'a', seq: 0, type: 'accepted', workerId: 'w1', promptTokens: 1 }] });
     const acceptedAt = Date.now();
     // A snapshot older than the accept says nothing about this worker.
     manager.failLostWorkers(new Set(), acceptedAt - 10);
-    expect(events.filter((e) => e.type === 'failed')).toEqual([]);
+    expect(migrations).toEqual([]);
+    willMigrate({ outcome: 'migrated', attempt: 2 });
+    // What the lost worker logged before it was fenced out, then the continuation's first entries.
+    logs.set('a', [
+      { requestId: 'a', seq: 0, type: 'accepted', workerId: 'w1', promptTokens: 1 },
+      { requestId: 'a', seq: 1, type: 'text-delta', index: 0, text: 'x', tokens: 1 },
+    ]);
     manager.failLostWorkers(new Set(['w2']), acceptedAt + 1);
+    expect(migrations).toEqual([{ requestId: 'a', attempt: 1, lostWorkerId: 'w1' }]);
+    // The lost worker, only frozen, publishes again: fenced out, live and while the move is decided.
+    manager.dispatch({ workerId: 'w1', entries: [{ requestId: 'a', seq: 2, type: 'text-delta', index: 0, text: 'stale', tokens: 1 }] });
+    await tick();
+    await tick();
+    manager.dispatch({ workerId: 'w1', entries: [{ requestId: 'a', seq: 2, type: 'text-delta', index: 0, text: 'stale', tokens: 1 }] });
+    manager.dispatch({ workerId: 'w2', entries: [{ requestId: 'a', seq: 2, attempt: 2, type: 'accepted', workerId: 'w2', promptTokens: 1, continued: true }] });
+    manager.dispatch({ workerId: 'w2', entries: [{ requestId: 'a', seq: 3, attempt: 2, type: 'text-delta', index: 0, text: 'y', tokens: 1 }] });
+    expect(events.map((e) => (e.type === 'text-delta' ? e.text : e.type))).toEqual(['accepted', 'x', 'accepted', 'y']);
+    manager.close();
+  });
+
+  it('ends a stream with worker_lost once it used up its migrations', async () => {
+    const { manager, events, open } = setup();
+    open('a');
+    manager.dispatch({ workerId: 'w', entries: [{ requestId: 'a', seq: 0, type: 'accepted', workerId: 'w1', promptTokens: 1 }] });
+    manager.failLostWorkers(new Set(), Date.now() + 1);
+    await tick();
     expect(events.at(-1)).toMatchObject({ type: 'failed', error: { code: 'worker_lost' } });
     manager.close();
   });

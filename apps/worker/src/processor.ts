@@ -1,9 +1,13 @@
+import { randomInt } from 'node:crypto';
 import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
 import type { Engine, EngineErrorCode, EngineEvent, SamplingParams } from '@sluice/engine';
 import { decodeRequestMeta, generateJobSchema, type GenerateJob, type RedisNames, type WireError } from '@sluice/protocol';
 import type { ControlListener } from './control-listener.js';
 import { REDIS_UNAVAILABLE, type Route, type RouteTiming, type StepRouter } from './step-router.js';
+import { readLog } from './token-log-state.js';
+
+type FinishEvent = Extract<EngineEvent, { type: 'finish' }>;
 
 /** The reason a drain passes to `abort()`: the client gets `worker_shutdown` instead of silence. */
 export const SHUTDOWN_REASON = 'worker_shutdown';
@@ -118,10 +122,10 @@ export class JobProcessor {
   constructor(private readonly deps: ProcessorDeps) {}
 
   /**
-   * @param attempt BullMQ's `attemptsStarted`: 1 for the first run; more when the job was recovered
-   *   after its worker died (stalled), and its client may already hold part of an answer.
+   * @param bullAttempt BullMQ's `attemptsStarted`: 1 for the first run; more when BullMQ recovered
+   *   the job after its worker died (stalled), and its client may already hold part of an answer.
    */
-  async process(data: unknown, attempt: number, bullSignal?: AbortSignal): Promise<void> {
+  async process(data: unknown, bullAttempt: number, bullSignal?: AbortSignal): Promise<void> {
     const parsed = generateJobSchema.safeParse(data);
     if (!parsed.success) {
       this.deps.logger.error({ issues: parsed.error.issues.slice(0, 3) }, 'malformed job dropped');
@@ -137,22 +141,34 @@ export class JobProcessor {
     this.deps.controls.register(job.requestId, controller);
     let finished!: () => void;
     const done = new Promise<void>((resolve) => (finished = resolve));
+    // A continuation's choices run as one engine request each; the request ends when all have.
+    const parts = { left: 1, completionTokens: 0, error: undefined as FinishEvent['error'] };
     const route = this.deps.router.open({
       requestId: job.requestId,
       channel: job.channel,
-      attempt: 1,
+      attempt: job.continuation?.attempt ?? 1,
       deadlineAt: job.deadlineAt,
       graceMs: job.resumeGraceMs,
       nextSeq: 0,
       timing,
       abort: (reason) => controller.abort(reason),
       onFinish: (event) => {
-        this.finish(route, event, controller.signal, log, timing);
+        parts.completionTokens += event.usage.completionTokens;
+        parts.error ??= event.error;
+        if (--parts.left > 0) return;
+        const whole: FinishEvent = { ...event, usage: { promptTokens: event.usage.promptTokens, completionTokens: parts.completionTokens } };
+        if (parts.error !== undefined) whole.error = parts.error;
+        this.finish(route, whole, controller.signal, log, timing);
         finished();
       },
     });
     try {
-      if (await this.start(job, attempt, route, controller.signal, log, timing)) await done;
+      const started = await this.start(job, bullAttempt, route, controller.signal, log, timing);
+      if (started !== false) {
+        parts.left = started.parts;
+        parts.completionTokens = started.priorTokens;
+        await done;
+      }
     } catch (error) {
       log.error({ err: error }, 'job failed');
       this.deps.router.push(route, { type: 'error', error: { code: 'internal', message: 'The worker failed.', param: null } });
@@ -164,23 +180,28 @@ export class JobProcessor {
     }
   }
 
-  /** Validates and submits the request; false when it never reached the engine. */
-  private async start(job: GenerateJob, attempt: number, route: Route, signal: AbortSignal, logger: Logger, timing: ProcessTiming): Promise<boolean> {
+  /**
+   * Validates and submits the request: false when it never reached the engine, else how many engine
+   * requests it became and the completion tokens of choices a lost worker already finished.
+   */
+  private async start(
+    job: GenerateJob,
+    bullAttempt: number,
+    route: Route,
+    signal: AbortSignal,
+    logger: Logger,
+    timing: ProcessTiming,
+  ): Promise<false | { parts: number; priorTokens: number }> {
     const { redis, names, engine, router } = this.deps;
     if (signal.aborted || Date.now() >= job.deadlineAt) return this.skip(logger);
-    if (attempt > 1) {
-      this.counters.skipped++;
-      // A retry (stalled-job recovery): the first attempt may have streamed tokens already.
-      logger.warn('job retried after a worker was lost: failing its stream');
-      router.push(route, { type: 'error', error: { code: 'worker_lost', message: 'The worker serving the request stopped.', param: null } });
-      return false;
-    }
 
     logger.debug({ pickupMs: Date.now() - job.enqueuedAt }, 'job started');
-    // The cancel marker (a client that left while the job waited) and the request's route (a client
-    // that left with a grace, or resumed elsewhere) are read while the prompt is prepared, and checked
-    // before the engine sees the request.
-    const state = redis.multi().exists(names.cancelMarkerKey(job.requestId)).hgetall(names.metaKey(job.requestId)).exec();
+    // The cancel marker (a client that left while the job waited), the request's meta (its route,
+    // its attempt) and, for a continuation, its log are read while the prompt is prepared, and
+    // checked before the engine sees the request.
+    const reads = redis.multi().exists(names.cancelMarkerKey(job.requestId)).hgetall(names.metaKey(job.requestId));
+    if (job.continuation !== undefined) reads.xrange(names.logKey(job.requestId), '-', '+');
+    const state = reads.exec();
     state.catch(() => undefined);
     const promptTokenIds = this.encode(job);
     if (!Array.isArray(promptTokenIds)) return this.reject(route, promptTokenIds, logger);
@@ -212,10 +233,23 @@ export class JobProcessor {
       );
     }
 
-    const [[, cancelled], [, rawMeta]] = ((await state) ?? [[null, 0], [null, {}]]) as [[unknown, number], [unknown, Record<string, string>]];
+    const replies = ((await state) ?? []) as Array<[unknown, unknown]>;
     timing.checkedAt = epochMs();
-    if (cancelled === 1 || signal.aborted) return this.skip(logger);
-    const meta = decodeRequestMeta(rawMeta ?? {});
+    const cancelled = replies[0]?.[1] === 1;
+    const meta = decodeRequestMeta((replies[1]?.[1] as Record<string, string> | undefined) ?? {});
+    if (cancelled || signal.aborted) return this.skip(logger);
+    if (meta !== undefined && meta.attempt > route.attempt) {
+      // A newer attempt (a continuation elsewhere) owns the request: this job was superseded.
+      return this.skip(logger, 'superseded');
+    }
+    if (bullAttempt > 1 && job.continuation === undefined) {
+      this.counters.skipped++;
+      // BullMQ recovered the job after its worker died, and no gateway moved it on: the first attempt
+      // may have streamed tokens already, so the stream fails instead of restarting.
+      logger.warn('job retried after a worker was lost: failing its stream');
+      router.push(route, { type: 'error', error: { code: 'worker_lost', message: 'The worker serving the request stopped.', param: null } });
+      return false;
+    }
     if (meta !== undefined) {
       route.channel = meta.channel === '' ? null : meta.channel;
       // Its client left while it waited: it runs only for what is left of its grace.
@@ -229,23 +263,63 @@ export class JobProcessor {
     const sampling = Object.fromEntries(
       Object.entries({ ...job.sampling, maxTokens }).filter(([, value]) => value !== undefined),
     ) as SamplingParams;
+    const accepted = { type: 'accepted' as const, workerId: this.deps.workerId, promptTokens: promptTokenIds.length };
+
+    if (job.continuation !== undefined) {
+      if (meta === undefined) return this.skip(logger, 'log lost');
+      const log = readLog(replies[2]?.[1] as Array<[string, string[]]> | undefined, sampling.n ?? 1);
+      if (log.ended) return this.skip(logger, 'already ended');
+      route.nextSeq = log.lastSeq + 1;
+      const seed = log.seed ?? sampling.seed;
+      const open = log.choices.flatMap((choice, index) => (choice.ended ? [] : [index]));
+      try {
+        for (const index of open) {
+          const partId = `${job.requestId}#${index}`;
+          router.alias(route, partId);
+          engine.submit(
+            {
+              id: partId,
+              promptTokenIds,
+              sampling: { ...sampling, n: 1, ...(seed === undefined ? {} : { seed }) },
+              continuation: { choiceIndex: index, generatedTokenIds: log.choices[index]!.tokenIds },
+            },
+            signal,
+          );
+        }
+      } catch (error) {
+        if (isEngineError(error)) return this.reject(route, toWireError(error.code, error.message), logger);
+        throw error;
+      }
+      timing.submittedAt = epochMs();
+      logger.info({ attempt: route.attempt, fromSeq: route.nextSeq, choices: open.length }, 'continuing a request of a lost worker');
+      router.push(route, { ...accepted, ...(seed === undefined ? {} : { seed }), continued: true });
+      this.running(route, signal);
+      const priorTokens = log.choices.reduce((sum, choice) => sum + (choice.ended ? choice.tokenIds.length : 0), 0);
+      return { parts: open.length, priorTokens };
+    }
+
+    // Every sampled request runs with a seed, so that a continuation elsewhere draws the same numbers.
+    const seed = sampling.seed ?? randomInt(2 ** 31);
     try {
-      engine.submit({ id: job.requestId, promptTokenIds, sampling }, signal);
+      engine.submit({ id: job.requestId, promptTokenIds, sampling: { ...sampling, seed } }, signal);
     } catch (error) {
       if (isEngineError(error)) return this.reject(route, toWireError(error.code, error.message), logger);
       throw error;
     }
     timing.submittedAt = epochMs();
-    router.push(route, { type: 'accepted', workerId: this.deps.workerId, promptTokens: promptTokenIds.length });
+    router.push(route, { ...accepted, seed });
+    this.running(route, signal);
+    return { parts: 1, priorTokens: 0 };
+  }
+
+  private running(route: Route, signal: AbortSignal): void {
     this.counters.running++;
     route.startedAt = performance.now();
-    const onCancel = () => (route.cancelledAt = performance.now());
-    signal.addEventListener('abort', onCancel, { once: true });
-    return true;
+    signal.addEventListener('abort', () => (route.cancelledAt = performance.now()), { once: true });
   }
 
   /** The engine's finish event: metrics, the log line, and the request's last entry. */
-  private finish(route: Route, event: Extract<EngineEvent, { type: 'finish' }>, signal: AbortSignal, logger: Logger, timing: ProcessTiming): void {
+  private finish(route: Route, event: FinishEvent, signal: AbortSignal, logger: Logger, timing: ProcessTiming): void {
     this.counters.running--;
     if (route.cancelledAt !== undefined) {
       this.counters.lastCancel = { requestId: route.requestId, ms: Math.round(performance.now() - route.cancelledAt) };
@@ -281,9 +355,9 @@ export class JobProcessor {
     }
   }
 
-  private skip(logger: Logger): false {
+  private skip(logger: Logger, why = 'cancelled or expired'): false {
     this.counters.skipped++;
-    logger.info({ outcome: 'skipped' }, 'skipped a cancelled or expired job');
+    logger.info({ outcome: 'skipped', why }, 'skipped a job');
     return false;
   }
 

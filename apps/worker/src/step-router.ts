@@ -44,6 +44,8 @@ export interface Route {
   held: Array<{ tokens: number; ids: number[] } | undefined>;
   graceTimer: NodeJS.Timeout | undefined;
   ended: boolean;
+  /** Engine request ids routed here besides the request's own. */
+  aliases: string[];
   /** The latest choice's stop/length (with n > 1, the last choice to finish decides the outcome). */
   lastFinishReason?: 'stop' | 'length';
   /** performance.now() when the engine took it, and when it was cancelled (metrics, logs). */
@@ -97,17 +99,23 @@ export class StepRouter {
     redis.defineCommand('appendLog', { numberOfKeys: 2, lua: APPEND_LOG_SCRIPT });
   }
 
-  open(route: Omit<Route, 'held' | 'graceTimer' | 'ended' | 'lastFinishReason' | 'startedAt' | 'cancelledAt' | 'timing'> & { timing?: RouteTiming }): Route {
-    const full: Route = { ...route, held: [], graceTimer: undefined, ended: false };
+  open(route: Omit<Route, 'held' | 'graceTimer' | 'ended' | 'aliases' | 'lastFinishReason' | 'startedAt' | 'cancelledAt' | 'timing'> & { timing?: RouteTiming }): Route {
+    const full: Route = { ...route, held: [], graceTimer: undefined, ended: false, aliases: [] };
     this.#routes.set(route.requestId, full);
     return full;
+  }
+
+  /** Routes the events of another engine request to `route` (a continuation runs one per choice). */
+  alias(route: Route, engineRequestId: string): void {
+    this.#routes.set(engineRequestId, route);
+    route.aliases.push(engineRequestId);
   }
 
   /** The request's last entry was pushed (or it never started): forget it. */
   close(route: Route): void {
     route.ended = true;
     clearTimeout(route.graceTimer);
-    if (this.#routes.get(route.requestId) === route) this.#routes.delete(route.requestId);
+    for (const id of [route.requestId, ...route.aliases]) if (this.#routes.get(id) === route) this.#routes.delete(id);
   }
 
   /** Where the request's live entries go now (null: detached; undefined: not running here). */

@@ -120,6 +120,7 @@ class ThreadEngine implements Engine {
     const onAbort = (): void => this.#post({ type: 'abort', key });
     const stream = new RequestStream({
       n: resolved.sampling.n,
+      ...(resolved.continuation === undefined ? {} : { choices: [resolved.continuation.choiceIndex] }),
       promptTokens: resolved.promptTokenIds.length,
       submittedAt,
       cancel: onAbort,

@@ -8,7 +8,7 @@ import { exactLengthLanes, planLanes } from './plan-lanes.js';
 import { RequestGroup, type Sequence } from './request-group.js';
 import type { ResolvedRequest } from './resolve-request.js';
 import { Scheduler, type PrefillChunk, type SchedulerLimits } from './scheduler.js';
-import { SeededRandom } from './seeded-random.js';
+import { PositionedRandom } from './seeded-random.js';
 import { TokenSampler, type SampledToken } from './token-sampler.js';
 import type { EngineErrorCode, EngineEvent, FinishReason, StepStats, TokenLogprob } from './types.js';
 
@@ -198,7 +198,7 @@ export class EngineCore {
   /** Feeds one prompt chunk; when it completes the prompt, samples each sibling's first token. */
   async #prefill(chunk: PrefillChunk<RequestGroup>): Promise<number> {
     const { group, start, length } = chunk;
-    const prompt = group.request.promptTokenIds;
+    const prompt = group.prefillTokenIds;
     const past = group.prefillKv ?? KvBatch.empty(this.#session.io.kv, 1);
     const row: RowInput = { cachedLength: group.prefilled, tokens: prompt.slice(start, start + length) };
     const inputs = packInputs(past.pastLength, [row], this.#padTokenId);
@@ -217,20 +217,27 @@ export class EngineCore {
 
     group.prefilledAt = now();
     this.#scheduler.markPrefilled(group);
-    const { sampling } = group.request;
-    const promptTokens = new Set(prompt);
+    const { sampling, continuation } = group.request;
+    const promptTokens = new Set(group.request.promptTokenIds);
     const seed = sampling.seed ?? crypto.getRandomValues(new Uint32Array(1))[0]!;
     const offset = (output.positions - 1) * output.vocabSize;
     const source = group.prefillKv.rowSource(0);
     for (let index = 0; index < sampling.n; index++) {
+      const choice = continuation?.choiceIndex ?? index;
+      const generated = continuation?.generatedTokenIds ?? [];
+      const random = new PositionedRandom(seed, choice, generated.length);
       const sequence: Sequence = {
         group,
-        index,
-        sampler: new TokenSampler(sampling, promptTokens, new SeededRandom(seed, index)),
+        index: choice,
+        sampler: new TokenSampler(sampling, promptTokens, random),
         streamer: new TextStreamer(this.#model.tokenizer, { stop: sampling.stop }),
-        outputTokenIds: [],
+        outputTokenIds: [...generated],
         finishReason: undefined,
       };
+      // A continuation: its sampler, detokenizer and stop window see the tokens already sent, as the
+      // original run's did; their text is not emitted again.
+      sequence.sampler.prime(generated);
+      for (const tokenId of generated) sequence.streamer.push(tokenId);
       group.sequences.push(sequence);
       this.#accept(sequence, sequence.sampler.sample(output.logits, offset, output.vocabSize));
       if (sequence.finishReason === undefined) this.#joining.push({ sequence, source });
@@ -259,7 +266,7 @@ export class EngineCore {
       text = delta.text;
       finishReason = delta.finishReason;
       if (finishReason === undefined) {
-        if (produced >= sampling.maxTokens || group.promptLength + produced >= this.#model.generation.maxContextLength) {
+        if (produced >= sampling.maxTokens || group.request.promptTokenIds.length + produced >= this.#model.generation.maxContextLength) {
           finishReason = 'length';
         }
         if (finishReason !== undefined) text += sequence.streamer.finish().text;
@@ -321,7 +328,7 @@ export class EngineCore {
     if (group.finished) return;
     if (group.sequences.length === 0) {
       for (let index = 0; index < group.request.sampling.n; index++) {
-        this.#events.push([group.key, { type: 'text-end', index, finishReason: reason }]);
+        this.#events.push([group.key, { type: 'text-end', index: group.request.continuation?.choiceIndex ?? index, finishReason: reason }]);
       }
       this.#finishGroup(group, error);
       return;
@@ -340,7 +347,7 @@ export class EngineCore {
     this.#scheduler.remove(group);
     const finish: EngineEvent = {
       type: 'finish',
-      usage: { promptTokens: group.promptLength, completionTokens: group.completionTokens },
+      usage: { promptTokens: group.request.promptTokenIds.length, completionTokens: group.completionTokens },
       timings: group.timings(now()),
     };
     if (error !== undefined) finish.error = error;
@@ -428,7 +435,7 @@ export class EngineCore {
   /** The most slots a sequence's cache can need: prompt + maxTokens, within the context length. */
   #reservation(sequence: Sequence): number {
     const { group } = sequence;
-    return Math.min(group.promptLength + group.request.sampling.maxTokens, this.#model.generation.maxContextLength);
+    return Math.min(group.request.promptTokenIds.length + group.request.sampling.maxTokens, this.#model.generation.maxContextLength);
   }
 
   #takeEvents(): Array<[number, EngineEvent]> {

@@ -33,15 +33,21 @@ export class RequestGroup implements SchedulableGroup {
   firstTokenAt: number | undefined;
   finished = false;
 
+  /** What is prefilled: the prompt, and a continuation's generated tokens after it. */
+  readonly prefillTokenIds: readonly number[];
+
   constructor(key: number, request: ResolvedRequest, submittedAt: number) {
     this.key = key;
     this.request = request;
     this.submittedAt = submittedAt;
     this.reservedLength = request.promptTokenIds.length + request.sampling.maxTokens;
+    const generated = request.continuation?.generatedTokenIds;
+    this.prefillTokenIds = generated === undefined || generated.length === 0 ? request.promptTokenIds : [...request.promptTokenIds, ...generated];
   }
 
+  /** Tokens to prefill (the scheduler's prompt): a continuation's include its generated tokens. */
   get promptLength(): number {
-    return this.request.promptTokenIds.length;
+    return this.prefillTokenIds.length;
   }
 
   get rows(): number {

@@ -22,12 +22,13 @@ export class RequestStream implements AsyncIterableIterator<EngineEvent> {
   #returned = false;
 
   /** @param options.sink takes every event instead of the iterator (a submitted request: nobody iterates). */
-  constructor(options: { n: number; promptTokens: number; submittedAt: number; cancel: () => void; sink?: (event: EngineEvent) => void }) {
+  /** @param options.choices the choice indexes it carries (default 0..n-1; a continuation's one choice) */
+  constructor(options: { n: number; choices?: number[]; promptTokens: number; submittedAt: number; cancel: () => void; sink?: (event: EngineEvent) => void }) {
     this.#cancel = options.cancel;
     this.#sink = options.sink;
     this.#promptTokens = options.promptTokens;
     this.#submittedAt = options.submittedAt;
-    this.#open = new Set(Array.from({ length: options.n }, (_, index) => index));
+    this.#open = new Set(options.choices ?? Array.from({ length: options.n }, (_, index) => index));
   }
 
   push(event: EngineEvent): void {

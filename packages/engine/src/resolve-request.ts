@@ -9,6 +9,8 @@ export interface ResolvedRequest {
   id: string;
   promptTokenIds: number[];
   sampling: ResolvedSampling;
+  /** See {@link GenerateRequest.continuation}. */
+  continuation?: { choiceIndex: number; generatedTokenIds: number[] };
 }
 
 /** What a request is checked against. */
@@ -85,6 +87,17 @@ export function resolveRequest(request: GenerateRequest, limits: RequestLimits):
     fail('n', `must be an integer in [1, ${limits.maxBatchSize}] (the engine's max batch size)`);
   }
 
+  const continuation = request.continuation;
+  if (continuation !== undefined) {
+    if (sampling.n !== 1) fail('n', 'must be 1 in a continuation');
+    if (!Number.isInteger(continuation.choiceIndex) || continuation.choiceIndex < 0) fail('continuation.choiceIndex', 'must be an integer ≥ 0');
+    const generated = continuation.generatedTokenIds;
+    if (!Array.isArray(generated) || generated.some((id) => !Number.isInteger(id) || id < 0 || id >= limits.vocabSize)) {
+      fail('continuation.generatedTokenIds', `must hold integers in [0, ${limits.vocabSize})`);
+    }
+    if (generated.length >= sampling.maxTokens) fail('continuation.generatedTokenIds', 'must be fewer than maxTokens');
+  }
+
   const promptTokens = request.promptTokenIds.length;
   const total = promptTokens + sampling.maxTokens;
   if (total > limits.maxContextLength) {
@@ -101,7 +114,11 @@ export function resolveRequest(request: GenerateRequest, limits: RequestLimits):
         `${total * sampling.n} tokens can never fit the engine's KV cache of ${limits.maxCachedTokens} tokens.`,
     );
   }
-  return { id: request.id, promptTokenIds: [...request.promptTokenIds], sampling };
+  const resolved: ResolvedRequest = { id: request.id, promptTokenIds: [...request.promptTokenIds], sampling };
+  if (continuation !== undefined) {
+    resolved.continuation = { choiceIndex: continuation.choiceIndex, generatedTokenIds: [...continuation.generatedTokenIds] };
+  }
+  return resolved;
 }
 
 function isFiniteAtLeast(value: number, min: number): boolean {

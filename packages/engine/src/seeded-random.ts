@@ -9,11 +9,13 @@ export class SeededRandom {
   /**
    * @param seed any safe integer (negative and > 2^32 values are folded, not truncated)
    * @param stream distinguishes generators that share a seed (the sibling index of an n > 1 request)
+   * @param counter distinguishes generators of one stream (the token position: {@link PositionedRandom})
    */
-  constructor(seed: number, stream = 0) {
+  constructor(seed: number, stream = 0, counter = 0) {
     const low = seed >>> 0;
     const high = Math.floor(seed / 0x1_0000_0000) >>> 0;
     let mix = splitmix32(low ^ splitmix32(high ^ 0x9e37_79b9) ^ Math.imul(stream + 1, 0x85eb_ca6b));
+    if (counter !== 0) mix = splitmix32(mix ^ splitmix32((counter >>> 0) ^ 0x27d4_eb2f) ^ Math.floor(counter / 0x1_0000_0000));
     for (let i = 0; i < 4; i++) {
       mix = splitmix32(mix + i);
       this.#state[i] = mix;
@@ -56,4 +58,31 @@ function splitmix32(value: number): number {
   z = Math.imul(z ^ (z >>> 16), 0x85eb_ca6b);
   z = Math.imul(z ^ (z >>> 13), 0xc2b2_ae35);
   return (z ^ (z >>> 16)) >>> 0;
+}
+
+/**
+ * The draws of one choice, one per token position, each from a generator keyed by (seed, choice,
+ * position) — counter-based: a continuation on another worker starts at any position without
+ * replaying the draws before it, and gets the numbers the original run would have drawn.
+ */
+export class PositionedRandom {
+  readonly #seed: number;
+  readonly #stream: number;
+  #position: number;
+
+  constructor(seed: number, stream = 0, position = 0) {
+    this.#seed = seed;
+    this.#stream = stream;
+    this.#position = position;
+  }
+
+  /** The draw of the next token position, a double in [0, 1). */
+  next(): number {
+    return new SeededRandom(this.#seed, this.#stream, this.#position++).next();
+  }
+
+  /** Moves past `count` positions whose tokens are already known (a continuation's generated tokens). */
+  skip(count: number): void {
+    this.#position += count;
+  }
 }

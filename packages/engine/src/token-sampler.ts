@@ -1,5 +1,5 @@
 import type { ResolvedSampling } from './resolve-request.js';
-import type { SeededRandom } from './seeded-random.js';
+import type { PositionedRandom } from './seeded-random.js';
 
 /** One chosen token, with its logprob under the model's raw distribution when asked for. */
 export interface SampledToken {
@@ -30,19 +30,27 @@ let ordered = new Int32Array(0);
 export class TokenSampler {
   readonly #params: ResolvedSampling;
   readonly #promptTokens: ReadonlySet<number>;
-  readonly #random: SeededRandom;
+  readonly #random: Pick<PositionedRandom, 'next'>;
   readonly #outputCounts = new Map<number, number>();
   readonly #penalized: boolean;
 
   /**
    * @param promptTokens distinct prompt token ids (shared by siblings; only read)
    */
-  constructor(params: ResolvedSampling, promptTokens: ReadonlySet<number>, random: SeededRandom) {
+  constructor(params: ResolvedSampling, promptTokens: ReadonlySet<number>, random: Pick<PositionedRandom, 'next'>) {
     this.#params = params;
     this.#promptTokens = promptTokens;
     this.#random = random;
     this.#penalized =
       params.repetitionPenalty !== 1 || params.frequencyPenalty !== 0 || params.presencePenalty !== 0;
+  }
+
+  /**
+   * Counts tokens sampled elsewhere as this sampler's own output (a continuation: the penalties see
+   * them as the original run's sampler did).
+   */
+  prime(tokenIds: readonly number[]): void {
+    for (const tokenId of tokenIds) this.#outputCounts.set(tokenId, (this.#outputCounts.get(tokenId) ?? 0) + 1);
   }
 
   sample(logits: Float32Array, offset: number, vocabSize: number): SampledToken {

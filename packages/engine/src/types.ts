@@ -60,6 +60,14 @@ export interface GenerateRequest {
   /** Prompt token ids (the caller applies the chat template and tokenizes). */
   promptTokenIds: number[];
   sampling: SamplingParams;
+  /**
+   * Continues one choice of a request that another engine started (its worker died): the tokens it
+   * already generated are prefilled after the prompt and count as its output (max tokens, penalties,
+   * the stop-string window and the detokenizer see them; they are not emitted again), and its
+   * random draws resume at their position. Requires `sampling.n` 1; `choiceIndex` names the
+   * choice (its events' index and its random stream).
+   */
+  continuation?: { choiceIndex: number; generatedTokenIds: number[] };
 }
 
 export interface TokenLogprob {

@@ -51,6 +51,7 @@ export interface GatewayMetrics {
   readonly streamErrors: Counter<'code'>;
   readonly streamGaps: Counter;
   readonly streamResumes: Counter;
+  readonly streamMigrations: Counter;
   readonly streamTokens: Counter;
   readonly sseEvents: Counter<'kind'>;
   readonly sseBytes: Counter<'kind'>;
@@ -167,6 +168,11 @@ export function createGatewayMetrics(
     help: 'Streams resumed on this gateway (GET .../{id}?stream=true with a cursor).',
     registers,
   });
+  const streamMigrations = new Counter({
+    name: 'sluice_gateway_stream_migrations_total',
+    help: 'Streams this gateway moved to another worker after their worker was lost (a continuation from the token log).',
+    registers,
+  });
   const streamGaps = new Counter({
     name: 'sluice_gateway_stream_gaps_total',
     help: 'Sequence gaps detected in the live delta messages of a request (lost pub/sub messages), each repaired from the token log.',
@@ -257,6 +263,7 @@ export function createGatewayMetrics(
     streamErrors,
     streamGaps,
     streamResumes,
+    streamMigrations,
     streamTokens,
     sseEvents,
     sseBytes,

@@ -28,6 +28,10 @@ export const acceptedEntrySchema = z.object({
   type: z.literal('accepted'),
   workerId: z.string(),
   promptTokens: z.number().int().nonnegative(),
+  /** The sampling seed the request runs with (the worker picks one when the client did not): a continuation draws the same numbers. */
+  seed: z.number().int().optional(),
+  /** A continuation on another worker took the request over: the stream goes on (no new role chunk). */
+  continued: z.boolean().optional(),
 });
 
 /** The worker refused the request before generating anything (the gateway answers with a 4xx). */

@@ -64,6 +64,11 @@ export const generateJobSchema = z.object({
    * a client resumes it or the grace runs out. 0: a client that leaves cancels the work at once.
    */
   resumeGraceMs: z.number().int().nonnegative().default(0),
+  /**
+   * Set on a continuation: the request's worker was lost, and this attempt goes on from the token ids
+   * in its log (the job runs only while the request's meta still names this attempt).
+   */
+  continuation: z.object({ attempt: z.number().int().min(2) }).optional(),
   /** When the gateway enqueued the job (ms since epoch). */
   enqueuedAt: z.number(),
   /** After this instant (ms since epoch) nobody waits for the answer: a worker skips the job. */

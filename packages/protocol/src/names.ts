@@ -42,3 +42,8 @@ export function redisNames(prefix: string = DEFAULT_PREFIX) {
 }
 
 export type RedisNames = ReturnType<typeof redisNames>;
+
+/** BullMQ job id of a request's `attempt` (BullMQ ids cannot hold `:`): the first is the request id itself. */
+export function attemptJobId(requestId: string, attempt: number): string {
+  return attempt === 1 ? requestId : `${requestId}.a${attempt}`;
+}

@@ -53,3 +53,21 @@ if ARGV[1] == '' then detachedAt = ARGV[3] end
 redis.call('HSET', KEYS[1], 'channel', ARGV[1], 'detachedAt', detachedAt)
 return 1
 `;
+
+/**
+ * Moves a request to a new attempt because its worker was lost: fences the old attempt out of the
+ * log, and routes live entries to the migrating gateway. KEYS: meta. ARGV: the attempt the caller
+ * saw, the lost worker's id, max migrations, the gateway's channel. Returns [1, new attempt] when
+ * moved, [0, current attempt] when someone else moved it already (or the worker is not the lost one),
+ * [2, current attempt] when the request used up its migrations, [3, 0] when the meta is gone.
+ */
+export const MIGRATE_SCRIPT = `
+local attempt = tonumber(redis.call('HGET', KEYS[1], 'attempt'))
+if not attempt then return {3, 0} end
+if attempt ~= tonumber(ARGV[1]) then return {0, attempt} end
+local worker = redis.call('HGET', KEYS[1], 'workerId')
+if worker and worker ~= '' and worker ~= ARGV[2] then return {0, attempt} end
+if attempt > tonumber(ARGV[3]) then return {2, attempt} end
+redis.call('HSET', KEYS[1], 'attempt', attempt + 1, 'workerId', '', 'channel', ARGV[4], 'detachedAt', '')
+return {1, attempt + 1}
+`;

@@ -37,7 +37,8 @@ export class CompleteResponder {
     switch (event.type) {
       case 'accepted':
         this.outcome.promptTokens = event.promptTokens;
-        this.ctx.observer.accepted();
+        // A continuation after a lost worker: the request was accepted long ago.
+        if (event.continued !== true) this.ctx.observer.accepted();
         return;
       case 'text-delta': {
         const choice = this.choices[event.index];

@@ -97,6 +97,11 @@ export class StreamResponder {
     switch (event.type) {
       case 'accepted': {
         this.outcome.promptTokens = event.promptTokens;
+        if (event.continued === true && this.phase !== 'pending') {
+          // Another worker took over after a lost one: the stream goes on where it was.
+          this.writer.frames(this.idLine() + ': continued\n\n', 0);
+          return;
+        }
         this.ctx.observer.accepted();
         if (this.phase === 'pending') this.commit();
         let roles = '';

@@ -64,6 +64,7 @@ export async function startAppHarness(env: Record<string, string> = {}, options:
     {
       cancel: (session: RequestSession, reason, wasQueued) => cancels.push({ requestId: session.requestId, reason, wasQueued }),
       detach: () => {},
+      migrate: async () => ({ outcome: 'gone' as const }),
     },
     // No worker writes a log here: a gap finds nothing to repair with.
     log,

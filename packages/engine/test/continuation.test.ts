@@ -1,0 +1,92 @@
+import { ensureBuiltinModel, loadModelDir, type ModelDir } from '@sluice/model';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { createEngine, type Engine, type EngineEvent, type SamplingParams } from '../src/index.js';
+import { collect } from './support/collect.js';
+
+/**
+ * A continuation (the worker that ran a request died; another one goes on from the generated token
+ * ids) must give exactly the tokens, text and logprobs of the uninterrupted run, for greedy and for
+ * seeded sampling with penalties, for any choice of an n > 1 request, at any seam.
+ */
+
+let engine: Engine;
+let model: ModelDir;
+let prompts: number[][];
+
+beforeAll(async () => {
+  const modelDir = await ensureBuiltinModel('tiny');
+  model = await loadModelDir(modelDir);
+  prompts = ['The quick brown fox', 'Once upon a time in a land far away', 'a'].map((text) => model.tokenizer.encode(text));
+  engine = await createEngine({ modelDir, maxBatchSize: 8, maxStepTokens: 64, intraOpThreads: 1 });
+});
+
+afterAll(async () => {
+  await engine.close();
+});
+
+const SAMPLINGS: Array<[string, SamplingParams]> = [
+  ['greedy', { temperature: 0 }],
+  ['seeded top_p with penalties', { temperature: 1, topP: 0.9, seed: 1234, presencePenalty: 0.5, frequencyPenalty: 0.3, repetitionPenalty: 1.1 }],
+  ['seeded with a stop string and logprobs', { temperature: 0.8, seed: 7, stop: ['the'], logprobs: true, topLogprobs: 3 }],
+];
+
+/** Text of each text-delta event of a choice, in order. */
+function deltaTexts(events: EngineEvent[], index: number): string[] {
+  return events.flatMap((e) => (e.type === 'text-delta' && e.index === index ? [e.text] : []));
+}
+
+/** |continued − original| logprob of every continued token: prefill and decode differ in the last bits. */
+const seamDiffs: number[] = [];
+afterAll(() => {
+  if (seamDiffs.length > 0) console.log(`seam logprob |Δ|: max ${Math.max(...seamDiffs).toExponential(2)}, exact ${seamDiffs.filter((d) => d === 0).length}/${seamDiffs.length}`);
+});
+
+describe('a continuation on another engine', () => {
+  for (const [name, sampling] of SAMPLINGS) {
+    it(`continues ${name} token-identical, at every seam`, async () => {
+      for (const prompt of prompts) {
+        const params = { ...sampling, maxTokens: 40, ignoreEos: true, n: 2 };
+        const original = await collect(engine.generate({ id: `o-${name}`, promptTokenIds: prompt, sampling: params }));
+        for (const index of [0, 1]) {
+          const tokens = original.tokens[index]!;
+          const texts = deltaTexts(original.events, index);
+          for (const seam of [1, 7, Math.floor(tokens.length / 2), tokens.length - 1]) {
+            if (seam < 1 || seam >= tokens.length) continue;
+            const continued = await collect(
+              engine.generate({
+                id: `c-${name}-${seam}`,
+                promptTokenIds: prompt,
+                sampling: { ...params, n: 1 },
+                continuation: { choiceIndex: index, generatedTokenIds: tokens.slice(0, seam) },
+              }),
+            );
+            const where = `${name}, prompt ${prompts.indexOf(prompt)}, choice ${index}, seam ${seam}`;
+            expect(continued.tokens[index], where).toEqual(tokens.slice(seam));
+            // The text already sent plus the continuation's text is the whole text: no character
+            // emitted twice or lost at the seam.
+            expect(texts.slice(0, seam).join('') + continued.texts[index], where).toBe(original.texts[index]);
+            expect(continued.endReasons[index], where).toBe(original.endReasons[index]);
+            expect(continued.finish.usage.completionTokens, where).toBe(tokens.length);
+            expect(continued.finish.usage.promptTokens, where).toBe(prompt.length);
+            if (sampling.logprobs) {
+              const want = original.logprobs[index]!.slice(seam);
+              const got = continued.logprobs[index]!;
+              expect(got.map((lp) => [lp.tokenId, lp.topLogprobs?.map((t) => t.tokenId)]), where).toEqual(want.map((lp) => [lp.tokenId, lp.topLogprobs?.map((t) => t.tokenId)]));
+              got.forEach((lp, i) => {
+                const diff = Math.abs(lp.logprob - want[i]!.logprob);
+                seamDiffs.push(diff);
+                expect(diff, where).toBeLessThan(1e-4);
+              });
+            }
+          }
+        }
+      }
+    });
+  }
+
+  it('refuses a continuation with n > 1 or with as many tokens as max_tokens, naming the field', () => {
+    const prompt = prompts[0]!;
+    expect(() => engine.generate({ id: 'x', promptTokenIds: prompt, sampling: { n: 2 }, continuation: { choiceIndex: 0, generatedTokenIds: [1] } })).toThrow('n must be 1');
+    expect(() => engine.generate({ id: 'y', promptTokenIds: prompt, sampling: { maxTokens: 2 }, continuation: { choiceIndex: 0, generatedTokenIds: [1, 2] } })).toThrow('continuation.generatedTokenIds');
+  });
+});

@@ -1,0 +1,219 @@
+import OpenAI from 'openai';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { Cluster, MODEL } from './support/cluster.js';
+import { sleep, waitFor } from './support/processes.js';
+import type { GatewayProcess, WorkerProcess } from './support/sluice.js';
+
+/**
+ * Exact continuation when a worker dies, from outside: real redis-server, gateway and workers (the
+ * tiny model), the official `openai` client. A stream whose worker is SIGKILLed (or frozen past its
+ * registry TTL) pauses and goes on, on another worker, with exactly the text, token choices and
+ * finish reasons of an uninterrupted run.
+ */
+
+const WORKER_ENV = { WORKER_HEARTBEAT_MS: '250', WORKER_TTL_MS: '1500', LOCK_DURATION_MS: '30000', MAX_BATCH_SIZE: '64', LOG_LEVEL: 'info' };
+const GATEWAY_ENV = { REGISTRY_POLL_MS: '200', LOG_LEVEL: 'info' };
+
+type Params = OpenAI.ChatCompletionCreateParamsStreaming;
+
+/** 64 requests: greedy and seeded sampling, n = 2, logprobs, stop strings. */
+function mix(count: number, maxTokens: number): Params[] {
+  return Array.from({ length: count }, (_, i) => {
+    const params: Params = {
+      model: MODEL,
+      messages: [{ role: 'user', content: `Story ${i}: tell me about the ${['sea', 'fox', 'rain', 'city'][i % 4]}.` }],
+      max_tokens: maxTokens,
+      stream: true,
+      ...({ ignore_eos: true } as object),
+    };
+    if (i % 2 === 0) params.temperature = 0;
+    else Object.assign(params, { temperature: 1, top_p: 0.9, seed: 1000 + i });
+    if (i % 4 === 1) params.n = 2;
+    if (i % 8 === 3) Object.assign(params, { logprobs: true, top_logprobs: 2 });
+    if (i % 8 === 5) params.stop = ['e t', 'qz'];
+    return params;
+  });
+}
+
+interface Choice {
+  text: string;
+  finish: string | null;
+  tokens: string[];
+  logprobs: number[];
+}
+
+interface Result {
+  choices: Choice[];
+  /** Arrival time of every content chunk (ms since epoch). */
+  times: number[];
+  error: unknown;
+}
+
+async function run(client: OpenAI, params: Params, onChunk?: () => void): Promise<Result> {
+  const result: Result = { choices: [], times: [], error: undefined };
+  try {
+    const stream = await client.chat.completions.create(params);
+    for await (const chunk of stream) {
+      for (const c of chunk.choices) {
+        const choice = (result.choices[c.index] ??= { text: '', finish: null, tokens: [], logprobs: [] });
+        if (c.delta.content) {
+          choice.text += c.delta.content;
+          result.times.push(Date.now());
+          onChunk?.();
+        }
+        for (const lp of c.logprobs?.content ?? []) {
+          choice.tokens.push(lp.token);
+          choice.logprobs.push(lp.logprob);
+        }
+        choice.finish = c.finish_reason ?? choice.finish;
+      }
+    }
+  } catch (error) {
+    result.error = error;
+  }
+  return result;
+}
+
+/** Same text, finish reasons and sampled tokens; logprobs equal within what prefill vs decode numerics allow. */
+function expectSameAnswer(got: Result, want: Result, where: string): void {
+  expect(got.error, where).toBeUndefined();
+  expect(got.choices.map((c) => [c.text, c.finish, c.tokens]), where).toEqual(want.choices.map((c) => [c.text, c.finish, c.tokens]));
+  got.choices.forEach((c, i) => c.logprobs.forEach((lp, j) => expect(Math.abs(lp - want.choices[i]!.logprobs[j]!), where).toBeLessThan(1e-4)));
+}
+
+function percentile(values: number[], p: number): number {
+  const sorted = [...values].sort((a, b) => a - b);
+  return sorted[Math.min(sorted.length - 1, Math.floor((p / 100) * sorted.length))] ?? NaN;
+}
+
+describe('exact continuation when a worker dies', () => {
+  let cluster: Cluster;
+  let gateway: GatewayProcess;
+  let client: OpenAI;
+
+  beforeAll(async () => {
+    cluster = await Cluster.start();
+    await Promise.all([cluster.worker(WORKER_ENV), cluster.worker(WORKER_ENV)]);
+    gateway = await cluster.gateway(GATEWAY_ENV);
+    client = new OpenAI({ baseURL: `${gateway.url}/v1`, apiKey: 'unused', maxRetries: 0, timeout: 60_000 });
+  }, 180_000);
+
+  afterAll(async () => {
+    await cluster?.stop();
+  });
+
+  /** Starts workers until `count` are alive (a test before may have killed some). */
+  async function ensureWorkers(count: number): Promise<void> {
+    const alive = cluster.workers.filter((w) => w.process.child.exitCode === null && w.process.child.signalCode === null);
+    await Promise.all(Array.from({ length: Math.max(0, count - alive.length) }, () => cluster.worker(WORKER_ENV)));
+  }
+
+  /** The live workers that run some of the requests. */
+  async function busyWorkers(): Promise<WorkerProcess[]> {
+    const live = cluster.workers.filter((w) => w.process.child.exitCode === null && w.process.child.signalCode === null);
+    const health = await Promise.all(live.map((w) => w.health().catch(() => undefined)));
+    return live.filter((_, i) => (health[i]?.running ?? 0) > 0);
+  }
+
+  /**
+   * Starts `requests`, waits until every stream has text, freezes the workers (so the fault lands
+   * mid-stream on any machine), applies `fault`, and collects everything.
+   */
+  async function withFault(requests: Params[], fault: (workers: WorkerProcess[]) => Promise<number>): Promise<{ results: Result[]; faultAt: number }> {
+    await ensureWorkers(2);
+    const started = requests.map(() => false);
+    const runs = requests.map((params, i) => run(client, params, () => (started[i] = true)));
+    await waitFor('every stream under way', () => (started.every(Boolean) ? true : undefined), 60_000);
+    const workers = await busyWorkers();
+    expect(workers.length).toBe(2);
+    for (const w of workers) w.process.child.kill('SIGSTOP');
+    const faultAt = await fault(workers);
+    return { results: await Promise.all(runs), faultAt };
+  }
+
+  it('continues 64 streams of a SIGKILLed worker on the other, token-identical (greedy, seeded, n = 2, logprobs, stop)', async () => {
+    const requests = mix(64, 1000);
+    const reference = await Promise.all(requests.map((params) => run(client, params)));
+    const { results, faultAt } = await withFault(requests, async ([victim, survivor]) => {
+      victim!.process.child.kill('SIGKILL');
+      const at = Date.now();
+      survivor!.process.child.kill('SIGCONT');
+      return at;
+    });
+    if (results.some((r) => r.error !== undefined)) console.log(cluster.logs().split('\n').filter((l) => /warn|error|migrat|continu|skipped|lost/i.test(l)).slice(0, 40).join('\n'));
+    results.forEach((r, i) => expectSameAnswer(r, reference[i]!, `request ${i}`));
+    // The pause the client saw: from the kill to the first content after it. The killed worker's
+    // streams wait at least its registry TTL; the survivor's go on at once.
+    const pauses = results.flatMap((r) => {
+      const after = r.times.find((t) => t > faultAt);
+      return after === undefined ? [] : [after - faultAt];
+    });
+    const migrated = pauses.filter((ms) => ms >= 1_000);
+    console.log(
+      `pause after SIGKILL: ${migrated.length} migrated streams p50 ${percentile(migrated, 50)} ms, max ${Math.max(...migrated)} ms; ` +
+        `${pauses.length - migrated.length} others p50 ${percentile(pauses.filter((ms) => ms < 1_000), 50)} ms (worker TTL 1500 ms, registry poll 200 ms)`,
+    );
+    expect(migrated.length, 'streams of the killed worker moved mid-way').toBeGreaterThanOrEqual(8);
+    const metrics = await (await fetch(`${gateway.url}/metrics`)).text();
+    expect(metrics).toMatch(/sluice_gateway_stream_migrations_total [1-9]/);
+  });
+
+  it('continues on a fresh worker that starts after the kill, and again when that one is killed too', async () => {
+    await ensureWorkers(2);
+    const requests = mix(16, 1000);
+    const reference = await Promise.all(requests.map((params) => run(client, params)));
+    const started = requests.map(() => false);
+    const runs = requests.map((params, i) => run(client, params, () => (started[i] = true)));
+    await waitFor('every stream under way', () => (started.every(Boolean) ? true : undefined), 60_000);
+    const [first, second] = await busyWorkers();
+    for (const w of [first!, second!]) w.process.child.kill('SIGSTOP');
+    first!.process.child.kill('SIGKILL');
+    second!.process.child.kill('SIGKILL');
+    // Nobody is left: the streams wait (migrated into the queue) until a fresh worker starts.
+    await sleep(2_000);
+    const fresh = await cluster.worker(WORKER_ENV);
+    await waitFor('the fresh worker took the continuations', async () => ((await fresh.health()).running > 0 ? true : undefined), 30_000);
+    fresh.process.child.kill('SIGSTOP');
+    const another = await cluster.worker(WORKER_ENV);
+    fresh.process.child.kill('SIGKILL');
+    const results = await Promise.all(runs);
+    results.forEach((r, i) => expectSameAnswer(r, reference[i]!, `request ${i}`));
+    expect((await another.health()).processed).toBeGreaterThan(0);
+  });
+
+  it('fences out a worker that only looked dead (SIGSTOP past its TTL, then SIGCONT): no duplicated, missing or reordered token', async () => {
+    const requests = mix(16, 800);
+    const reference = await Promise.all(requests.map((params) => run(client, params)));
+    let frozen: WorkerProcess | undefined;
+    const { results } = await withFault(requests, async ([victim, survivor]) => {
+      frozen = victim;
+      survivor!.process.child.kill('SIGCONT');
+      const at = Date.now();
+      // Past its 1.5 s TTL: its streams move to the survivor, then it wakes up mid-step.
+      await sleep(3_500);
+      victim!.process.child.kill('SIGCONT');
+      return at;
+    });
+    results.forEach((r, i) => expectSameAnswer(r, reference[i]!, `request ${i}`));
+    // The woken worker dropped the sequences it lost at its next step.
+    await waitFor('the stale worker stopped its sequences', async () => ((await frozen!.health()).running === 0 ? true : undefined), 10_000);
+  });
+
+  it('ends a stream with an explicit error frame when its log is gone (Redis lost its data), without hanging', async () => {
+    const requests = mix(4, 1500).map((p) => ({ ...p, n: 1 }));
+    const started = requests.map(() => false);
+    const runs = requests.map((params, i) => run(client, params, () => (started[i] = true)));
+    await waitFor('every stream under way', () => (started.every(Boolean) ? true : undefined), 60_000);
+    const busy = await busyWorkers();
+    for (const w of busy) w.process.child.kill('SIGSTOP');
+    const redis = cluster.redis.client();
+    await redis.flushall();
+    redis.disconnect();
+    for (const w of busy) w.process.child.kill('SIGKILL');
+    const results = await Promise.all(runs);
+    for (const r of results) {
+      expect(r.error).toBeDefined();
+      expect(String((r.error as Error).message)).toMatch(/stopped/);
+    }
+  });
+});
