@@ -108,11 +108,11 @@ describe('exact continuation when a worker dies', () => {
     await Promise.all(Array.from({ length: Math.max(0, count - alive.length) }, () => cluster.worker(WORKER_ENV)));
   }
 
-  /** The live workers that run some of the requests. */
+  /** The live workers that run some of the requests, the busiest first (the one a fault hits hardest). */
   async function busyWorkers(): Promise<WorkerProcess[]> {
     const live = cluster.workers.filter((w) => w.process.child.exitCode === null && w.process.child.signalCode === null);
-    const health = await Promise.all(live.map((w) => w.health().catch(() => undefined)));
-    return live.filter((_, i) => (health[i]?.running ?? 0) > 0);
+    const running = (await Promise.all(live.map((w) => w.health().catch(() => undefined)))).map((h) => h?.running ?? 0);
+    return live.map((w, i) => ({ w, running: running[i]! })).filter((x) => x.running > 0).sort((a, b) => b.running - a.running).map((x) => x.w);
   }
 
   /**
