@@ -110,8 +110,10 @@ export class SessionManager {
   repair(session: RequestSession): void {
     if (session.repairing || session.state === 'closed') return;
     session.repairing = true;
-    const from = session.nextSeq;
-    this.log.read(session.requestId, from).then(
+    // Entries seen live before this read is issued were logged before they were published: the
+    // read must return them, or the log lacks them. Entries seen during the read only call for another.
+    const seenBefore = session.seenSeq;
+    this.log.read(session.requestId, session.nextSeq).then(
       ({ entries, known }) => {
         session.repairing = false;
         for (const entry of entries) {
@@ -119,13 +121,16 @@ export class SessionManager {
           this.deliver(session, entry, true);
         }
         if (session.state === 'closed') return;
-        if (!known && entries.length === 0) {
+        // A queued session may be repaired before its meta is even written (it opens first): nothing
+        // is lost until a worker accepted it.
+        if (!known && entries.length === 0 && session.state !== 'queued') {
           this.logger.warn({ requestId: session.requestId }, 'token log lost');
           this.fail(session, new GatewayError('stream_interrupted'), 'stream_failed');
+        } else if (seenBefore >= session.nextSeq) {
+          this.logger.warn({ requestId: session.requestId, expected: session.nextSeq, seen: seenBefore }, 'token log lacks entries seen live');
+          this.fail(session, new GatewayError('stream_interrupted'), 'stream_failed');
         } else if (session.seenSeq >= session.nextSeq) {
-          // Entries went live past what the read returned: read again, unless it made no progress.
-          if (session.nextSeq === from) this.fail(session, new GatewayError('stream_interrupted'), 'stream_failed');
-          else this.repair(session);
+          this.repair(session);
         }
       },
       (error: unknown) => {

@@ -111,6 +111,21 @@ describe('SessionManager', () => {
     manager.close();
   });
 
+  it('reads again, instead of failing, when an entry arrives live while a read that could not see it runs', async () => {
+    const { manager, events, logs, reads, open } = setup();
+    open('q');
+    // The subscriber reconnected before the worker logged anything for this queued request.
+    manager.repairAll();
+    const accepted: GatewayEntry = { requestId: 'q', seq: 0, type: 'accepted', workerId: 'w', promptTokens: 1 };
+    logs.set('q', [accepted]);
+    manager.dispatch({ workerId: 'w', entries: [accepted] });
+    await tick();
+    await tick();
+    expect(events.map((e) => e.type)).toEqual(['accepted']);
+    expect(reads()).toBe(2);
+    manager.close();
+  });
+
   it('repairs every open stream after the subscriber reconnected, the last entries included', async () => {
     const { manager, events, logs, open } = setup();
     open('a');
