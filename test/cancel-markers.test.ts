@@ -18,7 +18,7 @@ describe.skipIf(!hasRedisServer())('cancel markers', () => {
     server = await startRedis();
     redis = server.client();
     queue = new Queue(GENERATE_QUEUE, { connection: server.client(), prefix: names.bullPrefix });
-    jobs = new RedisJobQueue(queue, redis, names, 'gw', 60_000, pino({ level: 'silent' }));
+    jobs = new RedisJobQueue(queue, redis, names, 'gw', 60_000, 3, pino({ level: 'silent' }));
   });
 
   afterAll(async () => {
