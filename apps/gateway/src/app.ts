@@ -87,6 +87,10 @@ export function createApp(deps: AppDeps) {
   app.use('*', async (c, next) => {
     const requestId = requestIdFrom(c.req.header('x-request-id'));
     c.set('requestId', requestId);
+    const incoming = c.env?.incoming;
+    if (incoming !== undefined && incoming.httpVersion === '1.1' && incoming.headers.host === undefined) {
+      throw new GatewayError('bad_http_request', { message: 'An HTTP/1.1 request needs a Host header.' });
+    }
     if (hooks.responded !== undefined) {
       const route = ROUTES.has(c.req.path) ? c.req.path : (resumeRoute(c.req.path) ?? 'other');
       const outgoing = c.env.outgoing;

@@ -157,6 +157,9 @@ export async function startGateway(config: GatewayConfig, logger: Logger, option
           requestTimeout: config.access.httpRequestTimeoutMs,
           keepAliveTimeout: config.access.keepAliveTimeoutMs,
           connectionsCheckingInterval: 1000,
+          // Node answers a missing Host with a bare 400 (no body, no clientError); the app refuses it
+          // with an OpenAI error body instead.
+          requireHostHeader: false,
         },
       },
       () => resolve(s),

@@ -43,6 +43,14 @@ describe('HTTP edges', () => {
     expect(body).toMatchObject({ error: { code: 'bad_http_request', message: expect.any(String) } });
   });
 
+  it('answers an HTTP/1.1 request without Host with 400 and an OpenAI error body', async () => {
+    const h = await start();
+    const reply = await rawExchange(h, (s) => s.write('POST /v1/chat/completions HTTP/1.1\r\nConnection: close\r\n\r\n'));
+    const { status, body } = parseReply(reply);
+    expect(status).toBe(400);
+    expect(body).toMatchObject({ error: { code: 'bad_http_request' } });
+  });
+
   it('answers a chunked body over MAX_BODY_BYTES with 413 while the client keeps sending', async () => {
     const h = await start({ MAX_BODY_BYTES: '1024' });
     const reply = await rawExchange(h, (s) => {

@@ -100,7 +100,7 @@ export async function startAppHarness(env: Record<string, string> = {}, options:
   });
   app.get('/metrics', async (c) => c.body(await metrics.registry.metrics(), 200, { 'Content-Type': metrics.registry.contentType }));
   const server = await new Promise<ServerType>((resolve) => {
-    const s = serve({ fetch: app.fetch, port: 0, hostname: '127.0.0.1' }, () => resolve(s));
+    const s = serve({ fetch: app.fetch, port: 0, hostname: '127.0.0.1', serverOptions: { requireHostHeader: false } }, () => resolve(s));
   });
   server.on('clientError', clientErrorHandler(logger, hooks));
   const seqs = new Map<string, number>();
