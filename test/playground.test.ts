@@ -1,4 +1,6 @@
 import { existsSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { chromium, type Browser, type Page } from 'playwright-core';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -17,7 +19,13 @@ import type { GatewayProcess, WorkerProcess } from './support/sluice.js';
 
 const CHROMIUM = process.env.CHROMIUM_PATH ?? '/usr/bin/chromium';
 const CHROMIUM_ARGS = ['--headless', '--no-sandbox', '--disable-gpu', '--disable-background-networking', '--disable-component-update', '--no-first-run'];
-const SCREENSHOT = fileURLToPath(new URL('../docs/playground.png', import.meta.url));
+const README_SCREENSHOT = fileURLToPath(new URL('../docs/playground.png', import.meta.url));
+/**
+ * The README's screenshot is taken by this test: written into docs/ when missing or when
+ * SLUICE_UPDATE_SCREENSHOT=1, else next to the test's temp files (a test run leaves the tree clean).
+ */
+const SCREENSHOT =
+  process.env.SLUICE_UPDATE_SCREENSHOT === '1' || !existsSync(README_SCREENSHOT) ? README_SCREENSHOT : join(tmpdir(), 'sluice-playground.png');
 
 /**
  * The whole answer of a stream as the gateways logged it: the resume route from before the first event
