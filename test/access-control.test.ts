@@ -79,6 +79,11 @@ describe('access control across two gateways', () => {
         expect(ok.choices[0]?.finish_reason).toMatch(/stop|length/);
         // x-api-key works too.
         expect((await post(gateway, undefined, chat('hi', 2), { 'x-api-key': key })).status).toBe(200);
+        // Resume and cancel by id are behind the key as well (an unknown id is then a 404).
+        const cancel = (headers: Record<string, string>) => fetch(`${gateway.url}/v1/chat/completions/chatcmpl-unknown/cancel`, { method: 'POST', headers });
+        expect((await cancel({})).status).toBe(401);
+        expect((await cancel({ Authorization: `Bearer ${key}` })).status).toBe(404);
+        expect((await fetch(`${gateway.url}/v1/chat/completions/chatcmpl-unknown?stream=true`)).status).toBe(401);
       }
       const revoked = await runKeys(cluster.redis.url, ['revoke', '--name', 'revocable']);
       expect(revoked.code).toBe(0);

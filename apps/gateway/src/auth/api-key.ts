@@ -8,9 +8,6 @@ import { z } from 'zod';
 
 /** Every issued key starts with this, so a leaked one is recognisable in logs and secret scanners. */
 export const API_KEY_PREFIX = 'sk-sluice-';
-/** `sk-sluice-` + 43 base64url characters (32 random bytes). */
-const API_KEY_PATTERN = /^sk-sluice-[A-Za-z0-9_-]{43}$/;
-
 /** Key names: the `key` label of the per-key metrics, so kept short and plain. */
 export const KEY_NAME_PATTERN = /^[\w.-]{1,64}$/;
 
@@ -42,11 +39,6 @@ export function generateApiKey(): string {
 /** Hex SHA-256 of the key: its id in Redis. */
 export function hashApiKey(key: string): string {
   return createHash('sha256').update(key, 'utf8').digest('hex');
-}
-
-/** Whether `key` could be an issued key (or an operator's API_KEY): saves a Redis read for junk. */
-export function isPlausibleKey(key: string): boolean {
-  return API_KEY_PATTERN.test(key) || (key.length >= 32 && key.length <= 256 && /^[\x21-\x7e]+$/.test(key));
 }
 
 /**
