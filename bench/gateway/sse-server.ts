@@ -85,7 +85,7 @@ async function gateway(): Promise<number> {
   const log = { read: async () => ({ entries: [], known: false }), meta: async () => undefined, lastSeq: async () => -1 };
   const sessions = new SessionManager(
     { queueTimeoutMs: config.queueTimeoutMs, idleTimeoutMs: config.idleTimeoutMs },
-    { cancel: () => undefined, detach: () => undefined },
+    { cancel: () => undefined, detach: () => undefined, migrate: async () => ({ outcome: 'gone' as const }) },
     log,
     logger,
   );
