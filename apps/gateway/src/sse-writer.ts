@@ -129,8 +129,19 @@ export class SseWriter {
 
   private finish(frames: string): void {
     this.ended = true;
-    this.heartbeats.delete(this);
     if (!this.res.destroyed) this.res.end(frames);
+    if (this.congested && !this.res.writableFinished) {
+      // The end waits behind bytes the client is not reading: the stall timeout still applies, then
+      // the socket closes and its buffers go.
+      this.onDrain = undefined;
+      this.onStall = () => {
+        this.heartbeats.delete(this);
+        this.res.destroy();
+      };
+      this.res.once('finish', () => this.heartbeats.delete(this));
+      return;
+    }
+    this.heartbeats.delete(this);
   }
 }
 

@@ -93,3 +93,4 @@ describe('backpressure: a client that does not read', () => {
     client.socket.destroy();
   });
 });
+
