@@ -112,6 +112,18 @@ describe.skipIf(!existsSync(CHROMIUM))('the playground in headless Chromium', ()
     await page.click('#raw summary');
   });
 
+  it('serves the API reference at /docs from local files only: every operation of /openapi.json is shown', async () => {
+    const docs = await browser.newPage();
+    const origins = new Set<string>();
+    docs.on('request', (request) => origins.add(new URL(request.url()).origin));
+    await docs.goto(`${gateway.url}/docs`);
+    const spec = (await (await fetch(`${gateway.url}/openapi.json`)).json()) as { paths: Record<string, object> };
+    const operations = Object.values(spec.paths).reduce((sum, item) => sum + Object.keys(item).length, 0);
+    await docs.waitForFunction(`document.querySelectorAll('.opblock').length === ${operations}`, undefined, { timeout: 30_000 });
+    expect([...origins].filter((origin) => origin !== 'null' && !origin.startsWith('data:'))).toEqual([gateway.url]);
+    await docs.close();
+  });
+
   it('stops a running stream, and the worker cancels its sequence', async () => {
     const before = (await scrapePrometheus(worker.healthUrl.replace('/healthz', '/metrics'))).value('sluice_request_success_total', { finish_reason: 'abort' });
     // As long as the context allows, past the end-of-sequence token: the stream is still running at Stop.
