@@ -124,8 +124,10 @@ describe('exact continuation when a worker dies', () => {
     const started = requests.map(() => false);
     const runs = requests.map((params, i) => run(client, params, () => (started[i] = true)));
     await waitFor('every stream under way', () => (started.every(Boolean) ? true : undefined), 60_000);
+    // BullMQ may have given every job to one worker: the busiest is the victim, and any other worker
+    // (busy or idle) carries on.
     const workers = await busyWorkers();
-    expect(workers.length).toBe(2);
+    expect(workers.length).toBeGreaterThanOrEqual(1);
     for (const w of workers) w.process.child.kill('SIGSTOP');
     const faultAt = await fault(workers);
     return { results: await Promise.all(runs), faultAt };
@@ -137,7 +139,7 @@ describe('exact continuation when a worker dies', () => {
     const { results, faultAt } = await withFault(requests, async ([victim, survivor]) => {
       victim!.process.child.kill('SIGKILL');
       const at = Date.now();
-      survivor!.process.child.kill('SIGCONT');
+      survivor?.process.child.kill('SIGCONT');
       return at;
     });
     if (results.some((r) => r.error !== undefined)) console.log(cluster.logs().split('\n').filter((l) => /warn|error|migrat|continu|skipped|lost/i.test(l)).slice(0, 40).join('\n'));
@@ -165,10 +167,10 @@ describe('exact continuation when a worker dies', () => {
     const started = requests.map(() => false);
     const runs = requests.map((params, i) => run(client, params, () => (started[i] = true)));
     await waitFor('every stream under way', () => (started.every(Boolean) ? true : undefined), 60_000);
-    const [first, second] = await busyWorkers();
-    for (const w of [first!, second!]) w.process.child.kill('SIGSTOP');
-    first!.process.child.kill('SIGKILL');
-    second!.process.child.kill('SIGKILL');
+    // Every worker dies, busy or not.
+    const all = cluster.workers.filter((w) => w.process.child.exitCode === null && w.process.child.signalCode === null);
+    for (const w of all) w.process.child.kill('SIGSTOP');
+    for (const w of all) w.process.child.kill('SIGKILL');
     // Nobody is left: the streams wait (migrated into the queue) until a fresh worker starts.
     await sleep(2_000);
     const fresh = await cluster.worker(WORKER_ENV);
@@ -187,7 +189,7 @@ describe('exact continuation when a worker dies', () => {
     let frozen: WorkerProcess | undefined;
     const { results } = await withFault(requests, async ([victim, survivor]) => {
       frozen = victim;
-      survivor!.process.child.kill('SIGCONT');
+      survivor?.process.child.kill('SIGCONT');
       const at = Date.now();
       // Past its 1.5 s TTL: its streams move to the survivor, then it wakes up mid-step.
       await sleep(3_500);
