@@ -1,4 +1,4 @@
-import { ensureBuiltinModel, loadModelDir, type ModelDir } from '@sluice/model';
+import { ensureBuiltinModel, loadModelDir, TextStreamer, type ModelDir } from '@sluice/model';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createEngine, type Engine, type EngineEvent, type SamplingParams } from '../src/index.js';
 import { collect } from './support/collect.js';
@@ -83,6 +83,25 @@ describe('a continuation on another engine', () => {
       }
     });
   }
+
+  it('sends a multi-byte character split across the seam once and intact', () => {
+    const text = 'a 😀 b 你好 c';
+    const ids = model.tokenizer.encode(text, { addSpecialTokens: false });
+    for (let seam = 1; seam < ids.length; seam++) {
+      // The original run's streamer sent the text of the first `seam` tokens (holding back a partial
+      // character); the continuation's streamer is primed with the same tokens, as the engine does.
+      const original = new TextStreamer(model.tokenizer);
+      let sent = '';
+      for (const id of ids.slice(0, seam)) sent += original.push(id).text;
+      const continued = new TextStreamer(model.tokenizer);
+      for (const id of ids.slice(0, seam)) continued.push(id);
+      let rest = '';
+      for (const id of ids.slice(seam)) rest += continued.push(id).text;
+      rest += continued.finish().text;
+      expect(sent + rest, `seam ${seam} of ${ids.length}`).toBe(text);
+      expect(rest).not.toContain('\uFFFD');
+    }
+  });
 
   it('refuses a continuation with n > 1 or with as many tokens as max_tokens, naming the field', () => {
     const prompt = prompts[0]!;
