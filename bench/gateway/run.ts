@@ -35,9 +35,14 @@ async function sse() {
     pairs.push(pair);
     log(
       `sse pair ${i + 1}/${rounds}: baseline ${Math.round(pair.baseline.eventsPerSecond)} events/s (${Math.round(pair.baseline.eventsPerCpuSecond)}/CPU-s), ` +
-        `gateway ${Math.round(pair.gateway.eventsPerSecond)} events/s (${Math.round(pair.gateway.eventsPerCpuSecond)}/CPU-s)`,
+        `gateway ${Math.round(pair.gateway.eventsPerSecond)} events/s (${Math.round(pair.gateway.eventsPerCpuSecond)}/CPU-s, ${round(pair.gateway.dataFrames / streams, 1)} frames per stream)`,
     );
   }
+  // Since flow control (#10) the gateway coalesces the deltas of a stream whose socket does not drain:
+  // when the one load client falls behind, the gateway writes fewer, larger frames for the same
+  // tokens, which a raw writer (no backpressure) never does. Pairs where it wrote every delta as its own
+  // frame (role + events + finish + [DONE] per stream) compare the same work.
+  const sameWork = pairs.filter((p) => p.gateway.dataFrames >= streams * (events + 3));
   const side = (mode: ThroughputRound['mode']) => ({
     eventsPerSecond: Math.round(median(pairs.map((p) => p[mode].eventsPerSecond))),
     eventsPerCpuSecond: Math.round(median(pairs.map((p) => p[mode].eventsPerCpuSecond))),
@@ -47,7 +52,11 @@ async function sse() {
     eventsPerStream: events,
     pairs: pairs.map((p) => ({
       baseline: { eventsPerSecond: Math.round(p.baseline.eventsPerSecond), eventsPerCpuSecond: Math.round(p.baseline.eventsPerCpuSecond) },
-      gateway: { eventsPerSecond: Math.round(p.gateway.eventsPerSecond), eventsPerCpuSecond: Math.round(p.gateway.eventsPerCpuSecond) },
+      gateway: {
+        eventsPerSecond: Math.round(p.gateway.eventsPerSecond),
+        eventsPerCpuSecond: Math.round(p.gateway.eventsPerCpuSecond),
+        framesPerStream: round(p.gateway.dataFrames / streams, 1),
+      },
     })),
     pinnedCores: PINNED,
     baseline: side('baseline'),
@@ -57,7 +66,13 @@ async function sse() {
       wallClock: round(median(pairs.map((p) => p.gateway.eventsPerSecond / p.baseline.eventsPerSecond))),
       perCpuSecond: round(median(pairs.map((p) => p.gateway.eventsPerCpuSecond / p.baseline.eventsPerCpuSecond))),
     },
-    target: 0.8,
+    /** The same ratios over the pairs where the gateway coalesced nothing (NaN when none). */
+    sameWork: {
+      pairs: sameWork.length,
+      wallClock: round(median(sameWork.map((p) => p.gateway.eventsPerSecond / p.baseline.eventsPerSecond))),
+      perCpuSecond: round(median(sameWork.map((p) => p.gateway.eventsPerCpuSecond / p.baseline.eventsPerCpuSecond))),
+    },
+    target: 0.95,
   };
 }
 
@@ -145,7 +160,10 @@ function markdown(result: Awaited<ReturnType<typeof collect>>): string {
     `|---|---:|---:|`,
     `| minimal \`node:http\` SSE writer | ${s.baseline.eventsPerSecond} | ${s.baseline.eventsPerCpuSecond} |`,
     `| gateway (Hono app, sessions, decode + demultiplex, chunk formatting, SSE writer, Prometheus metrics) | ${s.gateway.eventsPerSecond} | ${s.gateway.eventsPerCpuSecond} |`,
-    `| **gateway ÷ baseline** (median of the pairs; target ≥ ${s.target}) | **${s.ratio.wallClock}** | **${s.ratio.perCpuSecond}** |`,
+    `| gateway ÷ baseline, all pairs (median; the gateway coalesced in some: see below) | ${s.ratio.wallClock} | ${s.ratio.perCpuSecond} |`,
+    `| **gateway ÷ baseline, pairs where the gateway wrote every delta as its own frame** (${s.sameWork.pairs} of ${s.pairs.length}; target ≥ ${s.target}) | **${s.sameWork.wallClock}** | **${s.sameWork.perCpuSecond}** |`,
+    '',
+    `Frames per stream the gateway wrote, pair by pair (${s.eventsPerStream + 3} = no coalescing): ${s.pairs.map((p) => p.gateway.framesPerStream).join(', ')}. Since flow control (#10) the gateway coalesces the deltas of a stream whose socket does not drain; when the single load-client process falls behind on this shared machine, the gateway writes fewer, larger frames for the same tokens, which the raw writer (no backpressure) never does. Only the pairs without coalescing compare the same work.`,
     '',
     `${s.eventsPerStream} events per stream per round, ${s.pairs.length} alternating pairs of rounds (medians)${s.pinnedCores ? ', server and load client pinned to separate cores' : ''}. Each server runs in its own process and starts writing once all streams are connected; one load-client process reads all streams. The gateway side is the real HTTP app fed in process by a driver that plays the worker: one gateway-channel message per step carrying a delta for every stream, decoded and dispatched as the relay does (the Redis socket is not in this measurement; it is in the latency figures below). Hono's \`streamSSE\` helper measured ~0.35× on this path, which is why the stream writes straight to the Node response.`,
     '',

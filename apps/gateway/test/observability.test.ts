@@ -1,5 +1,8 @@
 import { afterEach, describe, expect, it, vi } from 'vitest';
+import { pino } from 'pino';
+import { createGatewayMetrics } from '@sluice/metrics';
 import { spyOnPromClient } from '../../../test/support/prom-client-spy.js';
+import { createGatewayObserver } from '../src/gateway-observer.js';
 import { closeAppHarnesses, startAppHarness as start, type AppHarness as Harness } from './support/app-harness.js';
 
 afterEach(closeAppHarnesses);
@@ -74,6 +77,26 @@ describe('gateway metrics as the app records them', () => {
     } finally {
       vi.restoreAllMocks();
     }
+  });
+
+  it("logs the gateway's side of the TTFT breakdown when a request ends: prompt ready, enqueued, accepted, first token, in order", async () => {
+    const lines: Array<Record<string, unknown>> = [];
+    const logger = pino({ level: 'info' }, { write: (line: string) => void lines.push(JSON.parse(line) as Record<string, unknown>) });
+    const hooks = createGatewayObserver(createGatewayMetrics(), logger);
+    const receivedAt = performance.now();
+    const observer = hooks.requestStarted!({ requestId: 'r', jobId: 'j', endpoint: 'chat', model: 'm', stream: true, receivedAt });
+    observer.enqueued?.();
+    observer.accepted();
+    observer.contentWritten(0);
+    observer.contentWritten(1);
+    observer.contentWritten(1);
+    observer.finished({ end: { outcome: 'length' }, status: 200, promptTokens: 1, completionTokens: 2 });
+    const t = lines.find((l) => l['msg'] === 'request finished')?.['timing'] as Record<string, number>;
+    expect(Math.abs(t['receivedAt']! - (performance.timeOrigin + receivedAt))).toBeLessThan(0.01);
+    expect(0).toBeLessThanOrEqual(t['preparedMs']!);
+    expect(t['preparedMs']).toBeLessThanOrEqual(t['enqueuedMs']!);
+    expect(t['enqueuedMs']).toBeLessThanOrEqual(t['acceptedMs']!);
+    expect(t['acceptedMs']).toBeLessThanOrEqual(t['firstTokenMs']!);
   });
 
   it.each([

@@ -29,6 +29,7 @@ async function harness(connection: Redis = redis) {
   const subscriber = server.client();
   const controls = new ControlListener(subscriber, names.controlChannel, router, pino({ level: 'silent' }));
   const finished: Array<{ finishReason: string; completionTokens: number }> = [];
+  const lines: Array<Record<string, unknown>> = [];
   const processor = new JobProcessor({
     engine: {
       info: { modelId: 'm', maxContextLength: 100, maxBatchSize: 4, executionProvider: 'cpu' },
@@ -39,7 +40,8 @@ async function harness(connection: Redis = redis) {
     redis,
     names,
     workerId: 'w1',
-    logger: pino({ level: 'silent' }),
+    // Info lines kept as objects: a request's `request finished` line carries its TTFT timing.
+    logger: pino({ level: 'info' }, { write: (line: string) => void lines.push(JSON.parse(line) as Record<string, unknown>) }),
     hooks: { requestFinished: (s) => finished.push({ finishReason: s.finishReason, completionTokens: s.usage.completionTokens }) },
   });
   /** Feeds one engine step and waits for its pipeline. */
@@ -47,7 +49,7 @@ async function harness(connection: Redis = redis) {
     router.onEvents(events);
     await router.drained();
   };
-  return { processor, router, submitted, finished, step, close: () => subscriber.quit() };
+  return { processor, router, submitted, finished, lines, step, close: () => subscriber.quit() };
 }
 
 let jobCount = 0;
@@ -136,6 +138,28 @@ describe('the worker routes each engine step as a whole', () => {
     const ttl = await redis.pttl(names.logKey(j.requestId));
     expect(ttl).toBeGreaterThan(50_000);
     expect(ttl).toBeLessThanOrEqual(60_000);
+    await live.close();
+    await h.close();
+  });
+
+  it("logs the worker's side of the TTFT breakdown with the request: pickup, checks, submit, first step, pipeline answered, in order", async () => {
+    const h = await harness();
+    const live = await listen('gw-t');
+    const j = job('gw-t');
+    await writeMeta(j);
+    const done = h.processor.process(j, 1);
+    await waitFor('submitted', () => (h.submitted.length === 1 ? true : undefined));
+    await h.step([[j.requestId, { type: 'text-delta', index: 0, tokenIds: [1], text: 'x' }]]);
+    await h.step([[j.requestId, { type: 'text-end', index: 0, finishReason: 'length' }], [j.requestId, finish(1)]]);
+    await done;
+    const line = h.lines.find((l) => l['msg'] === 'request finished' && l['jobId'] === j.requestId);
+    const t = line?.['timing'] as Record<string, number>;
+    expect(Math.abs(t['pickedUpAt']! - Date.now())).toBeLessThan(60_000);
+    expect(0).toBeLessThanOrEqual(t['checkedMs']!);
+    expect(t['checkedMs']).toBeLessThanOrEqual(t['submittedMs']!);
+    expect(t['submittedMs']).toBeLessThanOrEqual(t['firstStepMs']!);
+    expect(t['firstStepMs']).toBeLessThanOrEqual(t['publishedMs']!);
+    expect(t['engineFirstTokenMs']).toBe(1);
     await live.close();
     await h.close();
   });
