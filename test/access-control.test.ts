@@ -246,7 +246,7 @@ describe('access control across two gateways', () => {
         expect(third.status).toBe(429);
         expect((await third.json()) as object).toMatchObject({ error: { code: 'rate_limit_exceeded' } });
         // One client leaves: its slot is free, on the other gateway too.
-        await opened[0]!.body?.cancel();
+        await opened[0].body?.cancel();
         const replacement = await waitFor('the slot of the client that left', async () => {
           const res = await stream(gateways[1]!);
           if (res.status === 200) return res;
@@ -254,7 +254,7 @@ describe('access control across two gateways', () => {
           return undefined;
         });
         worker.process.signal('SIGCONT');
-        await Promise.all([opened[1]!.text(), replacement.text()]);
+        await Promise.all([opened[1].text(), replacement.text()]);
       } finally {
         worker.process.signal('SIGCONT');
       }
@@ -360,7 +360,7 @@ describe('access control across two gateways', () => {
       const reply = await new Promise<string>((resolve, reject) => {
         const socket = connect({ host: '127.0.0.1', port: Number(port) });
         let data = '';
-        socket.setEncoding('utf8').on('data', (text) => (data += text));
+        socket.setEncoding('utf8').on('data', (text: string) => (data += text));
         socket.once('error', reject);
         socket.once('close', () => resolve(data));
         // Half a request head, then nothing.

@@ -1,3 +1,4 @@
+import { inspect } from 'node:util';
 import OpenAI from 'openai';
 import { Redis } from 'ioredis';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -165,7 +166,7 @@ describe('durable token streams: nginx → 2 gateways → Redis → 2 workers', 
     );
     await killer;
     expect(killsDuringStreams, 'the subscribers were killed while streams ran').toBeGreaterThan(3);
-    expect(results.map((r) => (r.error === undefined ? undefined : String(r.error))), cluster.logs().split("\n").filter((l) => /"level":[45]0/.test(l) && !l.includes("subscriber reconnected")).slice(0, 20).join("\n")).toEqual(results.map(() => undefined));
+    expect(results.map((r) => (r.error === undefined ? undefined : r.error instanceof Error ? r.error.message : inspect(r.error))), cluster.logs().split("\n").filter((l) => /"level":[45]0/.test(l) && !l.includes("subscriber reconnected")).slice(0, 20).join("\n")).toEqual(results.map(() => undefined));
     expect(results.map((r) => r.finish)).toEqual(results.map(() => 'length'));
     results.forEach((r, i) => expect(r.text, `stream ${i}`).toBe(expected[i]));
   });

@@ -111,7 +111,8 @@ describe.skipIf(!hasPrometheus())('the Grafana dashboard and the alert rules on 
       for (let part = await reader.read(); !part.done; part = await reader.read()) rest += new TextDecoder().decode(part.value);
       expect(rest).toContain('stream_interrupted');
       await fetch(`${gateway.url}/v1/chat/completions/${streamId}/cancel`, { method: 'POST' });
-      void takeover.text();
+      // Drained in the background: how the cancelled stream ends does not matter here.
+      void takeover.text().catch(() => '');
 
       const queued = [chat(), chat(), chat({ stream: true })].map((p) => p.then(async (r) => ({ status: r.status, body: await r.text() })));
       await sleep(300);

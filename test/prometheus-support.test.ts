@@ -86,7 +86,10 @@ describe('scrapePrometheus', () => {
     metrics.observeRequestFinished({ finishReason: 'stop', usage: { promptTokens: 3, completionTokens: 5 } });
     const server = createServer((req, res) => {
       if (req.url !== '/metrics') return void res.writeHead(404).end();
-      void metrics.registry.metrics().then((text) => res.writeHead(200, { 'Content-Type': metrics.registry.contentType }).end(text));
+      metrics.registry.metrics().then(
+        (text) => res.writeHead(200, { 'Content-Type': metrics.registry.contentType }).end(text),
+        () => res.writeHead(500).end(),
+      );
     });
     await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
     const base = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;

@@ -4,6 +4,7 @@
  */
 import { spawn, type ChildProcess } from 'node:child_process';
 import { createServer } from 'node:net';
+import { inspect } from 'node:util';
 
 /** A port that was free a moment ago on 127.0.0.1. */
 export function freePort(): Promise<number> {
@@ -34,7 +35,7 @@ export async function waitFor<T>(what: string, check: () => Promise<T | undefine
       lastError = error;
     }
     if (Date.now() > deadline) {
-      throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}${lastError === undefined ? '' : `: ${String(lastError)}`}`);
+      throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}${lastError === undefined ? '' : `: ${lastError instanceof Error ? lastError.message : inspect(lastError)}`}`);
     }
     await sleep(everyMs);
   }

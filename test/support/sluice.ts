@@ -58,7 +58,7 @@ export async function startGateway(redisUrl: string, env: Record<string, string>
   const url = `http://127.0.0.1:${port}`;
   const get = async (path: string) => {
     const res = await fetch(`${url}${path}`);
-    return { status: res.status, body: (await res.json()) as unknown };
+    return { status: res.status, body: (await res.json()) };
   };
   await waitFor(`gateway on ${url}\n${proc.output()}`, async () => ((await get('/healthz')).status === 200 ? true : undefined), 20_000);
   if (options.waitReady !== false) {

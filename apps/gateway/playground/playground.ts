@@ -96,6 +96,11 @@ async function errorText(res: Response): Promise<string> {
   }
 }
 
+/** Fills the model list; a failure (the gateway unreachable) shows in the status line instead of escaping. */
+function refreshModels(): void {
+  loadModels().catch((error: unknown) => setStatus(`Models: ${error instanceof Error ? error.message : String(error)}`));
+}
+
 async function loadModels(): Promise<void> {
   const res = await fetch('/v1/models', { headers: headers() });
   if (!res.ok) {
@@ -344,7 +349,7 @@ ui.clear.addEventListener('click', () => {
 ui.apiKey.value = localStorage.getItem('sluice.apiKey') ?? '';
 ui.apiKey.addEventListener('change', () => {
   localStorage.setItem('sluice.apiKey', ui.apiKey.value.trim());
-  void loadModels();
+  refreshModels();
 });
 
 /**
@@ -359,7 +364,7 @@ ui.apiKey.addEventListener('change', () => {
   },
 };
 
-void loadModels();
+refreshModels();
 
 // A module: its names stay out of the global scope.
 export {};

@@ -46,14 +46,14 @@ export interface RequestObserver {
  */
 export interface GatewayHooks {
   /** One HTTP response, by route pattern (never the raw path) and status. */
-  responded?(route: string, status: number): void;
+  responded?: (route: string, status: number) => void;
   /** A request refused by the gateway before any work started, by error code (`queue_full` is the 429). */
   rejected?(code: string): void;
   /**
    * `frames` SSE frames of `bytes` UTF-8 bytes went out in one write. Runs per write per client: keep
    * it to counter increments.
    */
-  sseWritten?(kind: SseFrameKind, bytes: number, frames: number): void;
+  sseWritten?: (kind: SseFrameKind, bytes: number, frames: number) => void;
   /** A stream's worker was lost and the request moved to another worker (`byThisGateway`: this gateway moved it). */
   streamMigrated?(byThisGateway: boolean): void;
   /** A client resumed a stream here (`GET .../{id}?stream=true`). */

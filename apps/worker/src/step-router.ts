@@ -3,7 +3,6 @@ import type { Logger } from 'pino';
 import type { EngineEvent, StepEvent, TokenLogprob } from '@sluice/engine';
 import {
   APPEND_LOG_SCRIPT,
-  type GatewayEntry,
   type GatewayEntryDraft,
   type RedisNames,
   type TokenLogprobWire,
@@ -147,7 +146,7 @@ export class StepRouter {
   /** Numbers an entry and queues it for this step's pipeline. */
   push(route: Route, draft: EntryDraft): void {
     const seq = route.nextSeq++;
-    const entry = { ...draft, requestId: route.requestId, seq, ...(route.attempt > 1 ? { attempt: route.attempt } : {}) } as GatewayEntry;
+    const entry = { ...draft, requestId: route.requestId, seq, ...(route.attempt > 1 ? { attempt: route.attempt } : {}) };
     const json = JSON.stringify(entry);
     const log = this.#logs.get(route.requestId);
     if (log === undefined) {

@@ -98,7 +98,7 @@ async function listen(channel: string) {
 }
 
 const finish = (completionTokens: number): EngineEvent =>
-  ({ type: 'finish', usage: { promptTokens: 3, completionTokens }, timings: { queueMs: 1, prefillMs: 1, firstTokenMs: 1 } }) as EngineEvent;
+  ({ type: 'finish', usage: { promptTokens: 3, completionTokens }, timings: { queueMs: 1, prefillMs: 1, firstTokenMs: 1 } });
 
 describe('the worker routes each engine step as a whole', () => {
   it('logs every entry with its token ids and publishes the same entries, carrying held-back tokens to the next delta', async () => {
@@ -196,14 +196,14 @@ describe('the worker routes each engine step as a whole', () => {
       p.exec = ((...a: Parameters<typeof exec>) => {
         execs++;
         return exec(...a);
-      }) as typeof p.exec;
+      });
       return p;
-    }) as Redis['pipeline'];
+    });
     const send = connection.sendCommand.bind(connection);
     connection.sendCommand = ((command: { name: string }, ...rest: unknown[]) => {
       sent.push(command.name);
       return (send as (...a: unknown[]) => unknown)(command, ...rest);
-    }) as Redis['sendCommand'];
+    });
     const h = await harness(connection);
     const a = await listen('gw-p1');
     const b = await listen('gw-p2');

@@ -265,7 +265,10 @@ ${renderNote(targets)}
 }
 
 function renderWorkloads(): string {
-  const arch = (key: string): string => String(model.config[key] ?? '?');
+  const arch = (key: string): string => {
+    const value = model.config[key];
+    return typeof value === 'number' || typeof value === 'string' ? String(value) : (JSON.stringify(value) ?? '?');
+  };
   const title = preset === 'bench' ? '' : `, ${preset} preset`;
   const command = preset === 'bench' ? '`npm run bench:engine` (section 0; `BENCH_ONLY=workloads` runs only this)' : `\`BENCH_PRESET=${preset} npm run bench:engine\``;
   return `## Engine: the llama.cpp comparison's workloads${title}

@@ -6,7 +6,7 @@ import * as ort from 'onnxruntime-node';
 import { orderedKvNames, PAST_INPUT, PRESENT_OUTPUT } from './kv-names.js';
 import { rewriteDecoderGraph } from './rewrite-decoder-graph.js';
 import { EngineError } from './engine-error.js';
-import type { KvBatch, KvData, KvShape } from './kv-batch.js';
+import type { KvData, KvShape } from './kv-batch.js';
 import type { PackedInputs } from './pack-inputs.js';
 import type { ExecutionProvider } from './types.js';
 

@@ -74,7 +74,7 @@ export class Scheduler<G extends SchedulableGroup> {
 
   /** Forgets a finished or aborted group, wherever it is. */
   remove(group: G): void {
-    remove(this.#waiting, group) || remove(this.#prefilling, group) || remove(this.#running, group);
+    if (!remove(this.#waiting, group) && !remove(this.#prefilling, group)) remove(this.#running, group);
   }
 
   plan(): StepPlan<G> {

@@ -67,7 +67,7 @@ export interface GatewayMetrics {
    * Counts `frames` SSE frames (1 by default) written in one write of `bytes` bytes (UTF-8 length,
    * `\n\n` included). Runs per write per client: two counter increments, no allocation.
    */
-  sseWritten(kind: SseEventKind, bytes: number, frames?: number): void;
+  sseWritten: (kind: SseEventKind, bytes: number, frames?: number) => void;
   /**
    * Starts timing one accepted completion request (after validation and admission; a rejected request
    * is counted with `rejected` instead). The tracker records queue time, TTFT, inter-token latency,

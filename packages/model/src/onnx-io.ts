@@ -141,7 +141,7 @@ function scanModel(reader: FileReader): ScannedGraph {
   if (graph === undefined) reader.malformed('no graph in the model');
   const scanned: ScannedGraph = { inputs: [], outputs: [], opTypes: new Set(), externalDataFiles: new Set() };
   const initializers = new Set<string>();
-  for (const field of reader.fields(graph!.start, graph!.end)) {
+  for (const field of reader.fields(graph.start, graph.end)) {
     if (field.wireType !== WIRE.bytes) continue;
     if (field.number === GRAPH.input || field.number === GRAPH.output) {
       const info = decodeValueInfo(reader.bytes(field.start, field.end - field.start));

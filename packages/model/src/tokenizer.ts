@@ -1,4 +1,4 @@
-import { Tokenizer as HfTokenizer } from '@huggingface/tokenizers';
+import { Tokenizer as UntypedHfTokenizer } from '@huggingface/tokenizers';
 import { tokenBytes } from './token-bytes.js';
 import type { DecodeOptions, EncodeOptions, Tokenizer } from './types.js';
 
@@ -16,7 +16,7 @@ export function loadTokenizer(tokenizerJson: unknown, tokenizerConfig: unknown):
   if (!isObject(tokenizerJson)) throw new Error('tokenizer.json must hold a JSON object');
   if (!isObject(tokenizerJson['model'])) throw new Error('tokenizer.json has no "model" object');
   const config = isObject(tokenizerConfig) ? tokenizerConfig : {};
-  const addedTokens = Array.isArray(tokenizerJson['added_tokens']) ? tokenizerJson['added_tokens'] : [];
+  const addedTokens: unknown[] = Array.isArray(tokenizerJson['added_tokens']) ? tokenizerJson['added_tokens'] : [];
   // The library reads optional sections as `null`; exports sometimes leave them out entirely.
   const json = {
     normalizer: null,
@@ -36,8 +36,8 @@ function specialIds(hf: HfTokenizer, addedTokens: unknown[], config: Record<stri
   for (const token of addedTokens) {
     if (isObject(token) && token['special'] === true && typeof token['id'] === 'number') ids.add(token['id']);
   }
-  const additional = config['additional_special_tokens'];
-  for (const token of Array.isArray(additional) ? additional : []) {
+  const additional: unknown[] = Array.isArray(config['additional_special_tokens']) ? config['additional_special_tokens'] : [];
+  for (const token of additional) {
     const content = isObject(token) ? token['content'] : token;
     const id = typeof content === 'string' ? hf.token_to_id(content) : undefined;
     if (id !== undefined) ids.add(id);
@@ -95,6 +95,21 @@ function hasByteLevelDecoder(decoder: unknown): boolean {
   if (decoder['type'] === 'ByteLevel') return true;
   return decoder['type'] === 'Sequence' && Array.isArray(decoder['decoders']) && decoder['decoders'].some(hasByteLevelDecoder);
 }
+
+/**
+ * The part of `@huggingface/tokenizers`' `Tokenizer` used here. The package's .d.ts files import each other
+ * without file extensions, which NodeNext resolution cannot follow (skipLibCheck hides the error), so
+ * TypeScript sees the class as untyped; this restates its signatures (types/core/Tokenizer.d.ts, 0.2.x).
+ */
+interface HfTokenizer {
+  encode(text: string, options: { add_special_tokens?: boolean }): { ids: number[] };
+  decode(ids: number[], options: { skip_special_tokens?: boolean; clean_up_tokenization_spaces?: boolean }): string;
+  token_to_id(token: string): number | undefined;
+  id_to_token(id: number): string | undefined;
+  get_vocab(withAddedTokens?: boolean): Map<string, number>;
+}
+
+const HfTokenizer = UntypedHfTokenizer as new (tokenizerJson: object, tokenizerConfig: object) => HfTokenizer;
 
 function isObject(value: unknown): value is Record<string, unknown> {
   return typeof value === 'object' && value !== null && !Array.isArray(value);

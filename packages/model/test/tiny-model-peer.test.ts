@@ -40,7 +40,7 @@ beforeAll(async () => {
   tokenizer = await AutoTokenizer.from_pretrained(basename(dir));
   peer = await AutoModelForCausalLM.from_pretrained(basename(dir), { dtype: 'fp32', device: 'cpu' });
   raw = await RawOnnxModel.load(dir);
-  texts = CHATS.map((chat) => tokenizer.apply_chat_template(chat, { add_generation_prompt: true, tokenize: false }) as string);
+  texts = CHATS.map((chat) => tokenizer.apply_chat_template(chat, { add_generation_prompt: true, tokenize: false }));
   prompts = texts.map((text) => tokenizer.encode(text, { add_special_tokens: false }));
 });
 afterAll(async () => {
@@ -60,7 +60,7 @@ function newTokens(output: Tensor, promptWidth: number): number[][] {
 async function peerGreedy(batch: string[]): Promise<number[][]> {
   const inputs = tokenizer(batch, { padding: true, add_special_tokens: false });
   const output = (await peer.generate({ ...inputs, do_sample: false, max_new_tokens: MAX_NEW_TOKENS })) as Tensor;
-  return newTokens(output, (inputs.input_ids as Tensor).dims[1] as number);
+  return newTokens(output, inputs.input_ids.dims[1] as number);
 }
 
 describe('the tiny model under transformers.js', () => {

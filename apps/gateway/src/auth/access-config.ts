@@ -45,8 +45,7 @@ export const accessEnvShape = {
   METRICS_MAX_KEYS: int(0).default(100),
 };
 
-const accessEnvSchema = z.object(accessEnvShape);
-type AccessEnv = z.infer<typeof accessEnvSchema>;
+type AccessEnv = z.infer<z.ZodObject<typeof accessEnvShape>>;
 
 export interface AccessConfig {
   /** Unset: decided at start (see AUTH). */

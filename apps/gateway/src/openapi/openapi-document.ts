@@ -266,5 +266,5 @@ export function createOpenApiDocument(version: string): object {
         },
       },
     },
-  }) as object;
+  });
 }

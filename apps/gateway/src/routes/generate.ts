@@ -1,6 +1,5 @@
 import { randomUUID } from 'node:crypto';
 import type { Context } from 'hono';
-import type { HttpBindings } from '@hono/node-server';
 import type { JobInput, StreamFormat } from '@sluice/protocol';
 import type { AppDeps } from '../app.js';
 import { GatewayError } from '../errors.js';

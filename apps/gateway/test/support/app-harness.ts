@@ -116,7 +116,7 @@ export async function startAppHarness(env: Record<string, string> = {}, options:
         seqs.set(job.requestId, seq + 1);
         return { ...e, requestId: job.requestId, seq };
       });
-      sessions.dispatch({ workerId: 'w1', entries: drafts as never });
+      sessions.dispatch({ workerId: 'w1', entries: drafts });
     },
     nextJob: () => new Promise((resolve) => jobWaiters.push(resolve)),
     async value(name, labels = {}) {
