@@ -113,7 +113,8 @@ async function main() {
 
   let redisUrl = process.env.REDIS_URL;
   if (redisUrl !== undefined && redisUrl !== '') {
-    if (!(await redisAnswers(redisUrl))) return fail(`REDIS_URL=${redisUrl} does not answer. Start that Redis, or unset REDIS_URL to use a local one.`);
+    if (!(await redisAnswers(redisUrl)))
+      return fail(`REDIS_URL=${redisUrl} does not answer. Start that Redis, or unset REDIS_URL to use a local one.`);
     log(`using Redis at ${redisUrl}`);
   } else if (await redisAnswers('redis://127.0.0.1:6379')) {
     redisUrl = 'redis://127.0.0.1:6379';
@@ -127,7 +128,25 @@ async function main() {
     }
     const port = await freePort();
     redisUrl = `redis://127.0.0.1:${port}`;
-    run('redis', 'redis-server', ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no', '--maxmemory-policy', 'noeviction', '--loglevel', 'warning'], {});
+    run(
+      'redis',
+      'redis-server',
+      [
+        '--port',
+        String(port),
+        '--bind',
+        '127.0.0.1',
+        '--save',
+        '',
+        '--appendonly',
+        'no',
+        '--maxmemory-policy',
+        'noeviction',
+        '--loglevel',
+        'warning',
+      ],
+      {},
+    );
     for (let i = 0; !(await redisAnswers(redisUrl)); i++) {
       if (i > 100) return fail('the local redis-server did not start.');
       await sleep(50);

@@ -55,7 +55,9 @@ describe('access control across two gateways', () => {
     // A blank page on two origins: one allowed, one not.
     pages = createServer((_req, res) => res.writeHead(200, { 'Content-Type': 'text/html' }).end('<!doctype html><title>page</title>'));
     await new Promise<void>((resolve) => pages.listen(pagePort, '127.0.0.1', () => resolve()));
-    const other = createServer((_req, res) => res.writeHead(200, { 'Content-Type': 'text/html' }).end('<!doctype html><title>other</title>'));
+    const other = createServer((_req, res) =>
+      res.writeHead(200, { 'Content-Type': 'text/html' }).end('<!doctype html><title>other</title>'),
+    );
     await new Promise<void>((resolve) => other.listen(otherPort, '127.0.0.1', () => resolve()));
     pages.once('close', () => other.close());
   }, 180_000);
@@ -74,13 +76,16 @@ describe('access control across two gateways', () => {
         const none = await post(gateway, undefined, chat('hi', 2));
         expect(none.status).toBe(401);
         expect(await none.json()).toMatchObject({ error: { type: 'invalid_request_error', code: 'invalid_api_key' } });
-        await expect(client(gateway, 'sk-sluice-wrong').chat.completions.create(chat('hi', 2))).rejects.toBeInstanceOf(OpenAI.AuthenticationError);
+        await expect(client(gateway, 'sk-sluice-wrong').chat.completions.create(chat('hi', 2))).rejects.toBeInstanceOf(
+          OpenAI.AuthenticationError,
+        );
         const ok = await client(gateway, key).chat.completions.create(chat('hi', 2));
         expect(ok.choices[0]?.finish_reason).toMatch(/stop|length/);
         // x-api-key works too.
         expect((await post(gateway, undefined, chat('hi', 2), { 'x-api-key': key })).status).toBe(200);
         // Resume and cancel by id are behind the key as well (an unknown id is then a 404).
-        const cancel = (headers: Record<string, string>) => fetch(`${gateway.url}/v1/chat/completions/chatcmpl-unknown/cancel`, { method: 'POST', headers });
+        const cancel = (headers: Record<string, string>) =>
+          fetch(`${gateway.url}/v1/chat/completions/chatcmpl-unknown/cancel`, { method: 'POST', headers });
         expect((await cancel({})).status).toBe(401);
         expect((await cancel({ Authorization: `Bearer ${key}` })).status).toBe(404);
         expect((await fetch(`${gateway.url}/v1/chat/completions/chatcmpl-unknown?stream=true`)).status).toBe(401);
@@ -88,10 +93,16 @@ describe('access control across two gateways', () => {
       const revoked = await runKeys(cluster.redis.url, ['revoke', '--name', 'revocable']);
       expect(revoked.code).toBe(0);
       for (const gateway of gateways) {
-        const error = await client(gateway, key).chat.completions.create(chat('hi', 2)).catch((e: unknown) => e);
+        const error = await client(gateway, key)
+          .chat.completions.create(chat('hi', 2))
+          .catch((e: unknown) => e);
         expect(error).toBeInstanceOf(OpenAI.AuthenticationError);
         expect((error as InstanceType<typeof OpenAI.AuthenticationError>).code).toBe('invalid_api_key');
-        expect((await client(gateway, key).models.list().catch((e: unknown) => e)) as object).toBeInstanceOf(OpenAI.AuthenticationError);
+        expect(
+          (await client(gateway, key)
+            .models.list()
+            .catch((e: unknown) => e)) as object,
+        ).toBeInstanceOf(OpenAI.AuthenticationError);
       }
     });
 
@@ -108,7 +119,9 @@ describe('access control across two gateways', () => {
 
     it('refuses a model the key may not use with 403, and serves the one it may', async () => {
       const key = await keys('--name', 'one-model', '--models', 'some-other-model');
-      const error = await client(gateways[0]!, key).chat.completions.create(chat('hi', 2)).catch((e: unknown) => e);
+      const error = await client(gateways[0]!, key)
+        .chat.completions.create(chat('hi', 2))
+        .catch((e: unknown) => e);
       expect(error).toBeInstanceOf(OpenAI.PermissionDeniedError);
       expect((error as InstanceType<typeof OpenAI.PermissionDeniedError>).code).toBe('model_not_allowed');
       const allowed = await keys('--name', 'this-model', '--models', MODEL);
@@ -130,7 +143,9 @@ describe('access control across two gateways', () => {
       expect(admitted).toHaveLength(10);
       expect(limited).toHaveLength(30);
       // Each admission saw its own count: remaining 9, 8, ..., 0, whichever gateway decided it.
-      expect(admitted.map((r) => Number(r.headers.get('x-ratelimit-remaining-requests'))).sort((a, b) => a - b)).toEqual([0, 1, 2, 3, 4, 5, 6, 7, 8, 9]);
+      expect(admitted.map((r) => Number(r.headers.get('x-ratelimit-remaining-requests'))).sort((a, b) => a - b)).toEqual([
+        0, 1, 2, 3, 4, 5, 6, 7, 8, 9,
+      ]);
       for (const r of replies) {
         expect(r.headers.get('x-ratelimit-limit-requests')).toBe('10');
         expect(r.headers.get('x-ratelimit-reset-requests')).toMatch(/^(\d+ms|\d+(\.\d+)?s|\d+m\d+(\.\d+)?s)$/);
@@ -144,11 +159,15 @@ describe('access control across two gateways', () => {
         expect(retryAfter).toBeLessThanOrEqual(60);
       }
       // The official client sees a RateLimitError.
-      const error = await client(gateways[1]!, key).chat.completions.create(chat('one more', 1)).catch((e: unknown) => e);
+      const error = await client(gateways[1]!, key)
+        .chat.completions.create(chat('one more', 1))
+        .catch((e: unknown) => e);
       expect(error).toBeInstanceOf(OpenAI.RateLimitError);
       const metrics = await Promise.all(gateways.map((g) => scrapePrometheus(`${g.url}/metrics`)));
       expect(metrics.reduce((sum, m) => sum + m.value('sluice_gateway_key_requests_total', { key: 'rpm10' }), 0)).toBe(10);
-      expect(metrics.reduce((sum, m) => sum + m.value('sluice_gateway_key_refusals_total', { key: 'rpm10', reason: 'requests' }), 0)).toBe(31);
+      expect(metrics.reduce((sum, m) => sum + m.value('sluice_gateway_key_refusals_total', { key: 'rpm10', reason: 'requests' }), 0)).toBe(
+        31,
+      );
     });
 
     it('never reserves more tokens than a --tpm budget for concurrent streams, and settles to the tokens actually streamed', async () => {
@@ -171,8 +190,7 @@ describe('access control across two gateways', () => {
       try {
         streams = await Promise.all(
           Array.from({ length: 8 }, (_, i) =>
-            openai[i % 2]!.chat.completions
-              .create({ ...chat(content, maxTokens), stream: true, stream_options: { include_usage: true } })
+            openai[i % 2]!.chat.completions.create({ ...chat(content, maxTokens), stream: true, stream_options: { include_usage: true } })
               .withResponse()
               .then(
                 ({ data, response }) => ({ ok: true as const, data, headers: response.headers }),
@@ -211,13 +229,20 @@ describe('access control across two gateways', () => {
       const redis = cluster.redis.client();
       try {
         const totalKey = `sluice:ratelimit:{${hashApiKey(key)}}:token-total`;
-        await waitFor('the three reservations settled', async () => (Number(await redis.get(totalKey)) === streamed ? true : undefined), 5_000);
+        await waitFor(
+          'the three reservations settled',
+          async () => (Number(await redis.get(totalKey)) === streamed ? true : undefined),
+          5_000,
+        );
       } finally {
         redis.disconnect();
       }
       const metrics = await Promise.all(gateways.map((g) => scrapePrometheus(`${g.url}/metrics`)));
       const used = metrics.reduce(
-        (sum, m) => sum + m.value('sluice_gateway_key_tokens_total', { key: 'tpm', kind: 'prompt' }) + m.value('sluice_gateway_key_tokens_total', { key: 'tpm', kind: 'completion' }),
+        (sum, m) =>
+          sum +
+          m.value('sluice_gateway_key_tokens_total', { key: 'tpm', kind: 'prompt' }) +
+          m.value('sluice_gateway_key_tokens_total', { key: 'tpm', kind: 'completion' }),
         0,
       );
       expect(used).toBe(streamed);
@@ -270,7 +295,11 @@ describe('access control across two gateways', () => {
       const preflight = (origin: string) =>
         fetch(`${gateways[0]!.url}/v1/chat/completions`, {
           method: 'OPTIONS',
-          headers: { Origin: origin, 'Access-Control-Request-Method': 'POST', 'Access-Control-Request-Headers': 'authorization,content-type' },
+          headers: {
+            Origin: origin,
+            'Access-Control-Request-Method': 'POST',
+            'Access-Control-Request-Headers': 'authorization,content-type',
+          },
         });
       const allowed = await preflight(allowedOrigin);
       expect(allowed.status).toBe(204);
@@ -282,7 +311,11 @@ describe('access control across two gateways', () => {
 
     it('refuses a POST body that is not application/json with 415, before looking at the key', async () => {
       for (const contentType of ['text/plain', 'application/x-www-form-urlencoded', 'multipart/form-data; boundary=x']) {
-        const res = await fetch(`${gateways[1]!.url}/v1/chat/completions`, { method: 'POST', headers: { 'Content-Type': contentType }, body: JSON.stringify(chat('hi', 2)) });
+        const res = await fetch(`${gateways[1]!.url}/v1/chat/completions`, {
+          method: 'POST',
+          headers: { 'Content-Type': contentType },
+          body: JSON.stringify(chat('hi', 2)),
+        });
         expect(res.status).toBe(415);
         expect(await res.json()).toMatchObject({ error: { code: 'unsupported_media_type' } });
       }
@@ -305,57 +338,63 @@ describe('access control across two gateways', () => {
       }
     });
 
-    it.skipIf(!hasChromium())('lets a page on an allowed origin stream a completion in real Chromium, and blocks a page on another origin', async () => {
-      const key = await keys('--name', 'browser');
-      let browser: Browser | undefined;
-      try {
-        browser = await launchChromium();
-        const page = await browser.newPage();
-        const call = (args: { url: string; key: string; model: string; contentType: string }) =>
-          page.evaluate(async ({ url, key, model, contentType }) => {
-            try {
-              const res = await fetch(url, {
-                method: 'POST',
-                headers: { 'Content-Type': contentType, Authorization: `Bearer ${key}` },
-                body: JSON.stringify({ model, messages: [{ role: 'user', content: 'hello' }], max_tokens: 8, stream: true }),
-              });
-              const reader = res.body!.getReader();
-              const decoder = new TextDecoder();
-              let text = '';
-              for (;;) {
-                const { done, value } = await reader.read();
-                if (done) break;
-                text += decoder.decode(value, { stream: true });
+    it.skipIf(!hasChromium())(
+      'lets a page on an allowed origin stream a completion in real Chromium, and blocks a page on another origin',
+      async () => {
+        const key = await keys('--name', 'browser');
+        let browser: Browser | undefined;
+        try {
+          browser = await launchChromium();
+          const page = await browser.newPage();
+          const call = (args: { url: string; key: string; model: string; contentType: string }) =>
+            page.evaluate(async ({ url, key, model, contentType }) => {
+              try {
+                const res = await fetch(url, {
+                  method: 'POST',
+                  headers: { 'Content-Type': contentType, Authorization: `Bearer ${key}` },
+                  body: JSON.stringify({ model, messages: [{ role: 'user', content: 'hello' }], max_tokens: 8, stream: true }),
+                });
+                const reader = res.body!.getReader();
+                const decoder = new TextDecoder();
+                let text = '';
+                for (;;) {
+                  const { done, value } = await reader.read();
+                  if (done) break;
+                  text += decoder.decode(value, { stream: true });
+                }
+                return { status: res.status, text, remaining: res.headers.get('x-request-id') };
+              } catch (error) {
+                return { error: String(error) };
               }
-              return { status: res.status, text, remaining: res.headers.get('x-request-id') };
-            } catch (error) {
-              return { error: String(error) };
-            }
-          }, args);
-        const url = `${gateways[1]!.url}/v1/chat/completions`;
+            }, args);
+          const url = `${gateways[1]!.url}/v1/chat/completions`;
 
-        await page.goto(`${allowedOrigin}/`);
-        const streamed = await call({ url, key, model: MODEL, contentType: 'application/json' });
-        expect(streamed).toMatchObject({ status: 200 });
-        expect((streamed as { text: string }).text).toMatch(/^data: \{.*"chat\.completion\.chunk"/m);
-        expect((streamed as { text: string }).text).toContain('data: [DONE]');
-        // The exposed headers are readable cross-origin.
-        expect((streamed as { remaining: string | null }).remaining).toMatch(/^[\w.-]+$/);
-        // A text/plain POST (no preflight needed) is refused before any work.
-        expect(await call({ url, key, model: MODEL, contentType: 'text/plain' })).toMatchObject({ status: 415 });
+          await page.goto(`${allowedOrigin}/`);
+          const streamed = await call({ url, key, model: MODEL, contentType: 'application/json' });
+          expect(streamed).toMatchObject({ status: 200 });
+          expect((streamed as { text: string }).text).toMatch(/^data: \{.*"chat\.completion\.chunk"/m);
+          expect((streamed as { text: string }).text).toContain('data: [DONE]');
+          // The exposed headers are readable cross-origin.
+          expect((streamed as { remaining: string | null }).remaining).toMatch(/^[\w.-]+$/);
+          // A text/plain POST (no preflight needed) is refused before any work.
+          expect(await call({ url, key, model: MODEL, contentType: 'text/plain' })).toMatchObject({ status: 415 });
 
-        await page.goto(`${otherOrigin}/`);
-        const blocked = await call({ url, key, model: MODEL, contentType: 'application/json' });
-        expect(blocked).toMatchObject({ error: expect.stringMatching(/TypeError|Failed to fetch/) });
-      } finally {
-        await browser?.close();
-      }
-    });
+          await page.goto(`${otherOrigin}/`);
+          const blocked = await call({ url, key, model: MODEL, contentType: 'application/json' });
+          expect(blocked).toMatchObject({ error: expect.stringMatching(/TypeError|Failed to fetch/) });
+        } finally {
+          await browser?.close();
+        }
+      },
+    );
   });
 
   describe('connections', () => {
     it('closes a connection whose headers do not arrive within HEADERS_TIMEOUT_MS (408), instead of Node’s minute', async () => {
-      const gateway = await cluster.gateway({ AUTH: 'none', HEADERS_TIMEOUT_MS: '500', HTTP_REQUEST_TIMEOUT_MS: '1000' }, { waitReady: false });
+      const gateway = await cluster.gateway(
+        { AUTH: 'none', HEADERS_TIMEOUT_MS: '500', HTTP_REQUEST_TIMEOUT_MS: '1000' },
+        { waitReady: false },
+      );
       const { port } = new URL(gateway.url);
       const reply = await new Promise<string>((resolve, reject) => {
         const socket = connect({ host: '127.0.0.1', port: Number(port) });
@@ -382,7 +421,12 @@ describe('the safe default', () => {
 
   const gatewayProcess = async (env: Record<string, string>) => {
     const port = await freePort();
-    return startProcess('gateway', process.execPath, [GATEWAY_MAIN], { REDIS_URL: cluster.redis.url, PORT: String(port), LOG_LEVEL: 'info', ...env });
+    return startProcess('gateway', process.execPath, [GATEWAY_MAIN], {
+      REDIS_URL: cluster.redis.url,
+      PORT: String(port),
+      LOG_LEVEL: 'info',
+      ...env,
+    });
   };
 
   it('refuses to start on a non-loopback address with no key, naming AUTH', async () => {
@@ -397,7 +441,11 @@ describe('the safe default', () => {
     for (const env of [{ HOST: '0.0.0.0', AUTH: 'none' }, { HOST: '127.0.0.1' }]) {
       const proc = await gatewayProcess(env);
       try {
-        await waitFor('the gateway to say AUTH=none', () => (/AUTH=none/.test(proc.output()) && /gateway listening/.test(proc.output()) ? true : undefined), 20_000);
+        await waitFor(
+          'the gateway to say AUTH=none',
+          () => (/AUTH=none/.test(proc.output()) && /gateway listening/.test(proc.output()) ? true : undefined),
+          20_000,
+        );
       } finally {
         await proc.stop();
       }
@@ -407,7 +455,13 @@ describe('the safe default', () => {
   it('starts on a non-loopback address with a key from API_KEY, which then authenticates', async () => {
     const apiKey = 'operator-key-0123456789abcdef0123456789';
     const port = await freePort();
-    const proc = startProcess('gateway', process.execPath, [GATEWAY_MAIN], { REDIS_URL: cluster.redis.url, PORT: String(port), HOST: '0.0.0.0', API_KEY: apiKey, LOG_LEVEL: 'info' });
+    const proc = startProcess('gateway', process.execPath, [GATEWAY_MAIN], {
+      REDIS_URL: cluster.redis.url,
+      PORT: String(port),
+      HOST: '0.0.0.0',
+      API_KEY: apiKey,
+      LOG_LEVEL: 'info',
+    });
     try {
       await waitFor('gateway listening', () => (/gateway listening/.test(proc.output()) ? true : undefined), 20_000);
       expect((await fetch(`http://127.0.0.1:${port}/v1/models`)).status).toBe(401);

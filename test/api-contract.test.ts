@@ -38,11 +38,19 @@ describe('the OpenAPI document and the API it describes', () => {
 
   function validate(ref: string, value: unknown, what: string): void {
     const check = ajv.getSchema(ref) ?? ajv.compile({ $ref: ref });
-    if (!check(value)) throw new Error(`${what} does not match ${ref}: ${JSON.stringify(check.errors?.slice(0, 5))}\n${JSON.stringify(value).slice(0, 800)}`);
+    if (!check(value))
+      throw new Error(
+        `${what} does not match ${ref}: ${JSON.stringify(check.errors?.slice(0, 5))}\n${JSON.stringify(value).slice(0, 800)}`,
+      );
   }
 
   /** Sends a request and checks the reply against the document's operation `method path`. */
-  async function call(method: string, path: string, template: string, init: RequestInit & { json?: unknown } = {}): Promise<{ status: number; body: unknown }> {
+  async function call(
+    method: string,
+    path: string,
+    template: string,
+    init: RequestInit & { json?: unknown } = {},
+  ): Promise<{ status: number; body: unknown }> {
     const operation = doc.paths[template]?.[method.toLowerCase()];
     if (operation === undefined) throw new Error(`${method} ${template} is not documented`);
     covered.add(operation.operationId);
@@ -50,7 +58,9 @@ describe('the OpenAPI document and the API it describes', () => {
     const res = await fetch(`${gateway.url}${path}`, {
       method,
       ...rest,
-      ...(json === undefined ? {} : { body: JSON.stringify(json), headers: { 'Content-Type': 'application/json', ...(rest.headers ?? {}) } }),
+      ...(json === undefined
+        ? {}
+        : { body: JSON.stringify(json), headers: { 'Content-Type': 'application/json', ...(rest.headers ?? {}) } }),
     });
     const status = String(res.status);
     const response = operation.responses[status];
@@ -82,11 +92,19 @@ describe('the OpenAPI document and the API it describes', () => {
     const chat = { model: MODEL, messages: [{ role: 'user', content: 'Hello there' }], max_tokens: 6, temperature: 0 };
     await call('POST', '/v1/chat/completions', '/v1/chat/completions', { json: { ...chat, logprobs: true, top_logprobs: 2 } });
     const streamed = await call('POST', '/v1/chat/completions', '/v1/chat/completions', {
-      json: { ...chat, stream: true, stream_options: { include_usage: true, continuous_usage_stats: true }, logprobs: true, top_logprobs: 1 },
+      json: {
+        ...chat,
+        stream: true,
+        stream_options: { include_usage: true, continuous_usage_stats: true },
+        logprobs: true,
+        top_logprobs: 1,
+      },
     });
     const chatId = (streamed.body as Array<{ id: string }>)[0]!.id;
     const completion = { model: MODEL, max_tokens: 5, temperature: 0 };
-    await call('POST', '/v1/completions', '/v1/completions', { json: { ...completion, prompt: ['Once upon', [5, 6, 7]], echo: true, n: 2 } });
+    await call('POST', '/v1/completions', '/v1/completions', {
+      json: { ...completion, prompt: ['Once upon', [5, 6, 7]], echo: true, n: 2 },
+    });
     const stream = await call('POST', '/v1/completions', '/v1/completions', {
       json: { ...completion, prompt: 'The sea', stream: true, logprobs: 2, stream_options: { include_usage: true } },
     });
@@ -105,7 +123,9 @@ describe('the OpenAPI document and the API it describes', () => {
     const tokenized = await call('POST', '/tokenize', '/tokenize', { json: { model: MODEL, prompt: 'Hello world' } });
     const ids = (tokenized.body as { tokens: number[] }).tokens;
     expect(ids.length).toBeGreaterThan(0);
-    const chat = await call('POST', '/tokenize', '/tokenize', { json: { model: MODEL, messages: [{ role: 'user', content: 'Hello world' }] } });
+    const chat = await call('POST', '/tokenize', '/tokenize', {
+      json: { model: MODEL, messages: [{ role: 'user', content: 'Hello world' }] },
+    });
     expect((chat.body as { count: number }).count).toBeGreaterThan(ids.length);
     const text = await call('POST', '/detokenize', '/detokenize', { json: { model: MODEL, tokens: ids } });
     expect((text.body as { prompt: string }).prompt).toContain('Hello world');
@@ -160,7 +180,16 @@ describe('the official openai client on the newer endpoints and request features
     }
     expect(batch.usage!.completion_tokens).toBe(batch.choices.length * 6);
     // Streamed, every choice index arrives and ends.
-    const stream = await client.completions.create({ model: MODEL, prompt: [[5, 6, 7], [8, 9]], max_tokens: 3, temperature: 0, stream: true });
+    const stream = await client.completions.create({
+      model: MODEL,
+      prompt: [
+        [5, 6, 7],
+        [8, 9],
+      ],
+      max_tokens: 3,
+      temperature: 0,
+      stream: true,
+    });
     const ended = new Set<number>();
     for await (const chunk of stream) for (const choice of chunk.choices) if (choice.finish_reason !== null) ended.add(choice.index);
     expect([...ended].sort()).toEqual([0, 1]);
@@ -169,7 +198,14 @@ describe('the official openai client on the newer endpoints and request features
   it('echoes the prompt, whole and streamed', async () => {
     const whole = await client.completions.create({ model: MODEL, prompt: 'Once upon a time', max_tokens: 4, temperature: 0, echo: true });
     expect(whole.choices[0]!.text.startsWith('Once upon a time')).toBe(true);
-    const stream = await client.completions.create({ model: MODEL, prompt: 'Once upon a time', max_tokens: 4, temperature: 0, echo: true, stream: true });
+    const stream = await client.completions.create({
+      model: MODEL,
+      prompt: 'Once upon a time',
+      max_tokens: 4,
+      temperature: 0,
+      echo: true,
+      stream: true,
+    });
     let text = '';
     for await (const chunk of stream) text += chunk.choices[0]?.text ?? '';
     expect(text).toBe(whole.choices[0]!.text);
@@ -207,7 +243,8 @@ describe('the official openai client on the newer endpoints and request features
         expect(top[logprobs.tokens![i]!]).toBeCloseTo(logprobs.token_logprobs![i]!, 5);
       });
       // Greedy: the sampled token is the most likely one.
-      if (k > 0) logprobs.top_logprobs!.forEach((top, i) => expect(Math.max(...Object.values(top))).toBeCloseTo(logprobs.token_logprobs![i]!, 5));
+      if (k > 0)
+        logprobs.top_logprobs!.forEach((top, i) => expect(Math.max(...Object.values(top))).toBeCloseTo(logprobs.token_logprobs![i]!, 5));
     }
   });
 });

@@ -17,7 +17,13 @@ import { readSse } from './support/sse.js';
 
 /** Short enough to test expiry; a running request's log lives until its deadline plus this. */
 const RETENTION_MS = 2_000;
-const WORKER_ENV = { WORKER_HEARTBEAT_MS: '250', WORKER_TTL_MS: '1500', STREAM_RETENTION_MS: String(RETENTION_MS), MAX_BATCH_SIZE: '32', LOG_LEVEL: 'info' };
+const WORKER_ENV = {
+  WORKER_HEARTBEAT_MS: '250',
+  WORKER_TTL_MS: '1500',
+  STREAM_RETENTION_MS: String(RETENTION_MS),
+  MAX_BATCH_SIZE: '32',
+  LOG_LEVEL: 'info',
+};
 const GATEWAY_ENV = { REGISTRY_POLL_MS: '200', STREAM_RETENTION_MS: String(RETENTION_MS), LOG_LEVEL: 'info' };
 
 const body = (i: number, maxTokens: number, extra: Record<string, unknown> = {}) => ({
@@ -57,7 +63,11 @@ async function read(res: Response, into: Collected, options: { stopAfter?: numbe
         into.done = true;
         return;
       }
-      const chunk = JSON.parse(item.data) as { id?: string; error?: unknown; choices?: Array<{ delta?: { content?: string }; finish_reason?: string | null }> };
+      const chunk = JSON.parse(item.data) as {
+        id?: string;
+        error?: unknown;
+        choices?: Array<{ delta?: { content?: string }; finish_reason?: string | null }>;
+      };
       if (chunk.error !== undefined) into.errors.push(chunk.error);
       into.id ??= chunk.id;
       const choice = chunk.choices?.[0];
@@ -77,7 +87,15 @@ async function read(res: Response, into: Collected, options: { stopAfter?: numbe
   }
 }
 
-const empty = (): Collected => ({ id: undefined, text: '', lastEventId: undefined, finishReason: null, done: false, errors: [], events: 0 });
+const empty = (): Collected => ({
+  id: undefined,
+  text: '',
+  lastEventId: undefined,
+  finishReason: null,
+  done: false,
+  errors: [],
+  events: 0,
+});
 
 function post(url: string, payload: unknown, signal?: AbortSignal): Promise<Response> {
   return fetch(`${url}/v1/chat/completions`, {
@@ -132,7 +150,7 @@ describe('durable token streams: nginx → 2 gateways → Redis → 2 workers', 
     await cluster?.stop();
   });
 
-  it('repairs every stream from its log while the gateways\' subscriber connections are killed again and again', async () => {
+  it("repairs every stream from its log while the gateways' subscriber connections are killed again and again", async () => {
     const client = new OpenAI({ baseURL: `${nginx.url}/v1`, apiKey: 'unused', maxRetries: 0 });
     const N = 32;
     const maxTokens = (i: number) => 600 + (i % 4) * 100;
@@ -166,7 +184,15 @@ describe('durable token streams: nginx → 2 gateways → Redis → 2 workers', 
     );
     await killer;
     expect(killsDuringStreams, 'the subscribers were killed while streams ran').toBeGreaterThan(3);
-    expect(results.map((r) => (r.error === undefined ? undefined : r.error instanceof Error ? r.error.message : inspect(r.error))), cluster.logs().split("\n").filter((l) => /"level":[45]0/.test(l) && !l.includes("subscriber reconnected")).slice(0, 20).join("\n")).toEqual(results.map(() => undefined));
+    expect(
+      results.map((r) => (r.error === undefined ? undefined : r.error instanceof Error ? r.error.message : inspect(r.error))),
+      cluster
+        .logs()
+        .split('\n')
+        .filter((l) => /"level":[45]0/.test(l) && !l.includes('subscriber reconnected'))
+        .slice(0, 20)
+        .join('\n'),
+    ).toEqual(results.map(() => undefined));
     expect(results.map((r) => r.finish)).toEqual(results.map(() => 'length'));
     results.forEach((r, i) => expect(r.text, `stream ${i}`).toBe(expected[i]));
   });
@@ -198,7 +224,7 @@ describe('durable token streams: nginx → 2 gateways → Redis → 2 workers', 
     });
   });
 
-  it('stops the work of a killed gateway\'s clients that asked for no grace once the gateway is known dead', async () => {
+  it("stops the work of a killed gateway's clients that asked for no grace once the gateway is known dead", async () => {
     const victim = await cluster.gateway(GATEWAY_ENV);
     const outs = Array.from({ length: 4 }, empty);
     const legs = outs.map(async (out, i) => read(await post(victim.url, body(200 + i, 1500)), out));
@@ -207,10 +233,15 @@ describe('durable token streams: nginx → 2 gateways → Redis → 2 workers', 
     victim.process.child.kill('SIGKILL');
     await Promise.all(legs);
     // Workers notice when a publish reaches nobody and the gateway's alive key (3 s TTL) is gone.
-    await waitFor('the sequences stopped', async () => {
-      const running = (await Promise.all(workers.map((w) => w.health()))).reduce((sum, h) => sum + h.running, 0);
-      return running === 0 ? true : undefined;
-    }, 15_000, 50);
+    await waitFor(
+      'the sequences stopped',
+      async () => {
+        const running = (await Promise.all(workers.map((w) => w.health()))).reduce((sum, h) => sum + h.running, 0);
+        return running === 0 ? true : undefined;
+      },
+      15_000,
+      50,
+    );
     const stoppedMs = Date.now() - killedAt;
     console.log(`sequences of a SIGKILLed gateway stopped ${stoppedMs} ms after the kill (alive-key TTL 3000 ms)`);
     expect(stoppedMs).toBeLessThan(10_000);
@@ -231,7 +262,9 @@ describe('durable token streams: nginx → 2 gateways → Redis → 2 workers', 
     if (last.status !== 200) {
       const jobId = out.id!.replace('chatcmpl-', '');
       const meta = await redis.hgetall(`sluice:{${jobId}}:meta`);
-      throw new Error(`resume: ${last.status} ${await last.text()} meta=${JSON.stringify(meta)} ttl=${await redis.pttl(`sluice:{${jobId}}:meta`)} log=${await redis.xlen(`sluice:{${jobId}}:log`)}`);
+      throw new Error(
+        `resume: ${last.status} ${await last.text()} meta=${JSON.stringify(meta)} ttl=${await redis.pttl(`sluice:{${jobId}}:meta`)} log=${await redis.xlen(`sluice:{${jobId}}:log`)}`,
+      );
     }
     await read(last, out);
     expect(out.errors).toEqual([]);

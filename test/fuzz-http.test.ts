@@ -64,7 +64,20 @@ describe('fuzzing a running gateway (bodies and raw HTTP framing)', () => {
     // Valid bodies with fields replaced by anything, and arbitrary JSON.
     const mutated = fc
       .record({
-        key: fc.constantFrom('model', 'messages', 'max_tokens', 'stream', 'n', 'temperature', 'stop', 'logprobs', 'top_logprobs', 'prompt', 'stream_options', 'resume_grace_ms'),
+        key: fc.constantFrom(
+          'model',
+          'messages',
+          'max_tokens',
+          'stream',
+          'n',
+          'temperature',
+          'stop',
+          'logprobs',
+          'top_logprobs',
+          'prompt',
+          'stream_options',
+          'resume_grace_ms',
+        ),
         value: fc.jsonValue({ maxDepth: 3 }),
         stream: fc.boolean(),
       })

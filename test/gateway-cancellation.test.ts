@@ -35,10 +35,15 @@ describe('when the client goes away', () => {
 
     const abortedAt = Date.now();
     doomed.abort();
-    const after = await waitFor('the running count to drop', async () => {
-      const health = await worker.health();
-      return health.running <= 1 && health.lastCancel?.requestId === doomed.requestId ? health : undefined;
-    }, 10_000, 5);
+    const after = await waitFor(
+      'the running count to drop',
+      async () => {
+        const health = await worker.health();
+        return health.running <= 1 && health.lastCancel?.requestId === doomed.requestId ? health : undefined;
+      },
+      10_000,
+      5,
+    );
     // The engine drops an aborted sequence at the next step boundary (packages/engine tests count the
     // tokens); here a step is well under a millisecond, so the cancel is bounded by the message path.
     expect(after.lastCancel!.ms).toBeLessThan(500);
@@ -54,7 +59,13 @@ describe('when the client goes away', () => {
     const before = (await scrapePrometheus(`${gateway.url}/metrics`)).value('sluice_gateway_disconnects_total', { stage: 'prefill' });
     // 1,900 prompt tokens at 16 per step: the worker accepts it (headers go out), then prefills for ~120 steps.
     const promptIds = Array.from({ length: 1900 }, (_, i) => 100 + (i % 500));
-    const stream = new LiveStream(`${gateway.url}/v1/completions`, { model: MODEL, prompt: promptIds, max_tokens: 8, temperature: 0, stream: true });
+    const stream = new LiveStream(`${gateway.url}/v1/completions`, {
+      model: MODEL,
+      prompt: promptIds,
+      max_tokens: 8,
+      temperature: 0,
+      stream: true,
+    });
     expect(await stream.headers).toBe(200);
     // Frozen mid-prefill, so the client leaves before any token whatever the machine's speed.
     worker.process.signal('SIGSTOP');
@@ -62,10 +73,14 @@ describe('when the client goes away', () => {
       expect(stream.contentChunks).toBe(0);
       stream.abort();
       expect(await stream.ended).toBe('aborted');
-      await waitFor('the gateway counted the disconnect', async () => {
-        const now = (await scrapePrometheus(`${gateway.url}/metrics`)).value('sluice_gateway_disconnects_total', { stage: 'prefill' });
-        return now === before + 1 ? true : undefined;
-      }, 5_000);
+      await waitFor(
+        'the gateway counted the disconnect',
+        async () => {
+          const now = (await scrapePrometheus(`${gateway.url}/metrics`)).value('sluice_gateway_disconnects_total', { stage: 'prefill' });
+          return now === before + 1 ? true : undefined;
+        },
+        5_000,
+      );
     } finally {
       worker.process.signal('SIGCONT');
     }
@@ -78,7 +93,10 @@ describe('when the client goes away', () => {
       await waitFor('worker idle', async () => ((await worker.health()).running === 0 ? true : undefined));
       await sleep(100);
       const start = await worker.health();
-      const fillers = [new LiveStream(`${gateway.url}/v1/completions`, long('Filler one')), new LiveStream(`${gateway.url}/v1/completions`, long('Filler two'))];
+      const fillers = [
+        new LiveStream(`${gateway.url}/v1/completions`, long('Filler one')),
+        new LiveStream(`${gateway.url}/v1/completions`, long('Filler two')),
+      ];
       await Promise.all(fillers.map((s) => s.until('filler running', () => s.contentChunks >= 1)));
       // Both batch slots are busy, and frozen so the fillers cannot finish first on a fast machine:
       // this one waits in the queue (no headers yet: HEADERS_WAIT_MS is 1 s).
@@ -93,7 +111,11 @@ describe('when the client goes away', () => {
         await waitFor('the job waiting in Redis', async () => ((await redis.llen('sluice:bull:generate:wait')) === 1 ? true : undefined));
         queued.abort();
         expect(await queued.ended).toBe('aborted');
-        await waitFor('the waiting job removed', async () => ((await redis.llen('sluice:bull:generate:wait')) === 0 ? true : undefined), 5_000);
+        await waitFor(
+          'the waiting job removed',
+          async () => ((await redis.llen('sluice:bull:generate:wait')) === 0 ? true : undefined),
+          5_000,
+        );
       } finally {
         worker.process.signal('SIGCONT');
       }

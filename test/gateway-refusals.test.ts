@@ -83,7 +83,10 @@ describe('refusals before any SSE byte', () => {
         expect(completionTooLong.error).toMatchObject({ code: 'context_length_exceeded', param: 'prompt' });
         const tooManyTokens = await refused('/v1/chat/completions', chat({ stream, max_tokens: 100_000 }));
         expect(tooManyTokens.error).toMatchObject({ code: 'context_length_exceeded', param: 'max_tokens' });
-        const tooManyCompletionTokens = await refused('/v1/chat/completions', chat({ stream, max_tokens: undefined, max_completion_tokens: 100_000 }));
+        const tooManyCompletionTokens = await refused(
+          '/v1/chat/completions',
+          chat({ stream, max_tokens: undefined, max_completion_tokens: 100_000 }),
+        );
         expect(tooManyCompletionTokens.error).toMatchObject({ code: 'context_length_exceeded', param: 'max_completion_tokens' });
       });
     });

@@ -6,7 +6,16 @@ import type { GatewayProcess } from './support/sluice.js';
 import { checkChunkSequence, postRaw } from './support/sse.js';
 
 const MAX_TOKENS = 12;
-const TOPICS = ['the sea', 'a small red fox', 'rain on a tin roof', 'bread', 'winter mornings in the city', 'a clock', 'two old friends', 'the moon'];
+const TOPICS = [
+  'the sea',
+  'a small red fox',
+  'rain on a tin roof',
+  'bread',
+  'winter mornings in the city',
+  'a clock',
+  'two old friends',
+  'the moon',
+];
 
 interface Case {
   endpoint: 'chat' | 'completion';
@@ -16,7 +25,12 @@ interface Case {
 const cases: Case[] = TOPICS.flatMap((topic, i) => [
   {
     endpoint: 'chat' as const,
-    body: { model: MODEL, messages: [{ role: 'user', content: `Tell me about ${topic}.` }], max_tokens: MAX_TOKENS + (i % 3), temperature: 0 },
+    body: {
+      model: MODEL,
+      messages: [{ role: 'user', content: `Tell me about ${topic}.` }],
+      max_tokens: MAX_TOKENS + (i % 3),
+      temperature: 0,
+    },
   },
   {
     endpoint: 'completion' as const,

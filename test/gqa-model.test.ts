@@ -13,7 +13,14 @@ import { checkChunkSequence, postRaw } from './support/sse.js';
  * same weights in the plain form, served the same way, give the same text for the same requests,
  * alone and concurrently.
  */
-const PROMPTS = ['Once upon a time', 'The sea was calm and', 'A small red fox', 'Bread is made of', 'Two old friends met', 'Rain on a tin roof'];
+const PROMPTS = [
+  'Once upon a time',
+  'The sea was calm and',
+  'A small red fox',
+  'Bread is made of',
+  'Two old friends met',
+  'Rain on a tin roof',
+];
 
 /** Texts of every prompt served by a worker on `modelDir`: streamed concurrently, then one alone (stream: false). */
 async function serve(modelDir: string | undefined): Promise<{ concurrent: string[]; alone: string }> {

@@ -20,14 +20,23 @@ import type { GatewayProcess, WorkerProcess } from './support/sluice.js';
 const CHROMIUM = process.env.CHROMIUM_PATH ?? '/usr/bin/chromium';
 /** Tokens of the resumed streams: about 2 s of decoding on an idle machine, far more than a poll. */
 const RESUME_TOKENS = 1536;
-const CHROMIUM_ARGS = ['--headless', '--no-sandbox', '--disable-gpu', '--disable-background-networking', '--disable-component-update', '--no-first-run'];
+const CHROMIUM_ARGS = [
+  '--headless',
+  '--no-sandbox',
+  '--disable-gpu',
+  '--disable-background-networking',
+  '--disable-component-update',
+  '--no-first-run',
+];
 const README_SCREENSHOT = fileURLToPath(new URL('../docs/playground.png', import.meta.url));
 /**
  * The README's screenshot is taken by this test: written into docs/ when missing or when
  * SLUICE_UPDATE_SCREENSHOT=1, else next to the test's temp files (a test run leaves the tree clean).
  */
 const SCREENSHOT =
-  process.env.SLUICE_UPDATE_SCREENSHOT === '1' || !existsSync(README_SCREENSHOT) ? README_SCREENSHOT : join(tmpdir(), 'sluice-playground.png');
+  process.env.SLUICE_UPDATE_SCREENSHOT === '1' || !existsSync(README_SCREENSHOT)
+    ? README_SCREENSHOT
+    : join(tmpdir(), 'sluice-playground.png');
 
 /**
  * The whole answer of a stream as the gateways logged it: the resume route from before the first event
@@ -127,7 +136,9 @@ describe.skipIf(!existsSync(CHROMIUM))('the playground in headless Chromium', ()
   });
 
   it('stops a running stream, and the worker cancels its sequence', async () => {
-    const before = (await scrapePrometheus(worker.healthUrl.replace('/healthz', '/metrics'))).value('sluice_request_success_total', { finish_reason: 'abort' });
+    const before = (await scrapePrometheus(worker.healthUrl.replace('/healthz', '/metrics'))).value('sluice_request_success_total', {
+      finish_reason: 'abort',
+    });
     // As long as the context allows, past the end-of-sequence token: the stream is still running at Stop.
     await setParams({ max_tokens: contextLength - 64, ignoreEos: true });
     await sendMessage('Count slowly.');
@@ -143,7 +154,9 @@ describe.skipIf(!existsSync(CHROMIUM))('the playground in headless Chromium', ()
     const requestId = ((await page.textContent('#request-id')) ?? '').replace(/^chatcmpl-/, '');
     await worker.sequenceCancelled(requestId);
     await waitFor('the abort counted in the worker metrics', async () => {
-      const after = (await scrapePrometheus(worker.healthUrl.replace('/healthz', '/metrics'))).value('sluice_request_success_total', { finish_reason: 'abort' });
+      const after = (await scrapePrometheus(worker.healthUrl.replace('/healthz', '/metrics'))).value('sluice_request_success_total', {
+        finish_reason: 'abort',
+      });
       return after === before + 1 ? true : undefined;
     });
     expect(await page.isDisabled('#stop')).toBe(true);

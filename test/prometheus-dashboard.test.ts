@@ -41,14 +41,15 @@ describe.skipIf(!hasPrometheus())('the Grafana dashboard and the alert rules on 
       body: JSON.stringify({ model: MODEL, max_tokens: 12, temperature: 0, ...body }),
       ...(signal === undefined ? {} : { signal }),
     });
-  const chat = (extra: Record<string, unknown> = {}) => post('/v1/chat/completions', { messages: [{ role: 'user', content: 'Hello' }], ...extra });
+  const chat = (extra: Record<string, unknown> = {}) =>
+    post('/v1/chat/completions', { messages: [{ role: 'user', content: 'Hello' }], ...extra });
 
   /** Ordinary traffic for `ms`: streams, complete replies, and a client that leaves mid-stream. */
   async function traffic(ms: number): Promise<void> {
     const until = Date.now() + ms;
     while (Date.now() < until) {
       const leaving = new AbortController();
-      const left = chat({ stream: true, max_tokens: 200, ignore_eos: true }, ).then(async (res) => {
+      const left = chat({ stream: true, max_tokens: 200, ignore_eos: true }).then(async (res) => {
         const reader = res.body!.getReader();
         await reader.read();
         leaving.abort();
@@ -90,10 +91,15 @@ describe.skipIf(!hasPrometheus())('the Grafana dashboard and the alert rules on 
     const files = Object.fromEntries(shipped.rule_files.map((name) => [name, readFileSync(deploy(`prometheus/${name}`), 'utf8')]));
     prometheus = await startPrometheus(stringify(config), files);
     // The prometheus job scrapes localhost:9090 as shipped; point it at this server.
-    await waitFor('gateway and worker scraped', async () => {
-      const up = await prometheus.query('up{job=~"gateway|worker"} == 1');
-      return up.length === 2 ? true : undefined;
-    }, 30_000, 200);
+    await waitFor(
+      'gateway and worker scraped',
+      async () => {
+        const up = await prometheus.query('up{job=~"gateway|worker"} == 1');
+        return up.length === 2 ? true : undefined;
+      },
+      30_000,
+      200,
+    );
 
     await traffic(5_000);
     // Incidents. A stream that a second connection takes over (a resume on the same gateway): the
@@ -132,7 +138,9 @@ describe.skipIf(!hasPrometheus())('the Grafana dashboard and the alert rules on 
     await cluster?.stop();
   });
 
-  const panelQueries = dashboard.panels.flatMap((panel) => (panel.targets ?? []).map((target) => ({ title: panel.title, expr: target.expr })));
+  const panelQueries = dashboard.panels.flatMap((panel) =>
+    (panel.targets ?? []).map((target) => ({ title: panel.title, expr: target.expr })),
+  );
 
   it('has panel queries to check', () => {
     expect(panelQueries.length).toBeGreaterThan(40);
@@ -144,12 +152,19 @@ describe.skipIf(!hasPrometheus())('the Grafana dashboard and the alert rules on 
   });
 
   it('evaluates every shipped recording and alert rule without error', async () => {
-    const shipped = parse(readFileSync(deploy('prometheus/alerts.yml'), 'utf8')) as { groups: Array<{ rules: Array<{ record?: string; alert?: string }> }> };
+    const shipped = parse(readFileSync(deploy('prometheus/alerts.yml'), 'utf8')) as {
+      groups: Array<{ rules: Array<{ record?: string; alert?: string }> }>;
+    };
     const names = shipped.groups.flatMap((g) => g.rules.map((r) => r.record ?? r.alert));
-    const rules = await waitFor('every rule evaluated', async () => {
-      const all = (await prometheus.rules()).flatMap((g) => g.rules);
-      return all.length === names.length && all.every((r) => r.health === 'ok') ? all : undefined;
-    }, 15_000, 200);
+    const rules = await waitFor(
+      'every rule evaluated',
+      async () => {
+        const all = (await prometheus.rules()).flatMap((g) => g.rules);
+        return all.length === names.length && all.every((r) => r.health === 'ok') ? all : undefined;
+      },
+      15_000,
+      200,
+    );
     expect(rules.map((r) => r.name).sort()).toEqual([...names].sort());
     for (const rule of rules) expect(rule.lastError ?? '', rule.name).toBe('');
     // Recording rules record data.
@@ -160,10 +175,15 @@ describe.skipIf(!hasPrometheus())('the Grafana dashboard and the alert rules on 
 
   it('raises SluiceNoLiveWorkers when the last worker stops', async () => {
     await worker.process.stop(5_000);
-    const alert = await waitFor('SluiceNoLiveWorkers active', async () => {
-      const rule = (await prometheus.rules()).flatMap((g) => g.rules).find((r) => r.name === 'SluiceNoLiveWorkers');
-      return rule?.state === 'pending' || rule?.state === 'firing' ? rule : undefined;
-    }, 20_000, 250);
+    const alert = await waitFor(
+      'SluiceNoLiveWorkers active',
+      async () => {
+        const rule = (await prometheus.rules()).flatMap((g) => g.rules).find((r) => r.name === 'SluiceNoLiveWorkers');
+        return rule?.state === 'pending' || rule?.state === 'firing' ? rule : undefined;
+      },
+      20_000,
+      250,
+    );
     expect(alert.health).toBe('ok');
   });
 });

@@ -40,10 +40,36 @@ active 2
     const family = parsed.family('step_seconds');
     expect(family.type).toBe('histogram');
     expect(family.histograms).toEqual([
-      { labels: { phase: 'prefill' }, buckets: [{ le: 0.01, count: 1 }, { le: 0.1, count: 3 }, { le: Infinity, count: 4 }], sum: 2.5, count: 4 },
-      { labels: { phase: 'decode' }, buckets: [{ le: 0.01, count: 7 }, { le: 0.1, count: 9 }, { le: Infinity, count: 9 }], sum: 0.2, count: 9 },
+      {
+        labels: { phase: 'prefill' },
+        buckets: [
+          { le: 0.01, count: 1 },
+          { le: 0.1, count: 3 },
+          { le: Infinity, count: 4 },
+        ],
+        sum: 2.5,
+        count: 4,
+      },
+      {
+        labels: { phase: 'decode' },
+        buckets: [
+          { le: 0.01, count: 7 },
+          { le: 0.1, count: 9 },
+          { le: Infinity, count: 9 },
+        ],
+        sum: 0.2,
+        count: 9,
+      },
     ]);
-    expect(parsed.histogram('step_seconds')).toMatchObject({ count: 13, sum: 2.7, buckets: [{ le: 0.01, count: 8 }, { le: 0.1, count: 12 }, { le: Infinity, count: 13 }] });
+    expect(parsed.histogram('step_seconds')).toMatchObject({
+      count: 13,
+      sum: 2.7,
+      buckets: [
+        { le: 0.01, count: 8 },
+        { le: 0.1, count: 12 },
+        { le: Infinity, count: 13 },
+      ],
+    });
     expect(parsed.histogram('step_seconds', { phase: 'decode' }).count).toBe(9);
   });
 
@@ -73,7 +99,11 @@ big +Inf
     ['a negative counter', '# TYPE c_total counter\nc_total -1\n', /negative/],
     ['non-cumulative buckets', histogram.replace('le="0.1",phase="prefill"} 3', 'le="0.1",phase="prefill"} 0'), /not cumulative/],
     ['a missing +Inf bucket', histogram.replace('step_seconds_bucket{le="+Inf",phase="decode"} 9\n', ''), /no \+Inf bucket/],
-    ['a _count that disagrees with +Inf', histogram.replace('step_seconds_count{phase="decode"} 9', 'step_seconds_count{phase="decode"} 8'), /!= _count/],
+    [
+      'a _count that disagrees with +Inf',
+      histogram.replace('step_seconds_count{phase="decode"} 9', 'step_seconds_count{phase="decode"} 8'),
+      /!= _count/,
+    ],
     ['a histogram without _sum', histogram.replace('step_seconds_sum{phase="decode"} 0.2\n', ''), /lacks _sum/],
   ])('rejects %s', (_, text, error) => {
     expect(() => parsePrometheusText(text)).toThrow(error);

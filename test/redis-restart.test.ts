@@ -32,9 +32,11 @@ describe('when Redis is killed and restarted under load', () => {
   async function startStreams(): Promise<{ streams: LiveStream[]; ends: Array<Promise<number>> }> {
     const streams = Array.from({ length: 8 }, () => new LiveStream(`${gateway.url}/v1/completions`, body));
     for (const stream of streams) {
-      await stream.until('streaming', () => stream.contentChunks > 0).catch((error: unknown) => {
-        throw new Error(`${String(error)}: ${stream.status} ${JSON.stringify(stream.items.slice(-3))}`);
-      });
+      await stream
+        .until('streaming', () => stream.contentChunks > 0)
+        .catch((error: unknown) => {
+          throw new Error(`${String(error)}: ${stream.status} ${JSON.stringify(stream.items.slice(-3))}`);
+        });
     }
     return { streams, ends: streams.map((stream) => stream.ended.then(() => Date.now())) };
   }
@@ -63,7 +65,12 @@ describe('when Redis is killed and restarted under load', () => {
     // The worker stopped decoding for nobody: its sequences' entries could not be written.
     await waitFor('worker idle', async () => ((await cluster.workers[0]!.health()).running === 0 ? true : undefined), 30_000, 50);
     const idleAt = Date.now();
-    const readyAt = await waitFor('/readyz 200', async () => ((await gateway.get('/readyz')).status === 200 ? Date.now() : undefined), 30_000, 50);
+    const readyAt = await waitFor(
+      '/readyz 200',
+      async () => ((await gateway.get('/readyz')).status === 200 ? Date.now() : undefined),
+      30_000,
+      50,
+    );
     const sentAt = Date.now();
     const next = await postRaw(`${gateway.url}/v1/completions`, { model: MODEL, prompt: 'Hello', max_tokens: 4, temperature: 0 });
     const answeredAt = Date.now();

@@ -71,7 +71,10 @@ describe.skipIf(FAKE_ENGINE)('refusals while every worker is frozen (SIGSTOP)', 
     it(`answers what the chat template refuses with 400, in the template's words (stream: ${stream})`, async () => {
       const { status, error } = await refused('/v1/chat/completions', {
         model: 'strict',
-        messages: [{ role: 'system', content: 'Be brief.' }, { role: 'user', content: 'Hello' }],
+        messages: [
+          { role: 'system', content: 'Be brief.' },
+          { role: 'user', content: 'Hello' },
+        ],
         stream,
       });
       expect(status).toBe(400);
@@ -79,7 +82,11 @@ describe.skipIf(FAKE_ENGINE)('refusals while every worker is frozen (SIGSTOP)', 
     });
 
     it(`answers an unknown model with 404 (stream: ${stream})`, async () => {
-      const { status, error } = await refused('/v1/chat/completions', { model: 'nope', messages: [{ role: 'user', content: 'x' }], stream });
+      const { status, error } = await refused('/v1/chat/completions', {
+        model: 'nope',
+        messages: [{ role: 'user', content: 'x' }],
+        stream,
+      });
       expect(status).toBe(404);
       expect(error).toMatchObject({ code: 'model_not_found', param: 'model' });
     });

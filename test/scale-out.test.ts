@@ -94,7 +94,11 @@ describe('scale-out: nginx → 2 gateways → Redis → 2 workers', () => {
 
   it('returns x-request-id on every reply: the client id when valid, a fresh one otherwise, and both apps log it', async () => {
     const post = (headers: Record<string, string>, body: unknown) =>
-      fetch(`${nginx.url}/v1/chat/completions`, { method: 'POST', headers: { 'Content-Type': 'application/json', ...headers }, body: JSON.stringify(body) });
+      fetch(`${nginx.url}/v1/chat/completions`, {
+        method: 'POST',
+        headers: { 'Content-Type': 'application/json', ...headers },
+        body: JSON.stringify(body),
+      });
 
     const ok = await post({ 'X-Request-Id': 'scale-out.check-1' }, params(0));
     expect(ok.status).toBe(200);
@@ -111,11 +115,15 @@ describe('scale-out: nginx → 2 gateways → Redis → 2 workers', () => {
     expect(refused.headers.get('x-request-id')).toBe('scale-out.refused');
     await refused.text();
 
-    await waitFor('the request id in a gateway log and a worker log', () => {
-      const inGateway = gateways.some((g) => /"requestId":"scale-out\.check-1".*"request finished"/.test(g.process.output()));
-      const inWorker = workers.some((w) => /"requestId":"scale-out\.check-1".*"request finished"/.test(w.process.output()));
-      return inGateway && inWorker ? true : undefined;
-    }, 5_000);
+    await waitFor(
+      'the request id in a gateway log and a worker log',
+      () => {
+        const inGateway = gateways.some((g) => /"requestId":"scale-out\.check-1".*"request finished"/.test(g.process.output()));
+        const inWorker = workers.some((w) => /"requestId":"scale-out\.check-1".*"request finished"/.test(w.process.output()));
+        return inGateway && inWorker ? true : undefined;
+      },
+      5_000,
+    );
   });
 
   it(`completes ${CONCURRENT} concurrent streams through nginx, each equal to the same request alone, served by both gateways and both workers`, async () => {
@@ -143,7 +151,8 @@ describe('scale-out: nginx → 2 gateways → Redis → 2 workers', () => {
     const [gw, wk] = await Promise.all([gatewayMetrics(), workerMetrics()]);
     for (const m of gw) expect(m.value('sluice_gateway_requests_accepted_total')).toBeGreaterThan(0);
     for (const m of wk) expect(m.value('sluice_request_success_total')).toBeGreaterThan(0);
-    for (const m of gw) expect(m.value('sluice_gateway_requests_total', { route: '/v1/chat/completions', status: '200' })).toBeGreaterThan(0);
+    for (const m of gw)
+      expect(m.value('sluice_gateway_requests_total', { route: '/v1/chat/completions', status: '200' })).toBeGreaterThan(0);
     for (const m of gw) expect(m.value('sluice_gateway_sse_events_total', { kind: 'done' })).toBeGreaterThan(0);
     for (const m of wk) expect(m.histogram('sluice_worker_batch_size').count).toBeGreaterThan(0);
     expect(sum(gw.map((m) => m.histogram('sluice_time_to_first_token_seconds').count))).toBe(CONCURRENT + sampled.length);
@@ -153,16 +162,32 @@ describe('scale-out: nginx → 2 gateways → Redis → 2 workers', () => {
     // Metrics settle when the last frame is written, not when the client reads it.
     let gw: PrometheusMetrics[] = [];
     let wk: PrometheusMetrics[] = [];
-    await waitFor('no request in flight', async () => {
-      [gw, wk] = await Promise.all([gatewayMetrics(), workerMetrics()]);
-      return sum(gw.map((m) => m.value('sluice_gateway_active_streams'))) === 0 ? true : undefined;
-    }, 5_000);
+    await waitFor(
+      'no request in flight',
+      async () => {
+        [gw, wk] = await Promise.all([gatewayMetrics(), workerMetrics()]);
+        return sum(gw.map((m) => m.value('sluice_gateway_active_streams'))) === 0 ? true : undefined;
+      },
+      5_000,
+    );
 
     const accepted = sum(gw.map((m) => m.value('sluice_gateway_requests_accepted_total')));
     const outcomes = sum(gw.map((m) => m.value('sluice_gateway_request_outcomes_total')));
-    const completed = sum(gw.map((m) => m.value('sluice_gateway_request_outcomes_total', { outcome: 'stop' }) + m.value('sluice_gateway_request_outcomes_total', { outcome: 'length' })));
+    const completed = sum(
+      gw.map(
+        (m) =>
+          m.value('sluice_gateway_request_outcomes_total', { outcome: 'stop' }) +
+          m.value('sluice_gateway_request_outcomes_total', { outcome: 'length' }),
+      ),
+    );
     const workerOutcomes = sum(wk.map((m) => m.value('sluice_request_success_total')));
-    const workerCompleted = sum(wk.map((m) => m.value('sluice_request_success_total', { finish_reason: 'stop' }) + m.value('sluice_request_success_total', { finish_reason: 'length' })));
+    const workerCompleted = sum(
+      wk.map(
+        (m) =>
+          m.value('sluice_request_success_total', { finish_reason: 'stop' }) +
+          m.value('sluice_request_success_total', { finish_reason: 'length' }),
+      ),
+    );
     expect(outcomes).toBe(accepted);
     expect(completed).toBe(accepted);
     expect(workerOutcomes).toBe(accepted);
@@ -182,15 +207,23 @@ describe('scale-out: nginx → 2 gateways → Redis → 2 workers', () => {
   it('keeps serving new requests after one of the two workers is killed with SIGKILL mid-run', async () => {
     const [doomed, survivor] = workers as [WorkerProcess, WorkerProcess];
     // A wave long enough to be mid-run on both workers when one dies.
-    const wave = Array.from({ length: 20 }, (_, i) => stream(client, params(i, 200)).then(
-      (result) => ({ ok: true as const, result }),
-      (error: unknown) => ({ ok: false as const, error }),
-    ));
-    await waitFor('both workers decoding', async () => {
-      const [a, b] = await Promise.all([doomed.health(), survivor.health()]);
-      return a.running > 0 && b.running > 0 ? true : undefined;
-    }, 10_000);
-    const survivorBefore = (await scrapePrometheus(survivor.healthUrl.replace('/healthz', '/metrics'))).value('sluice_request_success_total');
+    const wave = Array.from({ length: 20 }, (_, i) =>
+      stream(client, params(i, 200)).then(
+        (result) => ({ ok: true as const, result }),
+        (error: unknown) => ({ ok: false as const, error }),
+      ),
+    );
+    await waitFor(
+      'both workers decoding',
+      async () => {
+        const [a, b] = await Promise.all([doomed.health(), survivor.health()]);
+        return a.running > 0 && b.running > 0 ? true : undefined;
+      },
+      10_000,
+    );
+    const survivorBefore = (await scrapePrometheus(survivor.healthUrl.replace('/healthz', '/metrics'))).value(
+      'sluice_request_success_total',
+    );
     doomed.process.signal('SIGKILL');
     await doomed.process.exited;
 

@@ -53,7 +53,12 @@ describe('worker and gateway lifecycle', () => {
     await stream.until('streaming', () => stream.contentChunks >= 1);
     worker.process.signal('SIGTERM');
     // The draining worker is still alive (its stream goes on) but takes no new job: not ready, no model.
-    await waitFor('readyz without the draining worker', async () => ((await gateway.get('/readyz')).status === 503 ? true : undefined), 3_000, 20);
+    await waitFor(
+      'readyz without the draining worker',
+      async () => ((await gateway.get('/readyz')).status === 503 ? true : undefined),
+      3_000,
+      20,
+    );
     expect(stream.contentChunks).toBeLessThan(1200);
     expect((await gateway.get('/v1/models')).body).toMatchObject({ data: [] });
     expect(await stream.ended).toBe('done');

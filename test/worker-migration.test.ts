@@ -11,7 +11,13 @@ import type { GatewayProcess, WorkerProcess } from './support/sluice.js';
  * finish reasons of an uninterrupted run.
  */
 
-const WORKER_ENV = { WORKER_HEARTBEAT_MS: '250', WORKER_TTL_MS: '1500', LOCK_DURATION_MS: '30000', MAX_BATCH_SIZE: '64', LOG_LEVEL: 'info' };
+const WORKER_ENV = {
+  WORKER_HEARTBEAT_MS: '250',
+  WORKER_TTL_MS: '1500',
+  LOCK_DURATION_MS: '30000',
+  MAX_BATCH_SIZE: '64',
+  LOG_LEVEL: 'info',
+};
 const GATEWAY_ENV = { REGISTRY_POLL_MS: '200', LOG_LEVEL: 'info' };
 
 type Params = OpenAI.ChatCompletionCreateParamsStreaming;
@@ -78,8 +84,13 @@ async function run(client: OpenAI, params: Params, onChunk?: () => void): Promis
 /** Same text, finish reasons and sampled tokens; logprobs equal within what prefill vs decode numerics allow. */
 function expectSameAnswer(got: Result, want: Result, where: string): void {
   expect(got.error, where).toBeUndefined();
-  expect(got.choices.map((c) => [c.text, c.finish, c.tokens]), where).toEqual(want.choices.map((c) => [c.text, c.finish, c.tokens]));
-  got.choices.forEach((c, i) => c.logprobs.forEach((lp, j) => expect(Math.abs(lp - want.choices[i]!.logprobs[j]!), where).toBeLessThan(1e-4)));
+  expect(
+    got.choices.map((c) => [c.text, c.finish, c.tokens]),
+    where,
+  ).toEqual(want.choices.map((c) => [c.text, c.finish, c.tokens]));
+  got.choices.forEach((c, i) =>
+    c.logprobs.forEach((lp, j) => expect(Math.abs(lp - want.choices[i]!.logprobs[j]!), where).toBeLessThan(1e-4)),
+  );
 }
 
 function percentile(values: number[], p: number): number {
@@ -113,14 +124,21 @@ describe('exact continuation when a worker dies', () => {
   async function busyWorkers(): Promise<WorkerProcess[]> {
     const live = cluster.workers.filter((w) => w.process.child.exitCode === null && w.process.child.signalCode === null);
     const running = (await Promise.all(live.map((w) => w.health().catch(() => undefined)))).map((h) => h?.running ?? 0);
-    return live.map((w, i) => ({ w, running: running[i]! })).filter((x) => x.running > 0).sort((a, b) => b.running - a.running).map((x) => x.w);
+    return live
+      .map((w, i) => ({ w, running: running[i]! }))
+      .filter((x) => x.running > 0)
+      .sort((a, b) => b.running - a.running)
+      .map((x) => x.w);
   }
 
   /**
    * Starts `requests`, waits until every stream has text, freezes the workers (so the fault lands
    * mid-stream on any machine), applies `fault`, and collects everything.
    */
-  async function withFault(requests: Params[], fault: (workers: WorkerProcess[]) => Promise<number>): Promise<{ results: Result[]; faultAt: number }> {
+  async function withFault(
+    requests: Params[],
+    fault: (workers: WorkerProcess[]) => Promise<number>,
+  ): Promise<{ results: Result[]; faultAt: number }> {
     await ensureWorkers(2);
     const started = requests.map(() => false);
     const runs = requests.map((params, i) => run(client, params, () => (started[i] = true)));
@@ -143,7 +161,15 @@ describe('exact continuation when a worker dies', () => {
       survivor?.process.child.kill('SIGCONT');
       return at;
     });
-    if (results.some((r) => r.error !== undefined)) console.log(cluster.logs().split('\n').filter((l) => /warn|error|migrat|continu|skipped|lost/i.test(l)).slice(0, 40).join('\n'));
+    if (results.some((r) => r.error !== undefined))
+      console.log(
+        cluster
+          .logs()
+          .split('\n')
+          .filter((l) => /warn|error|migrat|continu|skipped|lost/i.test(l))
+          .slice(0, 40)
+          .join('\n'),
+      );
     results.forEach((r, i) => expectSameAnswer(r, reference[i]!, `request ${i}`));
     // The pause the client saw: the longest wait between two content chunks after the kill. (The first
     // chunk after the kill may have been sent before it: the client reads buffered chunks late.)
@@ -155,7 +181,10 @@ describe('exact continuation when a worker dies', () => {
     const migrated = pauses.filter((ms) => ms >= 1_000);
     console.log(
       `pause after SIGKILL: ${migrated.length} migrated streams p50 ${percentile(migrated, 50)} ms, max ${Math.max(...migrated)} ms; ` +
-        `${pauses.length - migrated.length} others p50 ${percentile(pauses.filter((ms) => ms < 1_000), 50)} ms (worker TTL 1500 ms, registry poll 200 ms)`,
+        `${pauses.length - migrated.length} others p50 ${percentile(
+          pauses.filter((ms) => ms < 1_000),
+          50,
+        )} ms (worker TTL 1500 ms, registry poll 200 ms)`,
     );
     // The freeze comes as soon as every request is accepted, so most of the victim's streams (half or
     // more of the 64) are mid-way; a few on a very fast machine is still a migration of each.
@@ -202,7 +231,11 @@ describe('exact continuation when a worker dies', () => {
     });
     results.forEach((r, i) => expectSameAnswer(r, reference[i]!, `request ${i}`));
     // The woken worker dropped the sequences it lost at its next step.
-    await waitFor('the stale worker stopped its sequences', async () => ((await frozen!.health()).running === 0 ? true : undefined), 10_000);
+    await waitFor(
+      'the stale worker stopped its sequences',
+      async () => ((await frozen!.health()).running === 0 ? true : undefined),
+      10_000,
+    );
   });
 
   it('ends a stream with an explicit error frame when its log is gone (Redis lost its data), without hanging', async () => {

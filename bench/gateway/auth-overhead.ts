@@ -35,7 +35,10 @@ async function timeEach(n: number, run: (i: number) => Promise<unknown>): Promis
 }
 
 const redis = await startRedis();
-const gateways = await Promise.all([startGateway(redis.url, { AUTH: 'none' }, { waitReady: false }), startGateway(redis.url, { AUTH: 'keys' }, { waitReady: false })]);
+const gateways = await Promise.all([
+  startGateway(redis.url, { AUTH: 'none' }, { waitReady: false }),
+  startGateway(redis.url, { AUTH: 'keys' }, { waitReady: false }),
+]);
 try {
   const key = await createKey(redis.url, ['--name', 'bench']);
   const get = (url: string, headers: Record<string, string>) => async () => {
@@ -43,8 +46,8 @@ try {
     await res.arrayBuffer();
     if (res.status !== 200) throw new Error(`status ${res.status}`);
   };
-  const none = get(gateways[0]!.url, {});
-  const keyed = get(gateways[1]!.url, { Authorization: `Bearer ${key}` });
+  const none = get(gateways[0].url, {});
+  const keyed = get(gateways[1].url, { Authorization: `Bearer ${key}` });
   await timeEach(200, none);
   await timeEach(200, keyed);
   const http = { none: [] as number[], keys: [] as number[] };

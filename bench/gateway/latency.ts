@@ -98,7 +98,10 @@ function freePort(): Promise<number> {
 }
 
 function start(command: string, args: string[], env: Record<string, string>, onLine?: (line: string) => void): ChildProcess {
-  const child = spawn(command, args, { env: { ...process.env, ...env }, stdio: ['ignore', onLine === undefined ? 'ignore' : 'pipe', 'inherit'] });
+  const child = spawn(command, args, {
+    env: { ...process.env, ...env },
+    stdio: ['ignore', onLine === undefined ? 'ignore' : 'pipe', 'inherit'],
+  });
   if (onLine !== undefined) {
     let rest = '';
     child.stdout!.setEncoding('utf8').on('data', (text: string) => {
@@ -142,7 +145,14 @@ export const TTFT_SPANS = [
 ] as const;
 
 function spansOf(g: GatewayTiming, w: WorkerTiming): number[] | undefined {
-  if (g.firstTokenMs === undefined || w.checkedMs === undefined || w.submittedMs === undefined || w.firstStepMs === undefined || w.publishedMs === undefined) return undefined;
+  if (
+    g.firstTokenMs === undefined ||
+    w.checkedMs === undefined ||
+    w.submittedMs === undefined ||
+    w.firstStepMs === undefined ||
+    w.publishedMs === undefined
+  )
+    return undefined;
   // One timeline in ms after the gateway received the request (both processes read the same clock).
   const pickup = w.pickedUpAt - g.receivedAt;
   const points = [
@@ -189,7 +199,11 @@ export interface Deployment {
 /** redis-server + one worker + one gateway, as processes on loopback. */
 export async function deploy(workload: LatencyWorkload): Promise<Deployment> {
   const redisPort = await freePort();
-  const redis = start('redis-server', ['--port', String(redisPort), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no', '--maxmemory-policy', 'noeviction'], {});
+  const redis = start(
+    'redis-server',
+    ['--port', String(redisPort), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no', '--maxmemory-policy', 'noeviction'],
+    {},
+  );
   const redisUrl = `redis://127.0.0.1:${redisPort}`;
   const workerPort = await freePort();
   const gatewayLines = new Map<string, GatewayTiming>();
@@ -199,25 +213,35 @@ export async function deploy(workload: LatencyWorkload): Promise<Deployment> {
     const parsed = JSON.parse(line) as { jobId?: string; timing?: unknown };
     if (parsed.jobId !== undefined && parsed.timing !== undefined) into.set(parsed.jobId, parsed.timing);
   };
-  const worker = start(process.execPath, [`${root}apps/worker/dist/main.js`], {
-    REDIS_URL: redisUrl,
-    MODEL_DIR: await ensureBuiltinModel(workload.preset),
-    MAX_BATCH_SIZE: String(workload.maxBatchSize),
-    INTRA_OP_THREADS: String(workload.intraOpThreads),
-    METRICS_PORT: String(workerPort),
-    METRICS_HOST: '127.0.0.1',
-    // Info: the per-request line carries the worker's side of the TTFT breakdown.
-    LOG_LEVEL: 'info',
-  }, collect(workerLines));
+  const worker = start(
+    process.execPath,
+    [`${root}apps/worker/dist/main.js`],
+    {
+      REDIS_URL: redisUrl,
+      MODEL_DIR: await ensureBuiltinModel(workload.preset),
+      MAX_BATCH_SIZE: String(workload.maxBatchSize),
+      INTRA_OP_THREADS: String(workload.intraOpThreads),
+      METRICS_PORT: String(workerPort),
+      METRICS_HOST: '127.0.0.1',
+      // Info: the per-request line carries the worker's side of the TTFT breakdown.
+      LOG_LEVEL: 'info',
+    },
+    collect(workerLines),
+  );
   const port = await freePort();
   await sleep(300);
-  const gateway = start(process.execPath, [`${root}apps/gateway/dist/main.js`], {
-    REDIS_URL: redisUrl,
-    PORT: String(port),
-    HOST: '127.0.0.1',
-    LOG_LEVEL: 'info',
-    REGISTRY_POLL_MS: '200',
-  }, collect(gatewayLines));
+  const gateway = start(
+    process.execPath,
+    [`${root}apps/gateway/dist/main.js`],
+    {
+      REDIS_URL: redisUrl,
+      PORT: String(port),
+      HOST: '127.0.0.1',
+      LOG_LEVEL: 'info',
+      REGISTRY_POLL_MS: '200',
+    },
+    collect(gatewayLines),
+  );
   const url = `http://127.0.0.1:${port}`;
   await until('the gateway to see the worker', async () => (await fetch(`${url}/readyz`)).status === 200);
   const stopOne = (child: ChildProcess) =>
@@ -247,7 +271,14 @@ export async function deploy(workload: LatencyWorkload): Promise<Deployment> {
         engineQueue.push(w.engineQueueMs);
       }
       return {
-        medianMs: TTFT_SPANS.map((_, i) => round(percentile(rows.map((r) => r[i]!), 50))),
+        medianMs: TTFT_SPANS.map((_, i) =>
+          round(
+            percentile(
+              rows.map((r) => r[i]!),
+              50,
+            ),
+          ),
+        ),
         gatewayEnqueueMs: round(percentile(enqueue, 50)),
         engineQueueMs: round(percentile(engineQueue, 50)),
         requests: rows.length,
@@ -270,7 +301,14 @@ export async function throughGateway(url: string, workload: LatencyWorkload, sam
       const res = await fetch(`${url}/v1/completions`, {
         method: 'POST',
         headers: { 'Content-Type': 'application/json' },
-        body: JSON.stringify({ model: workload.preset, prompt, max_tokens: workload.maxTokens, temperature: 0, ignore_eos: true, stream: true }),
+        body: JSON.stringify({
+          model: workload.preset,
+          prompt,
+          max_tokens: workload.maxTokens,
+          temperature: 0,
+          ignore_eos: true,
+          stream: true,
+        }),
       });
       const times: number[] = [];
       let buffered = '';

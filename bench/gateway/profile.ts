@@ -21,16 +21,22 @@ interface ProfileNode {
 
 await rm(dir, { recursive: true, force: true });
 await mkdir(dir, { recursive: true });
-const server = spawn(process.execPath, ['--cpu-prof', `--cpu-prof-dir=${dir}`, '--import', 'tsx', `${here}sse-server.ts`, mode, streams, events], {
-  stdio: ['ignore', 'pipe', 'inherit'],
-});
+const server = spawn(
+  process.execPath,
+  ['--cpu-prof', `--cpu-prof-dir=${dir}`, '--import', 'tsx', `${here}sse-server.ts`, mode, streams, events],
+  {
+    stdio: ['ignore', 'pipe', 'inherit'],
+  },
+);
 const port = await new Promise<number>((resolve) => {
   server.stdout.setEncoding('utf8').on('data', (text: string) => {
     const match = /^port (\d+)$/m.exec(text);
     if (match) resolve(Number(match[1]));
   });
 });
-const client = spawn(process.execPath, ['--import', 'tsx', `${here}sse-client.ts`, `http://127.0.0.1:${port}`, streams], { stdio: ['ignore', 'pipe', 'inherit'] });
+const client = spawn(process.execPath, ['--import', 'tsx', `${here}sse-client.ts`, `http://127.0.0.1:${port}`, streams], {
+  stdio: ['ignore', 'pipe', 'inherit'],
+});
 let out = '';
 client.stdout.setEncoding('utf8').on('data', (text: string) => (out += text));
 await new Promise((resolve) => client.once('exit', resolve));
@@ -51,7 +57,13 @@ for (const node of profile.nodes) {
   const hits = node.hitCount ?? 0;
   if (hits === 0) continue;
   const { functionName, url, lineNumber } = node.callFrame;
-  const where = url === '' ? '' : `${url.replace(/^file:\/\//, '').replace(root, '').replace(/^.*node_modules\//, '')}:${lineNumber + 1}`;
+  const where =
+    url === ''
+      ? ''
+      : `${url
+          .replace(/^file:\/\//, '')
+          .replace(root, '')
+          .replace(/^.*node_modules\//, '')}:${lineNumber + 1}`;
   const key = `${functionName || '(anonymous)'} ${where}`.trim();
   self.set(key, (self.get(key) ?? 0) + hits);
   total += hits;
@@ -59,7 +71,12 @@ for (const node of profile.nodes) {
 const idle = [...self].filter(([k]) => k.startsWith('(idle)') || k.startsWith('(program)')).reduce((s, [, v]) => s + v, 0);
 const busy = total - idle;
 process.stdout.write(`round: ${out.trim()}\n\n| self % of busy samples | function |\n|---:|---|\n`);
-for (const [key, hits] of [...self].filter(([k]) => !k.startsWith('(idle)') && !k.startsWith('(program)')).sort((a, b) => b[1] - a[1]).slice(0, 25)) {
+for (const [key, hits] of [...self]
+  .filter(([k]) => !k.startsWith('(idle)') && !k.startsWith('(program)'))
+  .sort((a, b) => b[1] - a[1])
+  .slice(0, 25)) {
   process.stdout.write(`| ${((100 * hits) / busy).toFixed(1)} | \`${key}\` |\n`);
 }
-process.stdout.write(`\n${busy} busy samples of ${total} (idle and (program) excluded); profile: bench-results/profiles/${mode}-sse/${file}\n`);
+process.stdout.write(
+  `\n${busy} busy samples of ${total} (idle and (program) excluded); profile: bench-results/profiles/${mode}-sse/${file}\n`,
+);

@@ -12,7 +12,17 @@
 import { mkdir, readFile, writeFile } from 'node:fs/promises';
 import { arch, cpus, platform, release, totalmem } from 'node:os';
 import { fileURLToPath } from 'node:url';
-import { deploy, inProcessEngine, summarize, throughGateway, TTFT_SPANS, type LatencySamples, type LatencySummary, type LatencyWorkload, type TtftBreakdown } from './latency.js';
+import {
+  deploy,
+  inProcessEngine,
+  summarize,
+  throughGateway,
+  TTFT_SPANS,
+  type LatencySamples,
+  type LatencySummary,
+  type LatencyWorkload,
+  type TtftBreakdown,
+} from './latency.js';
 import { measureRound, PINNED, type ThroughputRound } from './sse-throughput.js';
 import { median, round } from './stats.js';
 

@@ -70,7 +70,8 @@ async function baseline(): Promise<number> {
   const produce = async () => {
     productionStarts();
     for (let step = 0; step < events; step++) {
-      for (const { res, head } of streamsOpen) res.write(`data: ${head}${JSON.stringify(TOKEN)}},"logprobs":null,"finish_reason":null}]}\n\n`);
+      for (const { res, head } of streamsOpen)
+        res.write(`data: ${head}${JSON.stringify(TOKEN)}},"logprobs":null,"finish_reason":null}]}\n\n`);
       await tick();
     }
     for (const { res } of streamsOpen) res.end('data: [DONE]\n\n');
@@ -80,7 +81,12 @@ async function baseline(): Promise<number> {
 }
 
 async function gateway(): Promise<number> {
-  const config = loadGatewayConfig({ HEADERS_WAIT_MS: '60000', IDLE_TIMEOUT_MS: '600000', QUEUE_TIMEOUT_MS: '600000', MAX_QUEUED_REQUESTS: String(streams + 10) });
+  const config = loadGatewayConfig({
+    HEADERS_WAIT_MS: '60000',
+    IDLE_TIMEOUT_MS: '600000',
+    QUEUE_TIMEOUT_MS: '600000',
+    MAX_QUEUED_REQUESTS: String(streams + 10),
+  });
   const logger = pino({ level: 'warn' });
   const log = { read: async () => ({ entries: [], known: false }), meta: async () => undefined, lastSeq: async () => -1 };
   const sessions = new SessionManager(
@@ -153,7 +159,7 @@ async function gateway(): Promise<number> {
       {
         fetch: (req, env) => {
           track(env.outgoing as ServerResponse);
-          return app.fetch(req, env as never);
+          return app.fetch(req, env);
         },
         port: 0,
         hostname: '127.0.0.1',

@@ -26,7 +26,13 @@ async function main(): Promise<void> {
         const res = await fetch(`${gateway.url}/v1/completions`, {
           method: 'POST',
           headers: { 'content-type': 'application/json' },
-          body: JSON.stringify({ model: MODEL, prompt: `Request ${i} about the sea`, max_tokens: maxTokens, ignore_eos: true, temperature: 0 }),
+          body: JSON.stringify({
+            model: MODEL,
+            prompt: `Request ${i} about the sea`,
+            max_tokens: maxTokens,
+            ignore_eos: true,
+            temperature: 0,
+          }),
         });
         const body = (await res.json()) as { usage: { completion_tokens: number } };
         tokens += body.usage.completion_tokens;
@@ -74,7 +80,8 @@ async function main(): Promise<void> {
     const text = await readFile(docs, 'utf8');
     const start = text.indexOf('## Token log memory');
     const next = start < 0 ? -1 : text.indexOf('\n## ', start + 1);
-    const updated = start < 0 ? `${text.trimEnd()}\n\n${section}` : `${text.slice(0, start)}${section}${next < 0 ? '' : text.slice(next + 1)}`;
+    const updated =
+      start < 0 ? `${text.trimEnd()}\n\n${section}` : `${text.slice(0, start)}${section}${next < 0 ? '' : text.slice(next + 1)}`;
     await writeFile(docs, updated);
     log(`wrote docs/benchmarks.md`);
   } finally {

@@ -83,7 +83,11 @@ export function createFakeEngine(options: FakeEngineOptions): Engine {
       if (a.signal?.aborted) {
         active.delete(a);
         a.push({ type: 'text-end', index: 0, finishReason: 'abort' });
-        a.push({ type: 'finish', usage: { promptTokens: a.request.promptTokenIds.length, completionTokens: a.produced }, timings: { queueMs: 0, prefillMs: 0, firstTokenMs: 0 } });
+        a.push({
+          type: 'finish',
+          usage: { promptTokens: a.request.promptTokenIds.length, completionTokens: a.produced },
+          timings: { queueMs: 0, prefillMs: 0, firstTokenMs: 0 },
+        });
         continue;
       }
       a.push({ type: 'text-delta', index: 0, tokenIds: [a.produced], text: fakeTokenText(a.seedBase, a.produced) });
@@ -92,7 +96,11 @@ export function createFakeEngine(options: FakeEngineOptions): Engine {
       if (a.produced >= a.maxTokens) {
         active.delete(a);
         a.push({ type: 'text-end', index: 0, finishReason: 'length' });
-        a.push({ type: 'finish', usage: { promptTokens: a.request.promptTokenIds.length, completionTokens: a.produced }, timings: { queueMs: 0, prefillMs: 0, firstTokenMs: 0 } });
+        a.push({
+          type: 'finish',
+          usage: { promptTokens: a.request.promptTokenIds.length, completionTokens: a.produced },
+          timings: { queueMs: 0, prefillMs: 0, firstTokenMs: 0 },
+        });
       }
     }
     const stats: StepStats = {

@@ -84,7 +84,11 @@ export async function startNginx(options: StartNginxOptions): Promise<NginxServe
   // nginx writes its pid file after binding its sockets: that, not a connect alone (another process
   // may hold the port), says this nginx is the one listening.
   const pidWritten = async () => (await readLog('nginx.pid')).trim() === String(child.pid);
-  const ready = await waitUntil(async () => (await pidWritten()) && (await accepts(port)), options.startTimeoutMs ?? 10_000, () => gone);
+  const ready = await waitUntil(
+    async () => (await pidWritten()) && (await accepts(port)),
+    options.startTimeoutMs ?? 10_000,
+    () => gone,
+  );
   if (!ready) {
     const log = await readLog('error.log');
     await close();
@@ -139,9 +143,7 @@ function userLine(): string {
 
 /** Temp paths in `dir`: the package's compiled-in ones are under /var/lib/nginx. */
 function tempPaths(dir: string): string {
-  return ['client_body', 'proxy', 'fastcgi', 'uwsgi', 'scgi']
-    .map((name) => `    ${name}_temp_path ${dir}/${name};`)
-    .join('\n');
+  return ['client_body', 'proxy', 'fastcgi', 'uwsgi', 'scgi'].map((name) => `    ${name}_temp_path ${dir}/${name};`).join('\n');
 }
 
 /**

@@ -24,7 +24,12 @@ export function sleep(ms: number): Promise<void> {
 }
 
 /** Polls `check` until it returns a value other than undefined, or throws after `timeoutMs`. */
-export async function waitFor<T>(what: string, check: () => Promise<T | undefined> | T | undefined, timeoutMs = 20_000, everyMs = 25): Promise<T> {
+export async function waitFor<T>(
+  what: string,
+  check: () => Promise<T | undefined> | T | undefined,
+  timeoutMs = 20_000,
+  everyMs = 25,
+): Promise<T> {
   const deadline = Date.now() + timeoutMs;
   let lastError: unknown;
   for (;;) {
@@ -35,7 +40,9 @@ export async function waitFor<T>(what: string, check: () => Promise<T | undefine
       lastError = error;
     }
     if (Date.now() > deadline) {
-      throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}${lastError === undefined ? '' : `: ${lastError instanceof Error ? lastError.message : inspect(lastError)}`}`);
+      throw new Error(
+        `timed out after ${timeoutMs} ms waiting for ${what}${lastError === undefined ? '' : `: ${lastError instanceof Error ? lastError.message : inspect(lastError)}`}`,
+      );
     }
     await sleep(everyMs);
   }
@@ -80,7 +87,10 @@ export function startProcess(name: string, command: string, args: readonly strin
   });
   const watchdog = spawn(
     'sh',
-    ['-c', `while kill -0 ${process.pid} 2>/dev/null && kill -0 ${child.pid} 2>/dev/null; do sleep 1; done; kill -KILL ${child.pid} 2>/dev/null`],
+    [
+      '-c',
+      `while kill -0 ${process.pid} 2>/dev/null && kill -0 ${child.pid} 2>/dev/null; do sleep 1; done; kill -KILL ${child.pid} 2>/dev/null`,
+    ],
     { stdio: 'ignore', detached: true },
   );
   watchdog.unref();

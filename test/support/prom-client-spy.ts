@@ -16,7 +16,10 @@ export function spyOnPromClient(): string[] {
   for (const [name, proto, methods] of targets) {
     for (const method of methods) {
       const original = (proto as unknown as Record<string, (...args: unknown[]) => unknown>)[method]!;
-      (vi.spyOn as unknown as (object: object, name: string) => MockInstance)(proto, method).mockImplementation(function (this: unknown, ...args: unknown[]) {
+      (vi.spyOn as unknown as (object: object, name: string) => MockInstance)(proto, method).mockImplementation(function (
+        this: unknown,
+        ...args: unknown[]
+      ) {
         calls.push(`${name}.${method}`);
         return original.apply(this, args);
       });

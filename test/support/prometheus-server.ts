@@ -11,7 +11,12 @@ export interface PrometheusServer {
   /** An instant query; throws on a query error. */
   query(expr: string): Promise<Array<{ metric: Record<string, string>; value: [number, string] }>>;
   /** `GET /api/v1/rules`: every rule group with each rule's health, last error and (alerts) state. */
-  rules(): Promise<Array<{ name: string; rules: Array<{ name: string; type: 'recording' | 'alerting'; health: string; lastError?: string; state?: string; query: string }> }>>;
+  rules(): Promise<
+    Array<{
+      name: string;
+      rules: Array<{ name: string; type: 'recording' | 'alerting'; health: string; lastError?: string; state?: string; query: string }>;
+    }>
+  >;
   stop(): Promise<void>;
 }
 
@@ -28,12 +33,17 @@ export async function startPrometheus(config: string, files: Record<string, stri
   for (const [name, text] of Object.entries(files)) writeFileSync(join(dir, name), text);
   writeFileSync(join(dir, 'prometheus.yml'), config);
   const port = await freePort();
-  const proc = startProcess('prometheus', 'prometheus', [
-    `--config.file=${join(dir, 'prometheus.yml')}`,
-    `--storage.tsdb.path=${join(dir, 'data')}`,
-    `--web.listen-address=127.0.0.1:${port}`,
-    '--log.level=warn',
-  ], {});
+  const proc = startProcess(
+    'prometheus',
+    'prometheus',
+    [
+      `--config.file=${join(dir, 'prometheus.yml')}`,
+      `--storage.tsdb.path=${join(dir, 'data')}`,
+      `--web.listen-address=127.0.0.1:${port}`,
+      '--log.level=warn',
+    ],
+    {},
+  );
   const url = `http://127.0.0.1:${port}`;
   await waitFor(`prometheus ready\n${proc.output()}`, async () => ((await fetch(`${url}/-/ready`)).ok ? true : undefined), 30_000, 100);
   const api = async <T>(path: string): Promise<T> => {
@@ -45,7 +55,12 @@ export async function startPrometheus(config: string, files: Record<string, stri
   return {
     url,
     process: proc,
-    query: async (expr) => (await api<{ result: Array<{ metric: Record<string, string>; value: [number, string] }> }>(`/api/v1/query?query=${encodeURIComponent(expr)}`)).result,
+    query: async (expr) =>
+      (
+        await api<{ result: Array<{ metric: Record<string, string>; value: [number, string] }> }>(
+          `/api/v1/query?query=${encodeURIComponent(expr)}`,
+        )
+      ).result,
     rules: async () => (await api<{ groups: Awaited<ReturnType<PrometheusServer['rules']>> }>('/api/v1/rules')).groups,
     stop: async () => {
       await proc.stop(3_000);

@@ -144,9 +144,7 @@ interface RawFamily {
 }
 
 // The package ships CommonJS without type declarations: load it through require and type it here.
-const parseTextFormat = createRequire(import.meta.url)('parse-prometheus-text-format') as (
-  text: string,
-) => RawFamily[];
+const parseTextFormat = createRequire(import.meta.url)('parse-prometheus-text-format') as (text: string) => RawFamily[];
 
 // --- checks ------------------------------------------------------------------------------------
 

@@ -19,21 +19,24 @@ export function hasRedisServer(): boolean {
 /** @param options.port a fixed port: a Redis restarted where the old one was (its clients reconnect) */
 export async function startRedis(options: { port?: number } = {}): Promise<RedisServer> {
   const port = options.port ?? (await freePort());
-  const proc = startProcess('redis', 'redis-server', [
-    '--port', String(port),
-    '--bind', '127.0.0.1',
-    '--save', '',
-    '--appendonly', 'no',
-    '--maxmemory-policy', 'noeviction',
-  ], {});
+  const proc = startProcess(
+    'redis',
+    'redis-server',
+    ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no', '--maxmemory-policy', 'noeviction'],
+    {},
+  );
   const url = `redis://127.0.0.1:${port}`;
   const probe = new Redis(url, { lazyConnect: true, maxRetriesPerRequest: 0, retryStrategy: () => null });
   probe.on('error', () => undefined);
   try {
-    await waitFor('redis-server', async () => {
-      if (probe.status !== 'ready') await probe.connect().catch(() => probe.disconnect());
-      return (await probe.ping()) === 'PONG' ? true : undefined;
-    }, 10_000);
+    await waitFor(
+      'redis-server',
+      async () => {
+        if (probe.status !== 'ready') await probe.connect().catch(() => probe.disconnect());
+        return (await probe.ping()) === 'PONG' ? true : undefined;
+      },
+      10_000,
+    );
   } finally {
     probe.disconnect();
   }

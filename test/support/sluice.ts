@@ -44,7 +44,11 @@ export interface WorkerProcess {
 }
 
 /** Starts a gateway and waits until it answers `/healthz` (and `/readyz`, unless told not to). */
-export async function startGateway(redisUrl: string, env: Record<string, string> = {}, options: { waitReady?: boolean } = {}): Promise<GatewayProcess> {
+export async function startGateway(
+  redisUrl: string,
+  env: Record<string, string> = {},
+  options: { waitReady?: boolean } = {},
+): Promise<GatewayProcess> {
   requireBuilt(GATEWAY_MAIN);
   const port = await freePort();
   const proc = startProcess('gateway', process.execPath, [GATEWAY_MAIN], {
@@ -58,7 +62,7 @@ export async function startGateway(redisUrl: string, env: Record<string, string>
   const url = `http://127.0.0.1:${port}`;
   const get = async (path: string) => {
     const res = await fetch(`${url}${path}`);
-    return { status: res.status, body: (await res.json()) };
+    return { status: res.status, body: await res.json() };
   };
   await waitFor(`gateway on ${url}\n${proc.output()}`, async () => ((await get('/healthz')).status === 200 ? true : undefined), 20_000);
   if (options.waitReady !== false) {
@@ -68,7 +72,11 @@ export async function startGateway(redisUrl: string, env: Record<string, string>
 }
 
 /** Starts a worker (real engine, built-in tiny model unless MODEL_DIR says otherwise) and waits for its `/healthz`. */
-export async function startWorker(redisUrl: string, env: Record<string, string> = {}, options: { fake?: boolean } = {}): Promise<WorkerProcess> {
+export async function startWorker(
+  redisUrl: string,
+  env: Record<string, string> = {},
+  options: { fake?: boolean } = {},
+): Promise<WorkerProcess> {
   const port = await freePort();
   const args = options.fake === true ? ['--import', 'tsx', FAKE_WORKER] : [WORKER_MAIN];
   requireBuilt(options.fake === true ? `${root}apps/worker/dist/worker.js` : WORKER_MAIN);
@@ -83,15 +91,24 @@ export async function startWorker(redisUrl: string, env: Record<string, string> 
   });
   const healthUrl = `http://127.0.0.1:${port}/healthz`;
   const health = async () => (await (await fetch(healthUrl)).json()) as WorkerHealth;
-  await waitFor(`worker health on ${healthUrl}`, async () => {
-    if (proc.child.exitCode !== null) throw new Error(`worker exited:\n${proc.output()}`);
-    return (await health()).status === 'ok' ? true : undefined;
-  }, 120_000, 100);
+  await waitFor(
+    `worker health on ${healthUrl}`,
+    async () => {
+      if (proc.child.exitCode !== null) throw new Error(`worker exited:\n${proc.output()}`);
+      return (await health()).status === 'ok' ? true : undefined;
+    },
+    120_000,
+    100,
+  );
   const sequenceCancelled = async (requestId: string | null) => {
-    await waitFor(`the sequence of ${requestId} cancelled`, async () => {
-      const now = await health();
-      return now.running === 0 && now.lastCancel?.requestId === requestId ? true : undefined;
-    }, 10_000);
+    await waitFor(
+      `the sequence of ${requestId} cancelled`,
+      async () => {
+        const now = await health();
+        return now.running === 0 && now.lastCancel?.requestId === requestId ? true : undefined;
+      },
+      10_000,
+    );
   };
   return { healthUrl, process: proc, health, sequenceCancelled };
 }

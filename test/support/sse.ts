@@ -69,7 +69,13 @@ interface ChunkJson {
   object: string;
   created: number;
   model: string;
-  choices: Array<{ index: number; delta?: { role?: string; content?: string }; text?: string; finish_reason: string | null; logprobs: unknown }>;
+  choices: Array<{
+    index: number;
+    delta?: { role?: string; content?: string };
+    text?: string;
+    finish_reason: string | null;
+    logprobs: unknown;
+  }>;
   usage?: { prompt_tokens: number; completion_tokens: number; total_tokens: number } | null;
   error?: unknown;
 }
@@ -100,13 +106,15 @@ export function checkChunkSequence(items: readonly SseItem[], endpoint: 'chat' |
   const first = chunks[0];
   if (first === undefined) return fail('no chunks');
   for (const c of chunks) {
-    if (c.object !== object || c.id !== first.id || c.created !== first.created || c.model !== first.model) fail('inconsistent id/object/created/model');
+    if (c.object !== object || c.id !== first.id || c.created !== first.created || c.model !== first.model)
+      fail('inconsistent id/object/created/model');
     if (includeUsage !== 'usage' in c) fail(includeUsage ? 'a chunk without "usage"' : 'a chunk with "usage"');
   }
   let i = 0;
   if (endpoint === 'chat') {
     const role = chunks[i++];
-    if (role?.choices[0]?.delta?.role !== 'assistant' || role.choices[0].delta.content !== '' || role.choices[0].finish_reason !== null) fail('first chunk is not the role chunk');
+    if (role?.choices[0]?.delta?.role !== 'assistant' || role.choices[0].delta.content !== '' || role.choices[0].finish_reason !== null)
+      fail('first chunk is not the role chunk');
   }
   let text = '';
   let contentChunks = 0;
@@ -130,7 +138,8 @@ export function checkChunkSequence(items: readonly SseItem[], endpoint: 'chat' |
   let usage: ChunkJson['usage'] = undefined;
   if (includeUsage) {
     const usageChunk = chunks[i++];
-    if (usageChunk === undefined || usageChunk.choices.length !== 0 || usageChunk.usage === null || usageChunk.usage === undefined) fail('missing usage chunk');
+    if (usageChunk === undefined || usageChunk.choices.length !== 0 || usageChunk.usage === null || usageChunk.usage === undefined)
+      fail('missing usage chunk');
     usage = usageChunk?.usage;
   }
   if (i !== chunks.length) fail('chunks after the finish/usage chunk');
@@ -209,7 +218,8 @@ export class LiveStream {
       if (item.kind !== 'data' || item.data === '[DONE]') continue;
       const chunk = JSON.parse(item.data) as { choices?: Array<{ delta?: { content?: string }; text?: string; finish_reason: unknown }> };
       const choice = chunk.choices?.[0];
-      if (choice !== undefined && choice.finish_reason === null && ((choice.delta?.content ?? '') !== '' || (choice.text ?? '') !== '')) count++;
+      if (choice !== undefined && choice.finish_reason === null && ((choice.delta?.content ?? '') !== '' || (choice.text ?? '') !== ''))
+        count++;
     }
     return count;
   }

@@ -7,7 +7,12 @@ import type { GatewayHooks } from './hooks.js';
 function errorFor(code: string | undefined): { status: number; reason: string; error: GatewayErrorCode; message: string } {
   switch (code) {
     case 'HPE_HEADER_OVERFLOW':
-      return { status: 431, reason: 'Request Header Fields Too Large', error: 'headers_too_large', message: 'The request headers are too large.' };
+      return {
+        status: 431,
+        reason: 'Request Header Fields Too Large',
+        error: 'headers_too_large',
+        message: 'The request headers are too large.',
+      };
     case 'HPE_REQUEST_TIMEOUT':
     case 'ERR_HTTP_REQUEST_TIMEOUT':
       return { status: 408, reason: 'Request Timeout', error: 'request_timeout', message: 'The request was not received in time.' };

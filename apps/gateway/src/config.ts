@@ -20,7 +20,10 @@ export const gatewayEnvSchema = z.object({
   /** Prefix of every Sluice key and channel in Redis. @defaultValue sluice */
   REDIS_PREFIX: z.string().min(1).default(DEFAULT_PREFIX),
   /** This instance's id: its pub/sub channel name. Must be unique per running gateway. @defaultValue host-pid-random */
-  GATEWAY_ID: z.string().regex(/^[\w.-]+$/).optional(),
+  GATEWAY_ID: z
+    .string()
+    .regex(/^[\w.-]+$/)
+    .optional(),
   /** Max requests of this gateway waiting in the queue; beyond it, 429 with Retry-After. @defaultValue 1024 */
   MAX_QUEUED_REQUESTS: int(1).default(1024),
   /** Retry-After (seconds) sent with a 429 or 503. @defaultValue 1 */

@@ -51,8 +51,17 @@ export async function startGateway(config: GatewayConfig, logger: Logger, option
   const retryStrategy = (times: number) => Math.min(50 * times, RECONNECT_MAX_MS);
   const redis = new Redis(config.redisUrl, { maxRetriesPerRequest: 1, enableOfflineQueue: false, lazyConnect: true, retryStrategy });
   const subscriber = new Redis(config.redisUrl, { maxRetriesPerRequest: null, lazyConnect: true, retryStrategy });
-  const queueConnection = new Redis(config.redisUrl, { maxRetriesPerRequest: 1, enableOfflineQueue: false, lazyConnect: true, retryStrategy });
-  for (const [name, connection] of [['commands', redis], ['subscriber', subscriber], ['queue', queueConnection]] as const) {
+  const queueConnection = new Redis(config.redisUrl, {
+    maxRetriesPerRequest: 1,
+    enableOfflineQueue: false,
+    lazyConnect: true,
+    retryStrategy,
+  });
+  for (const [name, connection] of [
+    ['commands', redis],
+    ['subscriber', subscriber],
+    ['queue', queueConnection],
+  ] as const) {
     connection.on('error', (err: Error) => logger.warn({ err: err.message, connection: name }, 'redis connection error'));
   }
   await Promise.all([redis.connect(), subscriber.connect(), queueConnection.connect()]);
@@ -75,7 +84,13 @@ export async function startGateway(config: GatewayConfig, logger: Logger, option
     (byThisGateway) => hooks.streamMigrated?.(byThisGateway),
   );
   // A subscriber that reconnected missed what was published meanwhile: the token logs have it.
-  const relay = new Relay(subscriber, channel, (message) => sessions.dispatch(message), () => sessions.repairAll(), logger);
+  const relay = new Relay(
+    subscriber,
+    channel,
+    (message) => sessions.dispatch(message),
+    () => sessions.repairAll(),
+    logger,
+  );
   await relay.start();
   // While Redis is away no entry can reach this gateway, and workers end the streams they cannot write
   // (their entries are lost): a stream is ended here once the outage outlasts a reconnect, instead of
@@ -97,7 +112,8 @@ export async function startGateway(config: GatewayConfig, logger: Logger, option
   // Workers whose publish reaches nobody check this key before they count this gateway's clients as gone.
   const aliveKey = names.gatewayAliveKey(channel);
   const aliveTtlMs = Math.max(3_000, config.registryPollMs * 3);
-  const keepAlive = () => redis.set(aliveKey, '1', 'PX', aliveTtlMs).catch((error: unknown) => logger.warn({ err: error }, 'gateway heartbeat failed'));
+  const keepAlive = () =>
+    redis.set(aliveKey, '1', 'PX', aliveTtlMs).catch((error: unknown) => logger.warn({ err: error }, 'gateway heartbeat failed'));
   await keepAlive();
   const aliveTimer = setInterval(() => void keepAlive(), Math.floor(aliveTtlMs / 3));
   aliveTimer.unref();
@@ -110,7 +126,10 @@ export async function startGateway(config: GatewayConfig, logger: Logger, option
   await registry.refresh();
   registry.start();
   // Back from an outage: read the registry now (the poll keeps its last good read while Redis is away).
-  redis.on('ready', () => void registry.refresh().catch((error: unknown) => logger.warn({ err: error }, 'reading the worker registry failed')));
+  redis.on(
+    'ready',
+    () => void registry.refresh().catch((error: unknown) => logger.warn({ err: error }, 'reading the worker registry failed')),
+  );
   const heartbeats = new HeartbeatTicker(config.heartbeatMs, config.clientStallTimeoutMs);
 
   let draining = false;
@@ -178,10 +197,7 @@ export async function startGateway(config: GatewayConfig, logger: Logger, option
     draining = true;
     logger.info({ open: sessions.size, drainTimeoutMs: config.drainTimeoutMs }, 'draining');
     let timer: NodeJS.Timeout | undefined;
-    await Promise.race([
-      sessions.whenEmpty(),
-      new Promise<void>((resolve) => (timer = setTimeout(resolve, config.drainTimeoutMs))),
-    ]);
+    await Promise.race([sessions.whenEmpty(), new Promise<void>((resolve) => (timer = setTimeout(resolve, config.drainTimeoutMs)))]);
     clearTimeout(timer);
     if (sessions.size > 0) {
       logger.warn({ open: sessions.size }, 'drain timeout: ending the remaining streams');
@@ -189,23 +205,33 @@ export async function startGateway(config: GatewayConfig, logger: Logger, option
     }
     // Each cleanup runs even when another fails.
     const steps: Array<[string, () => unknown]> = [
-      ['http server', () => new Promise<void>((resolve) => {
-        server.close(() => resolve());
-        if ('closeIdleConnections' in server) server.closeIdleConnections();
-      })],
+      [
+        'http server',
+        () =>
+          new Promise<void>((resolve) => {
+            server.close(() => resolve());
+            if ('closeIdleConnections' in server) server.closeIdleConnections();
+          }),
+      ],
       ['registry', () => registry.stop()],
-      ['alive key', async () => {
-        clearInterval(aliveTimer);
-        await redis.del(aliveKey);
-      }],
+      [
+        'alive key',
+        async () => {
+          clearInterval(aliveTimer);
+          await redis.del(aliveKey);
+        },
+      ],
       ['sessions', () => sessions.close()],
       ['heartbeats', () => heartbeats.close()],
       // Let the cancels of failed streams go out before the connections close.
       ['cancels', () => new Promise((resolve) => setTimeout(resolve, 50))],
-      ['relay', () => {
-        clearTimeout(outageTimer);
-        return relay.close();
-      }],
+      [
+        'relay',
+        () => {
+          clearTimeout(outageTimer);
+          return relay.close();
+        },
+      ],
       ['queue', () => queue.close()],
       ['redis', () => redis.quit()],
       ['queue connection', () => queueConnection.quit()],

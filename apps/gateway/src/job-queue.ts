@@ -84,7 +84,17 @@ export class RedisJobQueue implements JobSubmitter, WorkCanceller {
     const ttlMs = Math.max(1, job.deadlineAt - Date.now()) + this.retentionMs;
     await this.redis
       .multi()
-      .hset(meta, encodeRequestMeta({ channel: job.channel, graceMs: job.resumeGraceMs, attempt: 1, enqueuedAt: job.enqueuedAt, deadlineAt: job.deadlineAt, format }))
+      .hset(
+        meta,
+        encodeRequestMeta({
+          channel: job.channel,
+          graceMs: job.resumeGraceMs,
+          attempt: 1,
+          enqueuedAt: job.enqueuedAt,
+          deadlineAt: job.deadlineAt,
+          format,
+        }),
+      )
       .pexpire(meta, ttlMs)
       .exec();
     await this.queue.add(GENERATE_JOB, job, {
@@ -137,7 +147,12 @@ export class RedisJobQueue implements JobSubmitter, WorkCanceller {
     const now = Date.now();
     // The meta tells a worker that takes the job later; the message tells the worker running it.
     (this.redis.routeRequest?.(this.names.metaKey(requestId), '', this.channel, now) ?? Promise.resolve(0))
-      .then(() => this.redis.publish(this.names.controlChannel, encodeControlMessage({ type: 'route', requestId, channel: null, from: this.channel })))
+      .then(() =>
+        this.redis.publish(
+          this.names.controlChannel,
+          encodeControlMessage({ type: 'route', requestId, channel: null, from: this.channel }),
+        ),
+      )
       .catch((error: unknown) => this.logger.warn({ err: error, requestId }, 'detaching a request failed'));
   }
 
@@ -147,7 +162,13 @@ export class RedisJobQueue implements JobSubmitter, WorkCanceller {
    */
   async migrate(requestId: string, attempt: number, lostWorkerId: string): Promise<MigrationResult> {
     const redis = this.redis as Redis & { migrateRequest(...args: Array<string | number>): Promise<[number, number]> };
-    const [code, current] = await redis.migrateRequest(this.names.metaKey(requestId), attempt, lostWorkerId, this.maxMigrations, this.channel);
+    const [code, current] = await redis.migrateRequest(
+      this.names.metaKey(requestId),
+      attempt,
+      lostWorkerId,
+      this.maxMigrations,
+      this.channel,
+    );
     if (code === 0) return { outcome: 'moved', attempt: current };
     if (code !== 1) return { outcome: code === 2 ? 'exhausted' : 'gone' };
     // The lost attempt's job is still in BullMQ (active, its lock held by the dead worker): its data
@@ -155,7 +176,13 @@ export class RedisJobQueue implements JobSubmitter, WorkCanceller {
     const previous = await this.queue.getJob(attemptJobId(requestId, attempt));
     if (previous === undefined) return { outcome: 'gone' };
     const job: GenerateJob = { ...(previous.data as GenerateJob), channel: this.channel, continuation: { attempt: current } };
-    await this.queue.add(GENERATE_JOB, job, { jobId: attemptJobId(requestId, current), lifo: true, removeOnComplete: true, removeOnFail: true, attempts: 1 });
+    await this.queue.add(GENERATE_JOB, job, {
+      jobId: attemptJobId(requestId, current),
+      lifo: true,
+      removeOnComplete: true,
+      removeOnFail: true,
+      attempts: 1,
+    });
     return { outcome: 'migrated', attempt: current };
   }
 
@@ -181,7 +208,8 @@ export class RedisJobQueue implements JobSubmitter, WorkCanceller {
       .exec();
     if (!(await this.removeQueued(requestId))) return;
     const entries: GatewayEntry[] = [{ requestId, seq: 0, type: 'accepted', workerId: '', promptTokens: 0 }];
-    for (let index = 0; index < meta.format.n; index++) entries.push({ requestId, seq: entries.length, type: 'text-end', index, finishReason: 'abort' });
+    for (let index = 0; index < meta.format.n; index++)
+      entries.push({ requestId, seq: entries.length, type: 'text-end', index, finishReason: 'abort' });
     entries.push({ requestId, seq: entries.length, type: 'finish', usage: { promptTokens: 0, completionTokens: 0 } });
     const pairs = entries.flatMap((entry) => [String(entry.seq), JSON.stringify(entry)]);
     const pipeline = this.redis.pipeline() as ReturnType<Redis['pipeline']> & { appendLog(...args: Array<string | number>): unknown };

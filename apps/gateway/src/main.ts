@@ -25,9 +25,7 @@ async function main(): Promise<void> {
       hooks: createGatewayObserver(metrics, logger),
       keyUsage: metrics.keyUsage,
       configureApp: (app) =>
-        app.get('/metrics', async (c) =>
-          c.body(await metrics.registry.metrics(), 200, { 'Content-Type': metrics.registry.contentType }),
-        ),
+        app.get('/metrics', async (c) => c.body(await metrics.registry.metrics(), 200, { 'Content-Type': metrics.registry.contentType })),
     });
   } catch (error) {
     if (error instanceof AccessConfigError) {

@@ -14,7 +14,9 @@ export function promptTokenIds(request: ParsedRequest, tokenizer: ModelTokenizer
   const input = request.input;
   const ids =
     input.kind === 'chat'
-      ? tokenizer.encodeChat(input.messages.map((m) => (m.name === undefined ? { role: m.role, content: m.content } : { ...m, name: m.name })))
+      ? tokenizer.encodeChat(
+          input.messages.map((m) => (m.name === undefined ? { role: m.role, content: m.content } : { ...m, name: m.name })),
+        )
       : input.kind === 'text'
         ? tokenizer.encodeText(input.prompt)
         : input.promptTokenIds;
@@ -30,9 +32,13 @@ export function promptTokenIds(request: ParsedRequest, tokenizer: ModelTokenizer
   }
   const maxContext = Math.min(tokenizer.maxContextLength, model.maxContextLength);
   if (ids.length >= maxContext) {
-    throw tooLong(`This model's maximum context length is ${maxContext} tokens. However, your prompt is ${ids.length} tokens long.`, promptParam);
+    throw tooLong(
+      `This model's maximum context length is ${maxContext} tokens. However, your prompt is ${ids.length} tokens long.`,
+      promptParam,
+    );
   }
-  const maxTokens = request.sampling.maxTokens ?? (request.defaultMaxTokens === 'context' ? maxContext - ids.length : request.defaultMaxTokens);
+  const maxTokens =
+    request.sampling.maxTokens ?? (request.defaultMaxTokens === 'context' ? maxContext - ids.length : request.defaultMaxTokens);
   if (ids.length + maxTokens > maxContext) {
     throw tooLong(
       `This model's maximum context length is ${maxContext} tokens. However, you requested ${ids.length + maxTokens} tokens ` +

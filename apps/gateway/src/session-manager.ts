@@ -78,7 +78,10 @@ export class SessionManager {
       // A client resumed here while its earlier connection to this gateway still looks open: the new
       // connection takes the stream over; the old one ends without stopping the work.
       this.remove(previous);
-      this.emit(previous, { type: 'failed', error: new GatewayError('stream_interrupted', { message: 'The stream was resumed by another connection.' }) });
+      this.emit(previous, {
+        type: 'failed',
+        error: new GatewayError('stream_interrupted', { message: 'The stream was resumed by another connection.' }),
+      });
     }
     const session = new RequestSession(requestId, Date.now(), deadlineAt, listener, options.graceMs ?? 0);
     session.nextSeq = options.nextSeq ?? 0;
@@ -127,7 +130,10 @@ export class SessionManager {
           this.logger.warn({ requestId: session.requestId }, 'token log lost');
           this.fail(session, new GatewayError('stream_interrupted'), 'stream_failed');
         } else if (seenBefore >= session.nextSeq) {
-          this.logger.warn({ requestId: session.requestId, expected: session.nextSeq, seen: seenBefore }, 'token log lacks entries seen live');
+          this.logger.warn(
+            { requestId: session.requestId, expected: session.nextSeq, seen: seenBefore },
+            'token log lacks entries seen live',
+          );
           this.fail(session, new GatewayError('stream_interrupted'), 'stream_failed');
         } else if (session.seenSeq >= session.nextSeq) {
           this.repair(session);
@@ -240,7 +246,10 @@ export class SessionManager {
         session.acceptedAt < snapshotAt &&
         !liveWorkerIds.has(session.workerId)
       ) {
-        this.logger.warn({ requestId: session.requestId, workerId: session.workerId, attempt: session.attempt }, 'worker stopped heartbeating: migrating');
+        this.logger.warn(
+          { requestId: session.requestId, workerId: session.workerId, attempt: session.attempt },
+          'worker stopped heartbeating: migrating',
+        );
         this.migrate(session, session.workerId);
       }
     }
@@ -295,7 +304,11 @@ export class SessionManager {
         this.fail(session, new GatewayError('queue_timeout'), 'timeout');
       } else if (session.state === 'running' && now - session.lastEventAt >= this.options.idleTimeoutMs) {
         this.fail(session, new GatewayError('idle_timeout'), 'timeout');
-      } else if (session.state === 'running' && now - session.lastEventAt >= REPAIR_IDLE_MS && now - session.lastRepairAt >= REPAIR_IDLE_MS) {
+      } else if (
+        session.state === 'running' &&
+        now - session.lastEventAt >= REPAIR_IDLE_MS &&
+        now - session.lastRepairAt >= REPAIR_IDLE_MS
+      ) {
         // A stream quiet for a while may have missed its last entries with nothing after them to
         // reveal the gap (a message lost just as a route moved here): one cheap log read settles it.
         session.lastRepairAt = now;

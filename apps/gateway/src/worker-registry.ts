@@ -87,7 +87,12 @@ export class WorkerRegistry implements ModelCatalog {
     for (const record of serving) {
       const model = byModel.get(record.modelId);
       if (model === undefined) {
-        const served: ServedModel = { id: record.modelId, maxContextLength: record.maxContextLength, workers: 1, maxBatchSize: record.maxBatchSize };
+        const served: ServedModel = {
+          id: record.modelId,
+          maxContextLength: record.maxContextLength,
+          workers: 1,
+          maxBatchSize: record.maxBatchSize,
+        };
         if (record.modelCard !== undefined) served.modelCard = record.modelCard;
         byModel.set(record.modelId, served);
       } else {

@@ -12,7 +12,13 @@ async function chunks(res: Response): Promise<Array<Record<string, any>>> {
   const frames = (await res.text())
     .split('\n\n')
     .filter((f) => f !== '')
-    .map((f) => f.split('\n').filter((line) => line.startsWith('data: ')).join('').slice(6));
+    .map((f) =>
+      f
+        .split('\n')
+        .filter((line) => line.startsWith('data: '))
+        .join('')
+        .slice(6),
+    );
   expect(frames.at(-1)).toBe('[DONE]');
   return frames.slice(0, -1).map((f) => JSON.parse(f) as Record<string, any>);
 }
@@ -22,7 +28,12 @@ describe('the endpoints peers have', () => {
     const h = await start();
     expect(await (await fetch(`${h.url}/health`)).json()).toEqual({ status: 'ok' });
     expect((await (await fetch(`${h.url}/version`)).json()) as object).toEqual({ version: expect.stringMatching(/^\d+\.\d+\.\d+/) });
-    expect(await (await fetch(`${h.url}/v1/models/m`)).json()).toMatchObject({ id: 'm', object: 'model', owned_by: 'sluice', max_model_len: 100 });
+    expect(await (await fetch(`${h.url}/v1/models/m`)).json()).toMatchObject({
+      id: 'm',
+      object: 'model',
+      owned_by: 'sluice',
+      max_model_len: 100,
+    });
     const missing = await fetch(`${h.url}/v1/models/org/other`);
     expect(missing.status).toBe(404);
     expect(await missing.json()).toMatchObject({ error: { code: 'model_not_found', param: 'model' } });
@@ -56,7 +67,10 @@ describe('request features peers have', () => {
     h.send([{ type: 'accepted', workerId: 'w1', promptTokens: 3 }]);
     h.send([{ type: 'text-delta', index: 0, text: 'a', tokens: 1 }]);
     h.send([{ type: 'text-delta', index: 0, text: 'b', tokens: 2 }]);
-    h.send([{ type: 'text-end', index: 0, finishReason: 'stop' }, { type: 'finish', usage: { promptTokens: 3, completionTokens: 3 } }]);
+    h.send([
+      { type: 'text-end', index: 0, finishReason: 'stop' },
+      { type: 'finish', usage: { promptTokens: 3, completionTokens: 3 } },
+    ]);
     const got = await chunks(await reply);
     expect(got.every((c) => /^fp_[0-9a-f]{10}$/.test(c.system_fingerprint))).toBe(true);
     expect(got.map((c) => c.usage?.completion_tokens)).toEqual([0, 1, 3, 3, 3]);
@@ -71,11 +85,17 @@ describe('request features peers have', () => {
     await first;
     while (h.jobs.length < 2) await new Promise((resolve) => setTimeout(resolve, 5));
     const [a, b] = h.jobs as [(typeof h.jobs)[0], (typeof h.jobs)[0]];
-    expect([a.input, b.input]).toEqual([{ kind: 'tokens', promptTokenIds: [97] }, { kind: 'tokens', promptTokenIds: [98] }]);
+    expect([a.input, b.input]).toEqual([
+      { kind: 'tokens', promptTokenIds: [97] },
+      { kind: 'tokens', promptTokenIds: [98] },
+    ]);
     expect(a.sampling.n).toBe(2);
     h.send([{ type: 'accepted', workerId: 'w1', promptTokens: 1 }], b);
     h.send([{ type: 'accepted', workerId: 'w1', promptTokens: 1 }], a);
-    for (const [job, text] of [[a, 'A'], [b, 'B']] as const) {
+    for (const [job, text] of [
+      [a, 'A'],
+      [b, 'B'],
+    ] as const) {
       h.send(
         [
           { type: 'text-delta', index: 0, text: `${text}0`, tokens: 1 },
@@ -90,7 +110,12 @@ describe('request features peers have', () => {
     const res = await reply;
     expect(res.status).toBe(200);
     const body = (await res.json()) as Record<string, any>;
-    expect(body.choices.map((c: { index: number; text: string }) => [c.index, c.text])).toEqual([[0, 'A0'], [1, 'A1'], [2, 'B0'], [3, 'B1']]);
+    expect(body.choices.map((c: { index: number; text: string }) => [c.index, c.text])).toEqual([
+      [0, 'A0'],
+      [1, 'A1'],
+      [2, 'B0'],
+      [3, 'B1'],
+    ]);
     expect(body.usage).toEqual({ prompt_tokens: 2, completion_tokens: 4, total_tokens: 6 });
     expect(body.id).toBe(`cmpl-${a.requestId}`);
   });

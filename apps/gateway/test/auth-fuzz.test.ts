@@ -39,7 +39,12 @@ describe('the auth header and the key store under fuzzing', () => {
     revoked = await store.create('revoked');
     await store.revoke('revoked');
     const config = loadGatewayConfig({ AUTH: 'keys', REDIS_PREFIX: 'fuzz', HOST: '127.0.0.1' });
-    const access = await startAccessControl(config, redis, pino({ level: 'silent' }), { admitted() {}, used() {}, refused() {}, authFailed() {} });
+    const access = await startAccessControl(config, redis, pino({ level: 'silent' }), {
+      admitted() {},
+      used() {},
+      refused() {},
+      authFailed() {},
+    });
     app = await startAppHarness({ AUTH: 'keys' }, { access });
   });
 
@@ -77,20 +82,34 @@ describe('the auth header and the key store under fuzzing', () => {
     });
 
   it('never answers 5xx and never accepts a key that was not issued (Authorization and x-api-key)', async () => {
-    const value = fc.oneof(headerText, mutatedKey.map((k) => `Bearer ${k}`), fc.constantFrom(...issued).map((k) => `Bearer ${k}`), mutatedKey);
+    const value = fc.oneof(
+      headerText,
+      mutatedKey.map((k) => `Bearer ${k}`),
+      fc.constantFrom(...issued).map((k) => `Bearer ${k}`),
+      mutatedKey,
+    );
     await fc.assert(
-      fc.asyncProperty(fc.option(value, { nil: undefined }), fc.option(fc.oneof(headerText, mutatedKey), { nil: undefined }), fc.boolean(), async (authorization, xApiKey, chat) => {
-        const headers: Record<string, string> = { 'Content-Type': 'application/json' };
-        if (authorization !== undefined) headers.Authorization = authorization;
-        if (xApiKey !== undefined) headers['x-api-key'] = xApiKey;
-        const res = chat
-          ? await fetch(`${app.url}/v1/chat/completions`, { method: 'POST', headers, body: JSON.stringify({ model: 'm', messages: [{ role: 'user', content: 'hi' }], max_tokens: 'x' }) })
-          : await fetch(`${app.url}/v1/models`, { headers });
-        await res.text();
-        expect(res.status).toBeLessThan(500);
-        if (presentsIssuedKey(authorization?.trim(), xApiKey)) expect(res.status).not.toBe(401);
-        else expect(res.status).toBe(401);
-      }),
+      fc.asyncProperty(
+        fc.option(value, { nil: undefined }),
+        fc.option(fc.oneof(headerText, mutatedKey), { nil: undefined }),
+        fc.boolean(),
+        async (authorization, xApiKey, chat) => {
+          const headers: Record<string, string> = { 'Content-Type': 'application/json' };
+          if (authorization !== undefined) headers.Authorization = authorization;
+          if (xApiKey !== undefined) headers['x-api-key'] = xApiKey;
+          const res = chat
+            ? await fetch(`${app.url}/v1/chat/completions`, {
+                method: 'POST',
+                headers,
+                body: JSON.stringify({ model: 'm', messages: [{ role: 'user', content: 'hi' }], max_tokens: 'x' }),
+              })
+            : await fetch(`${app.url}/v1/models`, { headers });
+          await res.text();
+          expect(res.status).toBeLessThan(500);
+          if (presentsIssuedKey(authorization?.trim(), xApiKey)) expect(res.status).not.toBe(401);
+          else expect(res.status).toBe(401);
+        },
+      ),
       { numRuns: 300 },
     );
   });

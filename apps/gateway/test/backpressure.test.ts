@@ -11,7 +11,9 @@ function rawClient(h: AppHarness): { socket: Socket; received: () => string; clo
   const { port } = new URL(h.url);
   const socket = connect(Number(port), '127.0.0.1');
   const body = JSON.stringify({ model: 'm', messages: [{ role: 'user', content: 'hi' }], stream: true });
-  socket.write(`POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: ${body.length}\r\n\r\n${body}`);
+  socket.write(
+    `POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: ${body.length}\r\n\r\n${body}`,
+  );
   let text = '';
   socket.on('data', (chunk: Buffer) => (text += chunk.toString('utf8')));
   socket.on('error', () => undefined);
@@ -93,4 +95,3 @@ describe('backpressure: a client that does not read', () => {
     client.socket.destroy();
   });
 });
-

@@ -4,7 +4,13 @@ import { ConfigError, loadGatewayConfig } from '../src/config.js';
 describe('gateway configuration', () => {
   it('has defaults for everything', () => {
     const config = loadGatewayConfig({});
-    expect(config).toMatchObject({ port: 8080, redisUrl: 'redis://127.0.0.1:6379', heartbeatMs: 15_000, headersWaitMs: 1000, streamIntervalMs: 0 });
+    expect(config).toMatchObject({
+      port: 8080,
+      redisUrl: 'redis://127.0.0.1:6379',
+      heartbeatMs: 15_000,
+      headersWaitMs: 1000,
+      streamIntervalMs: 0,
+    });
     expect(config.gatewayId).toMatch(/^[\w.-]+$/);
   });
 

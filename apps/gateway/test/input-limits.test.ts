@@ -8,7 +8,14 @@ import { GatewayError } from '../src/errors.js';
 import { checkInputLimits } from '../src/openai/input-limits.js';
 import { parseChatRequest, parseCompletionRequest } from '../src/openai/request-schemas.js';
 
-const limits = loadGatewayConfig({ MAX_TOKENS_LIMIT: '100', MAX_N: '2', MAX_STOP_SEQUENCES: '2', MAX_STOP_LENGTH: '5', MAX_MESSAGES: '3', MAX_USER_LENGTH: '8' }).access;
+const limits = loadGatewayConfig({
+  MAX_TOKENS_LIMIT: '100',
+  MAX_N: '2',
+  MAX_STOP_SEQUENCES: '2',
+  MAX_STOP_LENGTH: '5',
+  MAX_MESSAGES: '3',
+  MAX_USER_LENGTH: '8',
+}).access;
 const chat = (extra: Record<string, unknown>) => parseChatRequest({ model: 'm', messages: [{ role: 'user', content: 'hi' }], ...extra });
 
 function refusal(run: () => void): { param: string | null; message: string } {
@@ -36,8 +43,12 @@ describe('input ceilings', () => {
     expect(refusal(() => checkInputLimits(chat({ user: '123456789' }), limits)).param).toBe('user');
     const four = Array.from({ length: 4 }, () => ({ role: 'user', content: 'x' }));
     expect(refusal(() => checkInputLimits(chat({ messages: four }), limits)).param).toBe('messages');
-    expect(refusal(() => checkInputLimits(chat({ messages: [{ role: 'user', content: 'x', name: 'a-long-name' }] }), limits)).param).toBe('messages[0].name');
-    expect(refusal(() => checkInputLimits(parseCompletionRequest({ model: 'm', prompt: 'p', max_tokens: 1000 }), limits)).message).toMatch(/at most 100/);
+    expect(refusal(() => checkInputLimits(chat({ messages: [{ role: 'user', content: 'x', name: 'a-long-name' }] }), limits)).param).toBe(
+      'messages[0].name',
+    );
+    expect(refusal(() => checkInputLimits(parseCompletionRequest({ model: 'm', prompt: 'p', max_tokens: 1000 }), limits)).message).toMatch(
+      /at most 100/,
+    );
   });
 });
 
@@ -64,9 +75,27 @@ describe('access control pieces', () => {
   });
 
   it('sends the header trio of each limit the key has, and only those', () => {
-    const headers = rateLimitHeaders({ limits: { rpm: 10 }, requestsUsed: 3, requestsResetMs: 1000, tokensUsed: 0, tokensResetMs: 0, streams: 0 });
-    expect(headers).toEqual({ 'x-ratelimit-limit-requests': '10', 'x-ratelimit-remaining-requests': '7', 'x-ratelimit-reset-requests': '1s' });
-    const tokens = rateLimitHeaders({ limits: { tpm: 100 }, requestsUsed: 0, requestsResetMs: 0, tokensUsed: 120, tokensResetMs: 0, streams: 0 });
+    const headers = rateLimitHeaders({
+      limits: { rpm: 10 },
+      requestsUsed: 3,
+      requestsResetMs: 1000,
+      tokensUsed: 0,
+      tokensResetMs: 0,
+      streams: 0,
+    });
+    expect(headers).toEqual({
+      'x-ratelimit-limit-requests': '10',
+      'x-ratelimit-remaining-requests': '7',
+      'x-ratelimit-reset-requests': '1s',
+    });
+    const tokens = rateLimitHeaders({
+      limits: { tpm: 100 },
+      requestsUsed: 0,
+      requestsResetMs: 0,
+      tokensUsed: 120,
+      tokensResetMs: 0,
+      streams: 0,
+    });
     expect(tokens['x-ratelimit-remaining-tokens']).toBe('0');
   });
 

@@ -16,7 +16,16 @@ describe('chat requests', () => {
   it('maps OpenAI fields to engine sampling, treating null as unset', () => {
     const parsed = parseChatRequest({
       model: 'm',
-      messages: [{ role: 'system', content: 'be brief' }, { role: 'user', content: [{ type: 'text', text: 'a' }, { type: 'text', text: 'b' }] }],
+      messages: [
+        { role: 'system', content: 'be brief' },
+        {
+          role: 'user',
+          content: [
+            { type: 'text', text: 'a' },
+            { type: 'text', text: 'b' },
+          ],
+        },
+      ],
       max_completion_tokens: 7,
       temperature: 0,
       top_p: null,
@@ -30,7 +39,13 @@ describe('chat requests', () => {
     });
     expect(parsed).toMatchObject({
       endpoint: 'chat',
-      input: { kind: 'chat', messages: [{ role: 'system', content: 'be brief' }, { role: 'user', content: 'ab' }] },
+      input: {
+        kind: 'chat',
+        messages: [
+          { role: 'system', content: 'be brief' },
+          { role: 'user', content: 'ab' },
+        ],
+      },
       sampling: { maxTokens: 7, temperature: 0, stop: ['END'], seed: 3, logprobs: true, topLogprobs: 2 },
       defaultMaxTokens: 'context',
       stream: true,
@@ -44,7 +59,9 @@ describe('chat requests', () => {
   it('names the field at fault', () => {
     expect(refusal(() => parseChatRequest({ model: 'm', messages: [{ role: 'user', content: 5 }] })).param).toBe('messages[0].content');
     expect(refusal(() => parseChatRequest({ model: 'm' })).param).toBe('messages');
-    expect(refusal(() => parseChatRequest({ model: 'm', messages: [{ role: 'user', content: 'x' }], stream_options: {} })).param).toBe('stream_options');
+    expect(refusal(() => parseChatRequest({ model: 'm', messages: [{ role: 'user', content: 'x' }], stream_options: {} })).param).toBe(
+      'stream_options',
+    );
     expect(refusal(() => parseChatRequest({ model: 'm', messages: [{ role: 'user', content: 'x' }], tools: [{}] })).param).toBe('tools');
     expect(refusal(() => parseChatRequest([])).status).toBe(400);
   });
@@ -61,7 +78,10 @@ describe('completion requests', () => {
 
   it('takes a batch of prompts, text or token ids, as one input per prompt', () => {
     const texts = parseCompletionRequest({ model: 'm', prompt: ['a', 'b'] });
-    expect(texts.prompts).toEqual([{ kind: 'text', prompt: 'a' }, { kind: 'text', prompt: 'b' }]);
+    expect(texts.prompts).toEqual([
+      { kind: 'text', prompt: 'a' },
+      { kind: 'text', prompt: 'b' },
+    ]);
     expect(texts.input).toEqual({ kind: 'text', prompt: 'a' });
     expect(parseCompletionRequest({ model: 'm', prompt: [[1], [2, 3]] }).prompts).toEqual([
       { kind: 'tokens', promptTokenIds: [1] },
@@ -115,7 +135,9 @@ describe('fields the gateway does not support', () => {
   });
 
   it('accepts the no-op values of unsupported features', () => {
-    expect(() => parseChatRequest({ ...chat, tools: [], tool_choice: 'none', response_format: { type: 'text' }, logit_bias: {}, store: false })).not.toThrow();
+    expect(() =>
+      parseChatRequest({ ...chat, tools: [], tool_choice: 'none', response_format: { type: 'text' }, logit_bias: {}, store: false }),
+    ).not.toThrow();
   });
 
   it('takes continuous_usage_stats, only with stream', () => {

@@ -160,7 +160,10 @@ describe('SessionManager', () => {
     const session = open('f');
     session.attempt = 2;
     manager.dispatch({ workerId: 'w', entries: [{ requestId: 'f', seq: 0, type: 'accepted', workerId: 'old', promptTokens: 1 }] });
-    manager.dispatch({ workerId: 'w', entries: [{ requestId: 'f', seq: 0, attempt: 2, type: 'accepted', workerId: 'new', promptTokens: 1 }] });
+    manager.dispatch({
+      workerId: 'w',
+      entries: [{ requestId: 'f', seq: 0, attempt: 2, type: 'accepted', workerId: 'new', promptTokens: 1 }],
+    });
     expect(events).toMatchObject([{ type: 'accepted', workerId: 'new' }]);
     manager.close();
   });
@@ -178,7 +181,9 @@ describe('SessionManager', () => {
   it('hands a stream resumed on the same gateway to the new connection; the old one ends without cancelling', () => {
     const { manager, cancels, events, open } = setup();
     const first = open('r', Date.now() + 60_000, 5_000);
-    const second = manager.open('r', Date.now() + 60_000, () => events.push({ type: 'failed', error: new Error('second') as never }), { graceMs: 5_000 });
+    const second = manager.open('r', Date.now() + 60_000, () => events.push({ type: 'failed', error: new Error('second') as never }), {
+      graceMs: 5_000,
+    });
     expect(events).toMatchObject([{ type: 'failed', error: { code: 'stream_interrupted' } }]);
     // The old connection's close arrives late: it must not touch the new session.
     manager.clientLeft(first);
@@ -192,7 +197,13 @@ describe('SessionManager', () => {
     const { manager, events, open } = setup();
     open('retried');
     const delta = { seq: 0, type: 'text-delta' as const, index: 0, text: 'x', tokens: 1 };
-    manager.dispatch({ workerId: 'w', entries: [{ requestId: 'retried', seq: 0, type: 'accepted', workerId: 'w', promptTokens: 1 }, { requestId: 'retried', ...delta, seq: 1 }] });
+    manager.dispatch({
+      workerId: 'w',
+      entries: [
+        { requestId: 'retried', seq: 0, type: 'accepted', workerId: 'w', promptTokens: 1 },
+        { requestId: 'retried', ...delta, seq: 1 },
+      ],
+    });
     const lost = { code: 'worker_lost' as const, message: 'The worker serving the request stopped.', param: null };
     manager.dispatch({ workerId: 'w2', entries: [{ requestId: 'retried', seq: 0, type: 'error', error: lost }] });
     expect(events.at(-1)).toMatchObject({ type: 'error', error: { code: 'worker_lost' } });
@@ -251,8 +262,14 @@ describe('SessionManager', () => {
     await tick();
     await tick();
     manager.dispatch({ workerId: 'w1', entries: [{ requestId: 'a', seq: 2, type: 'text-delta', index: 0, text: 'stale', tokens: 1 }] });
-    manager.dispatch({ workerId: 'w2', entries: [{ requestId: 'a', seq: 2, attempt: 2, type: 'accepted', workerId: 'w2', promptTokens: 1, continued: true }] });
-    manager.dispatch({ workerId: 'w2', entries: [{ requestId: 'a', seq: 3, attempt: 2, type: 'text-delta', index: 0, text: 'y', tokens: 1 }] });
+    manager.dispatch({
+      workerId: 'w2',
+      entries: [{ requestId: 'a', seq: 2, attempt: 2, type: 'accepted', workerId: 'w2', promptTokens: 1, continued: true }],
+    });
+    manager.dispatch({
+      workerId: 'w2',
+      entries: [{ requestId: 'a', seq: 3, attempt: 2, type: 'text-delta', index: 0, text: 'y', tokens: 1 }],
+    });
     expect(events.map((e) => (e.type === 'text-delta' ? e.text : e.type))).toEqual(['accepted', 'x', 'accepted', 'y']);
     manager.close();
   });

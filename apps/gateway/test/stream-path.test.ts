@@ -48,7 +48,13 @@ describe('the SSE stream path', () => {
     const frames = events.map((e) => e.frame);
     expect(frames.at(-1)).toBe('data: [DONE]');
     const chunks = frames.slice(0, -1).map((f) => JSON.parse(f.replace(/^data: /, '')) as Record<string, any>);
-    expect(chunks.map((c) => c.choices[0]?.delta ?? null)).toEqual([{ role: 'assistant', content: '' }, { content: 'Hel' }, { content: 'lo' }, {}, null]);
+    expect(chunks.map((c) => c.choices[0]?.delta ?? null)).toEqual([
+      { role: 'assistant', content: '' },
+      { content: 'Hel' },
+      { content: 'lo' },
+      {},
+      null,
+    ]);
     expect(chunks[3]!.choices[0].finish_reason).toBe('stop');
     expect(chunks.slice(0, 4).every((c) => c.usage === null)).toBe(true);
     expect(chunks[4]).toMatchObject({ choices: [], usage: { prompt_tokens: 3, completion_tokens: 2, total_tokens: 5 } });
@@ -63,10 +69,7 @@ describe('the SSE stream path', () => {
     h.send([{ type: 'text-delta', index: 0, text: 'a', tokens: 1 }]);
     h.send([{ seq: 3, type: 'text-delta', index: 0, text: 'c', tokens: 1 }]);
     const frames = await readAll(await reply);
-    expect(frames.slice(-2)).toEqual([
-      expect.stringContaining('"code":"stream_interrupted"'),
-      'data: [DONE]',
-    ]);
+    expect(frames.slice(-2)).toEqual([expect.stringContaining('"code":"stream_interrupted"'), 'data: [DONE]']);
     expect(h.cancels).toEqual([{ requestId: (await job).requestId, reason: 'stream_failed', wasQueued: false }]);
   });
 
@@ -78,9 +81,15 @@ describe('the SSE stream path', () => {
     h.send([{ type: 'accepted', workerId: 'w1', promptTokens: 1 }]);
     for (const text of ['a', 'b', 'c', 'd']) h.send([{ type: 'text-delta', index: 0, text, tokens: 1 }]);
     await new Promise((resolve) => setTimeout(resolve, 150));
-    h.send([{ type: 'text-delta', index: 0, text: 'e', tokens: 1 }, { type: 'text-end', index: 0, finishReason: 'length' }, { type: 'finish', usage: { promptTokens: 1, completionTokens: 5 } }]);
+    h.send([
+      { type: 'text-delta', index: 0, text: 'e', tokens: 1 },
+      { type: 'text-end', index: 0, finishReason: 'length' },
+      { type: 'finish', usage: { promptTokens: 1, completionTokens: 5 } },
+    ]);
     const frames = await readAll(await reply);
-    const texts = frames.slice(0, -1).map((f) => (JSON.parse(f.replace(/^data: /, '')) as { choices: Array<{ text: string }> }).choices[0]!.text);
+    const texts = frames
+      .slice(0, -1)
+      .map((f) => (JSON.parse(f.replace(/^data: /, '')) as { choices: Array<{ text: string }> }).choices[0]!.text);
     // The first delta goes out at once, the next three together at the end of the window, then 'e', then the finish chunk.
     expect(texts).toEqual(['a', 'bcd', 'e', '']);
   });
@@ -140,14 +149,22 @@ describe('the SSE stream path', () => {
     expect((await job).sampling).toMatchObject({ logprobs: true, topLogprobs: 1 });
     h.send([{ type: 'accepted', workerId: 'w1', promptTokens: 1 }]);
     h.send([
-      { type: 'text-delta', index: 0, text: 'é', tokens: 1, logprobs: [{ token: 'é', logprob: -0.5, top: [{ token: 'é', logprob: -0.5 }] }] },
+      {
+        type: 'text-delta',
+        index: 0,
+        text: 'é',
+        tokens: 1,
+        logprobs: [{ token: 'é', logprob: -0.5, top: [{ token: 'é', logprob: -0.5 }] }],
+      },
       { type: 'text-end', index: 0, finishReason: 'stop' },
       { type: 'finish', usage: { promptTokens: 1, completionTokens: 1 } },
     ]);
     const body = (await (await reply).json()) as { choices: Array<{ logprobs: unknown; message: unknown }> };
     expect(body.choices[0]).toMatchObject({
       message: { role: 'assistant', content: 'é' },
-      logprobs: { content: [{ token: 'é', logprob: -0.5, bytes: [195, 169], top_logprobs: [{ token: 'é', logprob: -0.5, bytes: [195, 169] }] }] },
+      logprobs: {
+        content: [{ token: 'é', logprob: -0.5, bytes: [195, 169], top_logprobs: [{ token: 'é', logprob: -0.5, bytes: [195, 169] }] }],
+      },
     });
   });
 

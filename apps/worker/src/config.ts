@@ -30,7 +30,10 @@ export const workerEnvSchema = z.object({
   /** Jobs taken from the queue at once. @defaultValue MAX_BATCH_SIZE */
   WORKER_CONCURRENCY: int(1).optional(),
   /** This worker's id in the registry. @defaultValue host-pid-random */
-  WORKER_ID: z.string().regex(/^[\w.-]+$/).optional(),
+  WORKER_ID: z
+    .string()
+    .regex(/^[\w.-]+$/)
+    .optional(),
   /** How often the registry record is refreshed. @defaultValue 1000 */
   WORKER_HEARTBEAT_MS: int(50).default(1000),
   /** Registry record TTL: gateways fail this worker's streams this long after its last heartbeat. @defaultValue 5000 */
@@ -48,7 +51,10 @@ export const workerEnvSchema = z.object({
   /** Listen address of that endpoint: loopback unless set (e.g. 0.0.0.0 for a Prometheus on another host). @defaultValue 127.0.0.1 */
   METRICS_HOST: z.string().min(1).default('127.0.0.1'),
   /** `/healthz` shows the id of the latest cancelled request (tests only: ids never leave the worker otherwise). @defaultValue false */
-  HEALTH_REQUEST_IDS: z.enum(['true', 'false', '1', '0']).default('false').transform((v) => v === 'true' || v === '1'),
+  HEALTH_REQUEST_IDS: z
+    .enum(['true', 'false', '1', '0'])
+    .default('false')
+    .transform((v) => v === 'true' || v === '1'),
   /** pino log level. @defaultValue info */
   LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
 });

@@ -156,7 +156,10 @@ export class JobProcessor {
         parts.completionTokens += event.usage.completionTokens;
         parts.error ??= event.error;
         if (--parts.left > 0) return;
-        const whole: FinishEvent = { ...event, usage: { promptTokens: event.usage.promptTokens, completionTokens: parts.completionTokens } };
+        const whole: FinishEvent = {
+          ...event,
+          usage: { promptTokens: event.usage.promptTokens, completionTokens: parts.completionTokens },
+        };
         if (parts.error !== undefined) whole.error = parts.error;
         this.finish(route, whole, controller.signal, log, timing);
         finished();
@@ -247,7 +250,10 @@ export class JobProcessor {
       // BullMQ recovered the job after its worker died, and no gateway moved it on: the first attempt
       // may have streamed tokens already, so the stream fails instead of restarting.
       logger.warn('job retried after a worker was lost: failing its stream');
-      router.push(route, { type: 'error', error: { code: 'worker_lost', message: 'The worker serving the request stopped.', param: null } });
+      router.push(route, {
+        type: 'error',
+        error: { code: 'worker_lost', message: 'The worker serving the request stopped.', param: null },
+      });
       return false;
     }
     if (meta !== undefined) {
@@ -343,7 +349,10 @@ export class JobProcessor {
       router.push(route, { type: 'error', error: { code: 'worker_shutdown', message: 'The worker shut down.', param: null } });
     } else if (signal.aborted && signal.reason === REDIS_UNAVAILABLE) {
       // Entries were lost while Redis was away: the answer cannot be completed, and says so.
-      router.push(route, { type: 'error', error: { code: 'worker_lost', message: 'The worker lost its connection to Redis.', param: null } });
+      router.push(route, {
+        type: 'error',
+        error: { code: 'worker_lost', message: 'The worker lost its connection to Redis.', param: null },
+      });
     } else if (signal.aborted && signal.reason === 'superseded') {
       // A newer attempt owns the request: this one writes nothing more.
     } else if (!signal.aborted && event.error !== undefined) {
@@ -365,7 +374,11 @@ export class JobProcessor {
   private encode(job: GenerateJob): number[] | WireError {
     const input = job.input;
     if (input.kind !== 'tokens') {
-      return { code: 'invalid_request', message: 'This worker takes prompt token ids only: the gateway is older than the worker.', param: 'prompt' };
+      return {
+        code: 'invalid_request',
+        message: 'This worker takes prompt token ids only: the gateway is older than the worker.',
+        param: 'prompt',
+      };
     }
     if (input.promptTokenIds.length === 0) return { code: 'invalid_request', message: 'The prompt is empty.', param: 'prompt' };
     return input.promptTokenIds;

@@ -42,7 +42,12 @@ export class RegistryHeartbeat {
   async beat(): Promise<void> {
     const now = Date.now();
     const card = this.card;
-    const record: WorkerRecord = { ...this.record(), startedAt: this.startedAt, heartbeatAt: now, ...(card === undefined ? {} : { modelCard: card.hash }) };
+    const record: WorkerRecord = {
+      ...this.record(),
+      startedAt: this.startedAt,
+      heartbeatAt: now,
+      ...(card === undefined ? {} : { modelCard: card.hash }),
+    };
     const multi = this.redis.multi();
     // The card goes first, so a gateway that reads the record finds it. A beat only refreshes its TTL
     // (megabytes are not resent every second); a Redis that lost it (a restart) gets it again.

@@ -1,12 +1,7 @@
 import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
 import type { EngineEvent, StepEvent, TokenLogprob } from '@sluice/engine';
-import {
-  APPEND_LOG_SCRIPT,
-  type GatewayEntryDraft,
-  type RedisNames,
-  type TokenLogprobWire,
-} from '@sluice/protocol';
+import { APPEND_LOG_SCRIPT, type GatewayEntryDraft, type RedisNames, type TokenLogprobWire } from '@sluice/protocol';
 
 /** The abort reason of a request whose entries could not be written (Redis unreachable). */
 export const REDIS_UNAVAILABLE = 'redis_unavailable';
@@ -98,7 +93,11 @@ export class StepRouter {
     redis.defineCommand('appendLog', { numberOfKeys: 2, lua: APPEND_LOG_SCRIPT });
   }
 
-  open(route: Omit<Route, 'held' | 'graceTimer' | 'ended' | 'aliases' | 'lastFinishReason' | 'startedAt' | 'cancelledAt' | 'timing'> & { timing?: RouteTiming }): Route {
+  open(
+    route: Omit<Route, 'held' | 'graceTimer' | 'ended' | 'aliases' | 'lastFinishReason' | 'startedAt' | 'cancelledAt' | 'timing'> & {
+      timing?: RouteTiming;
+    },
+  ): Route {
     const full: Route = { ...route, held: [], graceTimer: undefined, ended: false, aliases: [] };
     this.#routes.set(route.requestId, full);
     return full;
@@ -234,7 +233,8 @@ export class StepRouter {
       case 'text-end': {
         // Tokens whose text never showed (held back to the end): an empty delta carries them.
         const held = route.held[event.index];
-        if (held !== undefined) this.push(route, { type: 'text-delta', index: event.index, text: '', tokens: held.tokens, tokenIds: held.ids });
+        if (held !== undefined)
+          this.push(route, { type: 'text-delta', index: event.index, text: '', tokens: held.tokens, tokenIds: held.ids });
         route.held[event.index] = undefined;
         if (event.finishReason === 'stop' || event.finishReason === 'length') route.lastFinishReason = event.finishReason;
         if (event.finishReason !== 'error') this.push(route, { type: 'text-end', index: event.index, finishReason: event.finishReason });
@@ -342,7 +342,9 @@ function toWireLogprob(lp: TokenLogprob): TokenLogprobWire {
   const out: TokenLogprobWire = { token: lp.token, logprob: lp.logprob };
   if (lp.bytes !== undefined) out.bytes = lp.bytes;
   if (lp.topLogprobs !== undefined) {
-    out.top = lp.topLogprobs.map((t) => (t.bytes === undefined ? { token: t.token, logprob: t.logprob } : { token: t.token, logprob: t.logprob, bytes: t.bytes }));
+    out.top = lp.topLogprobs.map((t) =>
+      t.bytes === undefined ? { token: t.token, logprob: t.logprob } : { token: t.token, logprob: t.logprob, bytes: t.bytes },
+    );
   }
   return out;
 }

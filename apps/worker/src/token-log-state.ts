@@ -16,7 +16,12 @@ export interface LogState {
 export function readLog(range: Array<[string, string[]]> | undefined, n: number): LogState {
   const json = (range ?? []).map(([, fields]) => fields[fields.indexOf(LOG_FIELD) + 1] ?? 'null');
   const entries = json.length === 0 ? [] : decodeGatewayMessage(`{"workerId":"log","entries":[${json.join(',')}]}`).entries;
-  const state: LogState = { lastSeq: -1, seed: undefined, choices: Array.from({ length: n }, () => ({ tokenIds: [], ended: false })), ended: false };
+  const state: LogState = {
+    lastSeq: -1,
+    seed: undefined,
+    choices: Array.from({ length: n }, () => ({ tokenIds: [], ended: false })),
+    ended: false,
+  };
   for (const entry of entries) {
     state.lastSeq = entry.seq;
     switch (entry.type) {

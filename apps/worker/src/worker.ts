@@ -32,8 +32,8 @@ const FETCH_RETRY_MS = 500;
 
 function withTimeout<T>(promise: Promise<T>, ms: number): Promise<'timeout' | T> {
   let timer: NodeJS.Timeout | undefined;
-  return Promise.race([promise, new Promise<'timeout'>((resolve) => (timer = setTimeout(() => resolve('timeout'), ms)))]).finally(
-    () => clearTimeout(timer),
+  return Promise.race([promise, new Promise<'timeout'>((resolve) => (timer = setTimeout(() => resolve('timeout'), ms)))]).finally(() =>
+    clearTimeout(timer),
   );
 }
 
@@ -63,7 +63,11 @@ export async function startWorker(
   // BullMQ needs `maxRetriesPerRequest: null` on its connections (blocking commands).
   const subscriber = new Redis(config.redisUrl, { maxRetriesPerRequest: null, lazyConnect: true, retryStrategy });
   const bullConnection = new Redis(config.redisUrl, { maxRetriesPerRequest: null, lazyConnect: true, retryStrategy });
-  for (const [name, connection] of [['commands', redis], ['subscriber', subscriber], ['queue', bullConnection]] as const) {
+  for (const [name, connection] of [
+    ['commands', redis],
+    ['subscriber', subscriber],
+    ['queue', bullConnection],
+  ] as const) {
     connection.on('error', (err: Error) => logger.warn({ err: err.message, connection: name }, 'redis connection error'));
   }
   await Promise.all([redis.connect(), subscriber.connect(), bullConnection.connect()]);
@@ -191,10 +195,13 @@ export async function startWorker(
       if ((await withTimeout(closing, 5_000)) === 'timeout') await withTimeout(worker.close(true), 5_000);
     }
     const steps: Array<[string, () => Promise<unknown>]> = [
-      ['router', async () => {
-        await router.drained();
-        stopRouting();
-      }],
+      [
+        'router',
+        async () => {
+          await router.drained();
+          stopRouting();
+        },
+      ],
       ['registry', () => heartbeat.stop()],
       ['engine', () => withTimeout(engine.close(), 5_000)],
       ['control listener', () => controls.close()],

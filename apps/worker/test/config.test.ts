@@ -5,7 +5,10 @@ describe('worker configuration', () => {
   it('binds /metrics and /healthz to loopback unless METRICS_HOST says otherwise, and keeps request ids off them', () => {
     expect(loadWorkerConfig({}).metricsHost).toBe('127.0.0.1');
     expect(loadWorkerConfig({}).healthRequestIds).toBe(false);
-    expect(loadWorkerConfig({ METRICS_HOST: '0.0.0.0', HEALTH_REQUEST_IDS: 'true' })).toMatchObject({ metricsHost: '0.0.0.0', healthRequestIds: true });
+    expect(loadWorkerConfig({ METRICS_HOST: '0.0.0.0', HEALTH_REQUEST_IDS: 'true' })).toMatchObject({
+      metricsHost: '0.0.0.0',
+      healthRequestIds: true,
+    });
   });
 
   it('covers the engine batch with the BullMQ concurrency by default', () => {

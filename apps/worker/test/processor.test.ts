@@ -97,8 +97,11 @@ async function listen(channel: string) {
   return { messages, close: () => sub.quit() };
 }
 
-const finish = (completionTokens: number): EngineEvent =>
-  ({ type: 'finish', usage: { promptTokens: 3, completionTokens }, timings: { queueMs: 1, prefillMs: 1, firstTokenMs: 1 } });
+const finish = (completionTokens: number): EngineEvent => ({
+  type: 'finish',
+  usage: { promptTokens: 3, completionTokens },
+  timings: { queueMs: 1, prefillMs: 1, firstTokenMs: 1 },
+});
 
 describe('the worker routes each engine step as a whole', () => {
   it('logs every entry with its token ids and publishes the same entries, carrying held-back tokens to the next delta', async () => {
@@ -150,7 +153,10 @@ describe('the worker routes each engine step as a whole', () => {
     const done = h.processor.process(j, 1);
     await waitFor('submitted', () => (h.submitted.length === 1 ? true : undefined));
     await h.step([[j.requestId, { type: 'text-delta', index: 0, tokenIds: [1], text: 'x' }]]);
-    await h.step([[j.requestId, { type: 'text-end', index: 0, finishReason: 'length' }], [j.requestId, finish(1)]]);
+    await h.step([
+      [j.requestId, { type: 'text-end', index: 0, finishReason: 'length' }],
+      [j.requestId, finish(1)],
+    ]);
     await done;
     const line = h.lines.find((l) => l['msg'] === 'request finished' && l['jobId'] === j.requestId);
     const t = line?.['timing'] as Record<string, number>;
@@ -172,7 +178,12 @@ describe('the worker routes each engine step as a whole', () => {
     const runs = jobs.map((j) => h.processor.process(j, 1));
     await waitFor('submitted', () => (h.submitted.length === 3 ? true : undefined));
     await h.step(jobs.map((j) => [j.requestId, { type: 'text-delta', index: 0, tokenIds: [1], text: 'x' }]));
-    await h.step(jobs.flatMap((j): Array<[string, EngineEvent]> => [[j.requestId, { type: 'text-end', index: 0, finishReason: 'stop' }], [j.requestId, finish(1)]]));
+    await h.step(
+      jobs.flatMap((j): Array<[string, EngineEvent]> => [
+        [j.requestId, { type: 'text-end', index: 0, finishReason: 'stop' }],
+        [j.requestId, finish(1)],
+      ]),
+    );
     await Promise.all(runs);
     await waitFor('messages', () => (a.messages.flat().length === 8 && b.messages.flat().length === 4 ? true : undefined));
     // accepted (one message per job start: they start apart), then one message per step per gateway.
@@ -190,20 +201,20 @@ describe('the worker routes each engine step as a whole', () => {
     let execs = 0;
     const sent: string[] = [];
     const pipeline = connection.pipeline.bind(connection);
-    connection.pipeline = ((...args: Parameters<Redis['pipeline']>) => {
+    connection.pipeline = (...args: Parameters<Redis['pipeline']>) => {
       const p = pipeline(...args);
       const exec = p.exec.bind(p);
-      p.exec = ((...a: Parameters<typeof exec>) => {
+      p.exec = (...a: Parameters<typeof exec>) => {
         execs++;
         return exec(...a);
-      });
+      };
       return p;
-    });
+    };
     const send = connection.sendCommand.bind(connection);
-    connection.sendCommand = ((command: { name: string }, ...rest: unknown[]) => {
+    connection.sendCommand = (command: { name: string }, ...rest: unknown[]) => {
       sent.push(command.name);
       return (send as (...a: unknown[]) => unknown)(command, ...rest);
-    });
+    };
     const h = await harness(connection);
     const a = await listen('gw-p1');
     const b = await listen('gw-p2');
@@ -214,7 +225,10 @@ describe('the worker routes each engine step as a whole', () => {
     const steps: Array<Array<[string, EngineEvent]>> = [
       jobs.map((j) => [j.requestId, { type: 'text-delta', index: 0, tokenIds: [1], text: 'x' }]),
       jobs.map((j) => [j.requestId, { type: 'text-delta', index: 0, tokenIds: [2, 3], text: 'yz' }]),
-      jobs.flatMap((j): Array<[string, EngineEvent]> => [[j.requestId, { type: 'text-end', index: 0, finishReason: 'stop' }], [j.requestId, finish(3)]]),
+      jobs.flatMap((j): Array<[string, EngineEvent]> => [
+        [j.requestId, { type: 'text-end', index: 0, finishReason: 'stop' }],
+        [j.requestId, finish(3)],
+      ]),
     ];
     for (const events of steps) {
       execs = 0;
@@ -222,13 +236,12 @@ describe('the worker routes each engine step as a whole', () => {
       await h.step(events);
       expect(execs).toBe(1);
       // The append script (EVALSHA, or EVAL the first time the connection runs it) per request, a PUBLISH per gateway.
-      expect(sent.filter((c) => c !== 'script').map((c) => (c === 'eval' ? 'evalsha' : c)).sort()).toEqual([
-        'evalsha',
-        'evalsha',
-        'evalsha',
-        'publish',
-        'publish',
-      ]);
+      expect(
+        sent
+          .filter((c) => c !== 'script')
+          .map((c) => (c === 'eval' ? 'evalsha' : c))
+          .sort(),
+      ).toEqual(['evalsha', 'evalsha', 'evalsha', 'publish', 'publish']);
     }
     await Promise.all(runs);
     await a.close();
@@ -251,7 +264,10 @@ describe('the worker keeps each request route', () => {
     const signal = h.submitted[0]!.signal!;
     await waitFor('aborted', () => (signal.aborted ? true : undefined));
     expect(signal.reason).toBe('superseded');
-    await h.step([[j.requestId, { type: 'text-end', index: 0, finishReason: 'abort' }], [j.requestId, finish(1)]]);
+    await h.step([
+      [j.requestId, { type: 'text-end', index: 0, finishReason: 'abort' }],
+      [j.requestId, finish(1)],
+    ]);
     await done;
     // Only what the request's own attempt wrote before the fence is in its log.
     expect((await logOf(j.requestId)).map((e) => e.type)).toEqual(['accepted']);
@@ -267,7 +283,10 @@ describe('the worker keeps each request route', () => {
     const signal = h.submitted[0]!.signal!;
     await waitFor('cancelled', () => (signal.aborted ? true : undefined));
     expect(signal.reason).toBe('client_closed');
-    await h.step([[j.requestId, { type: 'text-end', index: 0, finishReason: 'abort' }], [j.requestId, finish(0)]]);
+    await h.step([
+      [j.requestId, { type: 'text-end', index: 0, finishReason: 'abort' }],
+      [j.requestId, finish(0)],
+    ]);
     await done;
     expect((await logOf(j.requestId)).map((e) => e.type)).toEqual(['accepted', 'text-end', 'finish']);
     await h.close();

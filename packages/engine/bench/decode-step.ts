@@ -9,9 +9,17 @@ import { ensureBuiltinModel, loadModelDir } from '@sluice/model';
 import { OnnxSession } from '../src/onnx-session.js';
 import { filledBatch, median, rawLaneSteps, rawPresentSteps } from './raw-session.js';
 
-const model = await loadModelDir(process.env.BENCH_MODEL_DIR ?? (await ensureBuiltinModel((process.env.BENCH_MODEL ?? 'bench') as 'bench')));
+const model = await loadModelDir(
+  process.env.BENCH_MODEL_DIR ?? (await ensureBuiltinModel((process.env.BENCH_MODEL ?? 'bench') as 'bench')),
+);
 const session = await OnnxSession.create({ modelPath: model.onnxPath, executionProvider: 'cpu', intraOpThreads: 0, interOpThreads: 0 });
-const presentSession = await OnnxSession.create({ modelPath: model.onnxPath, executionProvider: 'cpu', intraOpThreads: 0, interOpThreads: 0, newKvOutputs: false });
+const presentSession = await OnnxSession.create({
+  modelPath: model.onnxPath,
+  executionProvider: 'cpu',
+  intraOpThreads: 0,
+  interOpThreads: 0,
+  newKvOutputs: false,
+});
 console.log(`new key/value outputs: ${session.outputsNewKv}`);
 const rows = Number(process.env.ROWS ?? 32);
 for (const past of [128, 256, 512]) {

@@ -75,7 +75,10 @@ const peer = await runPeerWorkloads(engine, model.tokenizer.vocabSize, workloadR
 const loadAfter = loadavg()[0]!;
 await mkdir(join(root, 'bench-results'), { recursive: true });
 const suffix = preset === 'bench' ? '' : `-${preset}`;
-await writeFile(join(root, `bench-results/engine-workloads${suffix}.json`), `${JSON.stringify({ machine, loadAverage: { before: loadBefore, after: loadAfter }, workloads: roundDeep(peer) }, null, 2)}\n`);
+await writeFile(
+  join(root, `bench-results/engine-workloads${suffix}.json`),
+  `${JSON.stringify({ machine, loadAverage: { before: loadBefore, after: loadAfter }, workloads: roundDeep(peer) }, null, 2)}\n`,
+);
 await writeSection(join(root, 'docs/benchmarks.md'), renderWorkloads(), `engine-workloads${suffix}`);
 console.log(`\n${renderPeerTable(peer)}\n`);
 if (onlyWorkloads) {
@@ -92,7 +95,9 @@ for (let run = 0; run < runs; run++) {
     if (mode === 'sequential' && run >= sequentialRuns) continue;
     const result = await runMode(engine, workload, mode, MAX_BATCH);
     results.get(mode)!.push(result);
-    log(`run ${run + 1}/${mode === 'sequential' ? sequentialRuns : runs} ${mode.padEnd(10)} ${result.tokensPerSecond.toFixed(1)} tok/s, TTFT p50 ${percentile(result.ttftMs, 50).toFixed(0)} ms, p99 ${percentile(result.ttftMs, 99).toFixed(0)} ms`);
+    log(
+      `run ${run + 1}/${mode === 'sequential' ? sequentialRuns : runs} ${mode.padEnd(10)} ${result.tokensPerSecond.toFixed(1)} tok/s, TTFT p50 ${percentile(result.ttftMs, 50).toFixed(0)} ms, p99 ${percentile(result.ttftMs, 99).toFixed(0)} ms`,
+    );
   }
 }
 
@@ -111,31 +116,49 @@ for (let round = 0; round < 2; round++) {
   await Promise.all(
     Array.from({ length: MAX_BATCH }, async (_, i) => {
       const promptTokenIds = Array.from({ length: overheadPrompt }, (_, t) => 3 + ((i * 131 + t * 17) % 4000));
-      const stream = engine.generate({ id: `overhead-${i}`, promptTokenIds, sampling: { maxTokens: overheadTokens, temperature: 0, ignoreEos: true } });
+      const stream = engine.generate({
+        id: `overhead-${i}`,
+        promptTokenIds,
+        sampling: { maxTokens: overheadTokens, temperature: 0, ignoreEos: true },
+      });
       for await (const event of stream) {
         if (event.type === 'finish' && event.error !== undefined) throw new Error(event.error.message);
       }
     }),
   );
   unsubscribe();
-  const raw = await rawDecodeSteps(session, filledBatch(session.io.kv, new Array<number>(MAX_BATCH).fill(overheadPrompt + 1)), overheadTokens - 2);
+  const raw = await rawDecodeSteps(
+    session,
+    filledBatch(session.io.kv, new Array<number>(MAX_BATCH).fill(overheadPrompt + 1)),
+    overheadTokens - 2,
+  );
   rounds.push({
     engineStepMs: median(steps.map((stats) => stats.stepMs)),
     engineModelMs: median(steps.map((stats) => stats.modelMs)),
     rawRunMs: median(raw),
   });
   const last = rounds.at(-1)!;
-  log(`overhead round ${round + 1}: engine step ${last.engineStepMs.toFixed(1)} ms (session.run ${last.engineModelMs.toFixed(1)} ms), raw session.run ${last.rawRunMs.toFixed(1)} ms`);
+  log(
+    `overhead round ${round + 1}: engine step ${last.engineStepMs.toFixed(1)} ms (session.run ${last.engineModelMs.toFixed(1)} ms), raw session.run ${last.rawRunMs.toFixed(1)} ms`,
+  );
 }
 await engine.close();
 
 // 3. Mixed vs separate (a ragged call needs present.*: a session that still returns them).
 const mixed: MixedVsSeparate[] = [];
-const presentSession = await OnnxSession.create({ modelPath: model.onnxPath, executionProvider: 'cpu', intraOpThreads: 0, interOpThreads: 0, newKvOutputs: false });
+const presentSession = await OnnxSession.create({
+  modelPath: model.onnxPath,
+  executionProvider: 'cpu',
+  intraOpThreads: 0,
+  interOpThreads: 0,
+  newKvOutputs: false,
+});
 for (const newcomerTokens of [1, 16, 64, 256]) {
   mixed.push(await mixedVsSeparate(presentSession, MAX_BATCH - 1, 128, newcomerTokens, newcomerTokens > 64 ? 1 : 3));
   const last = mixed.at(-1)!;
-  log(`31 decode rows (past 128) + newcomer of ${newcomerTokens}: separate ${last.separateMs.toFixed(1)} ms, mixed ${last.mixedMs.toFixed(1)} ms`);
+  log(
+    `31 decode rows (past 128) + newcomer of ${newcomerTokens}: separate ${last.separateMs.toFixed(1)} ms, mixed ${last.mixedMs.toFixed(1)} ms`,
+  );
 }
 
 // 4. The model's own batching gain: one decode step of 32 rows vs 32 steps of one row, at a fixed
@@ -151,7 +174,9 @@ for (const pastLength of [64, 160, 320]) {
   const batch1Ms = median(one);
   const batch32Ms = median(full);
   scaling.push({ pastLength, batch1Ms, batch32Ms, gain: (MAX_BATCH * batch1Ms) / batch32Ms });
-  log(`decode at past ${pastLength}: batch 1 ${batch1Ms.toFixed(1)} ms, batch 32 ${batch32Ms.toFixed(1)} ms: gain ${(MAX_BATCH * batch1Ms / batch32Ms).toFixed(2)}×`);
+  log(
+    `decode at past ${pastLength}: batch 1 ${batch1Ms.toFixed(1)} ms, batch 32 ${batch32Ms.toFixed(1)} ms: gain ${((MAX_BATCH * batch1Ms) / batch32Ms).toFixed(2)}×`,
+  );
 }
 await session.dispose();
 await presentSession.dispose();
@@ -173,7 +198,14 @@ const summarize = (mode: BenchMode) => {
     meanBatch: steps.reduce((sum, stats) => sum + stats.batchSize, 0) / steps.length,
     overheadFraction: (step - model) / model,
     queueP99Ms: median(list.map((result) => percentile(result.queueMs, 99))),
-    stepP99Ms: median(list.map((result) => percentile(result.steps.map((stats) => stats.stepMs), 99))),
+    stepP99Ms: median(
+      list.map((result) =>
+        percentile(
+          result.steps.map((stats) => stats.stepMs),
+          99,
+        ),
+      ),
+    ),
   };
 };
 const summary = Object.fromEntries(MODES.map((mode) => [mode, summarize(mode)])) as Record<BenchMode, ReturnType<typeof summarize>>;
@@ -204,7 +236,16 @@ const targets = {
 const json = {
   machine,
   model: { preset: 'bench', layers: 8, hiddenSize: 512, kvHeads: 4, headDim: 64, vocabSize: 4096, parameters: '~28M', dtype: 'float32' },
-  settings: { maxBatchSize: MAX_BATCH, maxStepTokens: STEP_TOKENS, runs, sequentialRuns, requests: workload.length, outputTokens: '16–256', promptTokens: '8–64', meanArrivalGapMs: 100 },
+  settings: {
+    maxBatchSize: MAX_BATCH,
+    maxStepTokens: STEP_TOKENS,
+    runs,
+    sequentialRuns,
+    requests: workload.length,
+    outputTokens: '16–256',
+    promptTokens: '8–64',
+    meanArrivalGapMs: 100,
+  },
   modes: roundDeep(summary),
   ratios: roundDeep(ratios),
   overhead: roundDeep(overhead),
@@ -270,11 +311,14 @@ function renderWorkloads(): string {
     return typeof value === 'number' || typeof value === 'string' ? String(value) : (JSON.stringify(value) ?? '?');
   };
   const title = preset === 'bench' ? '' : `, ${preset} preset`;
-  const command = preset === 'bench' ? '`npm run bench:engine` (section 0; `BENCH_ONLY=workloads` runs only this)' : `\`BENCH_PRESET=${preset} npm run bench:engine\``;
+  const command =
+    preset === 'bench'
+      ? '`npm run bench:engine` (section 0; `BENCH_ONLY=workloads` runs only this)'
+      : `\`BENCH_PRESET=${preset} npm run bench:engine\``;
   return `## Engine: the llama.cpp comparison's workloads${title}
 
 ${command} — ${machine.date}, ${machine.cpu}, ${machine.cores} cores, ${machine.memoryGiB} GiB, Node ${machine.node}, onnxruntime-node ${machine.onnxruntime}, CPU execution provider, default threads.
-Model: the generated \`${preset}\` preset (${arch('num_hidden_layers')} layers, hidden ${arch('hidden_size')}, ${arch('num_attention_heads')} heads / ${arch('num_key_value_heads')} KV heads, vocab ${arch('vocab_size')}, float32${preset === 'bench' ? '' : '; llama.cpp ran the bench preset\'s weights, so its column is for scale only'}). Engine in process: maxBatchSize ${MAX_BATCH}, maxStepTokens ${STEP_TOKENS}.
+Model: the generated \`${preset}\` preset (${arch('num_hidden_layers')} layers, hidden ${arch('hidden_size')}, ${arch('num_attention_heads')} heads / ${arch('num_key_value_heads')} KV heads, vocab ${arch('vocab_size')}, float32${preset === 'bench' ? '' : "; llama.cpp ran the bench preset's weights, so its column is for scale only"}). Engine in process: maxBatchSize ${MAX_BATCH}, maxStepTokens ${STEP_TOKENS}.
 1-minute load average ${loadBefore.toFixed(1)} before, ${loadAfter.toFixed(1)} after (2 cores shared with other developers' test runs: above ~1, other processes ran beside the benchmark).
 Each workload: N streams submitted at once, prompts 8–26 tokens, greedy, ignore_eos; ${workloadRounds} rounds, workloads interleaved round by round; tokens/s is the median over rounds (all completion tokens ÷ first submission → last finish), TTFT (submission → first token event) and ITL (gap between a stream's consecutive token events) are percentiles over every stream of every round. llama.cpp's figures are issue 12's (llama-server, 32 slots, 2 threads, same weights, same machine kind, its defaults: flash attention, f16 KV), not re-measured here.
 

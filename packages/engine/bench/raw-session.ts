@@ -44,7 +44,11 @@ export async function rawPresentSteps(session: OnnxSession, start: KvBatch, step
     const rows = batch.lengths.map((cachedLength) => ({ cachedLength, tokens: [5 + (step % 100)] }));
     const { ms, output } = await timedRun(session, batch, rows);
     times.push(ms);
-    batch = batch.appended(output.present, 1, rows.map(() => 1));
+    batch = batch.appended(
+      output.present,
+      1,
+      rows.map(() => 1),
+    );
   }
   return times;
 }
@@ -59,7 +63,10 @@ export async function rawLaneSteps(session: OnnxSession, start: KvBatch, steps: 
   const times: number[] = [];
   for (let step = 0; step < steps; step++) {
     lane.reserveNext(Infinity);
-    const inputs = packLaneInputs(lane.capacity, lane.lengths.map((cachedLength) => ({ cachedLength, token: 5 + (step % 100) })));
+    const inputs = packLaneInputs(
+      lane.capacity,
+      lane.lengths.map((cachedLength) => ({ cachedLength, token: 5 + (step % 100) })),
+    );
     const begin = performance.now();
     const output = await session.runNewKv(inputs, lane);
     times.push(performance.now() - begin);
@@ -89,7 +96,10 @@ export async function mixedVsSeparate(
   const running = filledBatch(shape, new Array<number>(decodeRows).fill(pastLength));
   const decode = running.lengths.map((cachedLength) => ({ cachedLength, tokens: [7] }));
   const prompt = { cachedLength: 0, tokens: Array.from({ length: newcomerTokens }, (_, i) => 3 + i) };
-  const mixedPast = KvBatch.gather(shape, [...running.lengths.map((_, row) => running.rowSource(row)), { data: running.data, slots: pastLength, row: 0, segments: [] }]);
+  const mixedPast = KvBatch.gather(shape, [
+    ...running.lengths.map((_, row) => running.rowSource(row)),
+    { data: running.data, slots: pastLength, row: 0, segments: [] },
+  ]);
   const separate: number[] = [];
   const mixed: number[] = [];
   // The session is warm (earlier sections ran it); the ragged call is slow enough not to repeat much.

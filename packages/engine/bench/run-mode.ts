@@ -54,10 +54,12 @@ export async function runMode(engine: Engine, requests: readonly BenchRequest[],
     new Promise((resolve) => setTimeout(resolve, Math.max(0, request.arrivalMs - (performance.now() - start))));
 
   if (mode === 'continuous') {
-    await Promise.all(requests.map(async (request) => {
-      await arrived(request);
-      await runOne(request);
-    }));
+    await Promise.all(
+      requests.map(async (request) => {
+        await arrived(request);
+        await runOne(request);
+      }),
+    );
   } else {
     let next = 0;
     while (next < requests.length) {

@@ -170,7 +170,10 @@ export class EngineCore {
     if (batch instanceof LaneKv) {
       // Engine-owned cache: fetch only logits and the new slices, written into each row's next slot.
       batch.reserveNext(this.#laneLimit(rows));
-      const inputs = packLaneInputs(batch.capacity, rows.map((sequence, row) => ({ cachedLength: batch.lengths[row]!, token: lastToken(sequence) })));
+      const inputs = packLaneInputs(
+        batch.capacity,
+        rows.map((sequence, row) => ({ cachedLength: batch.lengths[row]!, token: lastToken(sequence) })),
+      );
       const output = await this.#session.runNewKv(inputs, batch);
       batch.append(output.newKv);
       this.#sampleRows(rows, output);
@@ -182,7 +185,11 @@ export class EngineCore {
       this.#padTokenId,
     );
     const output = await this.#session.run(inputs, batch);
-    lane.batch = batch.appended(output.present, 1, rows.map(() => 1));
+    lane.batch = batch.appended(
+      output.present,
+      1,
+      rows.map(() => 1),
+    );
     this.#sampleRows(rows, output);
     return rows.length;
   }
@@ -393,7 +400,10 @@ export class EngineCore {
       } else {
         lanes.push({
           rows: group.map((entry) => entry.sequence),
-          batch: KvBatch.gather(this.#session.io.kv, group.map((entry) => entry.source)),
+          batch: KvBatch.gather(
+            this.#session.io.kv,
+            group.map((entry) => entry.source),
+          ),
         });
       }
     }

@@ -14,4 +14,3 @@ export class EngineError extends Error {
     this.code = code;
   }
 }
-

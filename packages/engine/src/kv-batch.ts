@@ -108,7 +108,12 @@ export class KvBatch {
       }
       return out;
     });
-    return new KvBatch(this.shape, data, this.lengths.map((length) => length + newTokens), slots);
+    return new KvBatch(
+      this.shape,
+      data,
+      this.lengths.map((length) => length + newTokens),
+      slots,
+    );
   }
 
   /**
@@ -121,15 +126,18 @@ export class KvBatch {
     const slots = this.pastLength + newTokens;
     const lengths = this.lengths.map((length, row) => length + added[row]!);
     if (added.every((count) => count === newTokens)) return new KvBatch(this.shape, present, lengths, slots);
-    return KvBatch.gather(this.shape, this.lengths.map((length, row) => ({
-      data: present,
-      slots,
-      row,
-      segments: [
-        [this.pastLength - length, length],
-        [slots - added[row]!, added[row]!],
-      ],
-    })));
+    return KvBatch.gather(
+      this.shape,
+      this.lengths.map((length, row) => ({
+        data: present,
+        slots,
+        row,
+        segments: [
+          [this.pastLength - length, length],
+          [slots - added[row]!, added[row]!],
+        ],
+      })),
+    );
   }
 }
 

@@ -49,7 +49,6 @@ export interface DecodeOutputs {
   newKv: KvData[];
 }
 
-
 export class OnnxSession {
   readonly io: SessionIo;
   readonly #session: ort.InferenceSession;
@@ -78,7 +77,10 @@ export class OnnxSession {
     }
     const [, heads, , headDim] = pastMeta.shape;
     if (typeof heads !== 'number' || typeof headDim !== 'number') {
-      throw new EngineError('internal', `past_key_values.0.key must have fixed head count and head size, got [${pastMeta.shape.join(', ')}].`);
+      throw new EngineError(
+        'internal',
+        `past_key_values.0.key must have fixed head count and head size, got [${pastMeta.shape.join(', ')}].`,
+      );
     }
     if (pastMeta.type !== 'float32' && pastMeta.type !== 'float16') {
       throw new EngineError('internal', `Unsupported KV cache type ${pastMeta.type}.`);
@@ -117,9 +119,10 @@ export class OnnxSession {
     try {
       const rewritten = options.newKvOutputs === false ? undefined : await rewriteDecoderGraph(options.modelPath);
       newKvNames = rewritten?.newKvNames;
-      session = rewritten === undefined
-        ? await ort.InferenceSession.create(options.modelPath, sessionOptions)
-        : await ort.InferenceSession.create(rewritten.bytes, sessionOptions);
+      session =
+        rewritten === undefined
+          ? await ort.InferenceSession.create(options.modelPath, sessionOptions)
+          : await ort.InferenceSession.create(rewritten.bytes, sessionOptions);
     } catch (cause) {
       if (executionProvider === 'cpu') {
         throw new EngineError('internal', `Could not load ${options.modelPath}: ${errorText(cause)}`, { cause });

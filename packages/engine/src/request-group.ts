@@ -42,7 +42,8 @@ export class RequestGroup implements SchedulableGroup {
     this.submittedAt = submittedAt;
     this.reservedLength = request.promptTokenIds.length + request.sampling.maxTokens;
     const generated = request.continuation?.generatedTokenIds;
-    this.prefillTokenIds = generated === undefined || generated.length === 0 ? request.promptTokenIds : [...request.promptTokenIds, ...generated];
+    this.prefillTokenIds =
+      generated === undefined || generated.length === 0 ? request.promptTokenIds : [...request.promptTokenIds, ...generated];
   }
 
   /** Tokens to prefill (the scheduler's prompt): a continuation's include its generated tokens. */

@@ -23,7 +23,14 @@ export class RequestStream implements AsyncIterableIterator<EngineEvent> {
 
   /** @param options.sink takes every event instead of the iterator (a submitted request: nobody iterates). */
   /** @param options.choices the choice indexes it carries (default 0..n-1; a continuation's one choice) */
-  constructor(options: { n: number; choices?: number[]; promptTokens: number; submittedAt: number; cancel: () => void; sink?: (event: EngineEvent) => void }) {
+  constructor(options: {
+    n: number;
+    choices?: number[];
+    promptTokens: number;
+    submittedAt: number;
+    cancel: () => void;
+    sink?: (event: EngineEvent) => void;
+  }) {
     this.#cancel = options.cancel;
     this.#sink = options.sink;
     this.#promptTokens = options.promptTokens;

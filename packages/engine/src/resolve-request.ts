@@ -90,7 +90,8 @@ export function resolveRequest(request: GenerateRequest, limits: RequestLimits):
   const continuation = request.continuation;
   if (continuation !== undefined) {
     if (sampling.n !== 1) fail('n', 'must be 1 in a continuation');
-    if (!Number.isInteger(continuation.choiceIndex) || continuation.choiceIndex < 0) fail('continuation.choiceIndex', 'must be an integer ≥ 0');
+    if (!Number.isInteger(continuation.choiceIndex) || continuation.choiceIndex < 0)
+      fail('continuation.choiceIndex', 'must be an integer ≥ 0');
     const generated = continuation.generatedTokenIds;
     if (!Array.isArray(generated) || generated.some((id) => !Number.isInteger(id) || id < 0 || id >= limits.vocabSize)) {
       fail('continuation.generatedTokenIds', `must hold integers in [0, ${limits.vocabSize})`);

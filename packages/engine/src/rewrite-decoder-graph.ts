@@ -39,8 +39,14 @@ export async function rewriteDecoderGraph(modelPath: string): Promise<{ bytes: U
   const graph = model.graph;
   if (graph == null) return undefined;
   if ((graph.initializer ?? []).some((tensor) => tensor.dataLocation === onnx.TensorProto.DataLocation.EXTERNAL)) return undefined;
-  const pastNames = orderedKvNames((graph.input ?? []).map((input) => input.name ?? ''), PAST_INPUT);
-  const presentNames = orderedKvNames((graph.output ?? []).map((output) => output.name ?? ''), PRESENT_OUTPUT);
+  const pastNames = orderedKvNames(
+    (graph.input ?? []).map((input) => input.name ?? ''),
+    PAST_INPUT,
+  );
+  const presentNames = orderedKvNames(
+    (graph.output ?? []).map((output) => output.name ?? ''),
+    PRESENT_OUTPUT,
+  );
   if (pastNames.length === 0 || pastNames.length !== presentNames.length) return undefined;
   const producers = new Map<string, onnxProto.onnx.INodeProto>();
   for (const node of graph.node ?? []) for (const output of node.output ?? []) producers.set(output, node);
@@ -64,7 +70,8 @@ export async function rewriteDecoderGraph(modelPath: string): Promise<{ bytes: U
       newKvNames.push(slice);
     } else if (node?.opType === 'GroupQueryAttention' && node.domain === 'com.microsoft') {
       const at = kind === 'key' ? 1 : 2;
-      if (node.output?.[at] !== presentNames[k] || inputs[at + 2] !== pastNames[k] || Number(attribute('do_rotary')?.i ?? 0) !== 0) return undefined;
+      if (node.output?.[at] !== presentNames[k] || inputs[at + 2] !== pastNames[k] || Number(attribute('do_rotary')?.i ?? 0) !== 0)
+        return undefined;
       const slice = inputs[at];
       const kvHeads = Number(attribute('kv_num_heads')?.i ?? NaN);
       if (slice === undefined || slice === '' || !Number.isInteger(kvHeads) || !Number.isInteger(headDim)) return undefined;
@@ -74,7 +81,13 @@ export async function rewriteDecoderGraph(modelPath: string): Promise<{ bytes: U
       constants.push({ name: shapeName, dims: [4], dataType: onnx.TensorProto.DataType.INT64, int64Data: [0, 0, kvHeads, headDim] });
       added.push(
         { name: `${name}/Reshape`, opType: 'Reshape', input: [slice, shapeName], output: [`${name}/4d`] },
-        { name: `${name}/Transpose`, opType: 'Transpose', input: [`${name}/4d`], output: [name], attribute: [{ name: 'perm', type: onnx.AttributeProto.AttributeType.INTS, ints: [0, 2, 1, 3] }] },
+        {
+          name: `${name}/Transpose`,
+          opType: 'Transpose',
+          input: [`${name}/4d`],
+          output: [name],
+          attribute: [{ name: 'perm', type: onnx.AttributeProto.AttributeType.INTS, ints: [0, 2, 1, 3] }],
+        },
       );
       newKvNames.push(name);
     } else {
@@ -137,10 +150,19 @@ function lastPositionLogits(
   const last = `${hidden}/sluice_last_position`;
   const name = (suffix: string) => `${last}/${suffix}`;
   for (const node of nodes) node.input = (node.input ?? []).map((input) => (input === hidden ? last : input));
-  const int64 = (suffix: string, value: number | string): onnxProto.onnx.ITensorProto =>
-    ({ name: name(suffix), dims: [1], dataType: onnx.TensorProto.DataType.INT64, int64Data: [value] });
+  const int64 = (suffix: string, value: number | string): onnxProto.onnx.ITensorProto => ({
+    name: name(suffix),
+    dims: [1],
+    dataType: onnx.TensorProto.DataType.INT64,
+    int64Data: [value],
+  });
   return {
-    node: onnx.NodeProto.create({ name: name('Slice'), opType: 'Slice', input: [hidden, name('starts'), name('ends'), name('axes')], output: [last] }),
+    node: onnx.NodeProto.create({
+      name: name('Slice'),
+      opType: 'Slice',
+      input: [hidden, name('starts'), name('ends'), name('axes')],
+      output: [last],
+    }),
     constants: [int64('starts', -1), int64('ends', '9223372036854775807'), int64('axes', 1)],
   };
 }
@@ -150,15 +172,22 @@ function lastPositionLogits(
  * reads (measured: the dropped `present.*` Concats still ran, ~15 ms of a 42 ms step at batch 32,
  * past 256), so they are removed here. Names read inside subgraphs (If/Loop bodies) count as read.
  */
-function withoutDeadNodes(nodes: onnxProto.onnx.INodeProto[], outputs: readonly onnxProto.onnx.IValueInfoProto[]): onnxProto.onnx.INodeProto[] {
+function withoutDeadNodes(
+  nodes: onnxProto.onnx.INodeProto[],
+  outputs: readonly onnxProto.onnx.IValueInfoProto[],
+): onnxProto.onnx.INodeProto[] {
   const subgraphInputs = (graph: onnxProto.onnx.IGraphProto | null | undefined): string[] =>
-    (graph?.node ?? []).flatMap((node) => [...(node.input ?? []), ...(node.attribute ?? []).flatMap((a) => [a.g, ...(a.graphs ?? [])].flatMap(subgraphInputs))]);
+    (graph?.node ?? []).flatMap((node) => [
+      ...(node.input ?? []),
+      ...(node.attribute ?? []).flatMap((a) => [a.g, ...(a.graphs ?? [])].flatMap(subgraphInputs)),
+    ]);
   let live = nodes;
   for (;;) {
     const read = new Set(outputs.map((output) => output.name ?? ''));
     for (const node of live) {
       for (const input of node.input ?? []) read.add(input);
-      for (const attribute of node.attribute ?? []) for (const name of [attribute.g, ...(attribute.graphs ?? [])].flatMap(subgraphInputs)) read.add(name);
+      for (const attribute of node.attribute ?? [])
+        for (const name of [attribute.g, ...(attribute.graphs ?? [])].flatMap(subgraphInputs)) read.add(name);
     }
     const next = live.filter((node) => (node.output ?? []).some((output) => output !== '' && read.has(output)));
     if (next.length === live.length) return live;

@@ -41,8 +41,7 @@ export class TokenSampler {
     this.#params = params;
     this.#promptTokens = promptTokens;
     this.#random = random;
-    this.#penalized =
-      params.repetitionPenalty !== 1 || params.frequencyPenalty !== 0 || params.presencePenalty !== 0;
+    this.#penalized = params.repetitionPenalty !== 1 || params.frequencyPenalty !== 0 || params.presencePenalty !== 0;
   }
 
   /**

@@ -111,12 +111,7 @@ export type EngineEvent =
 /** One event of a submitted request, with the request's id. */
 export type StepEvent = readonly [requestId: string, event: EngineEvent];
 
-export type EngineErrorCode =
-  | 'context_length_exceeded'
-  | 'invalid_request'
-  | 'provider_unavailable'
-  | 'engine_closed'
-  | 'internal';
+export type EngineErrorCode = 'context_length_exceeded' | 'invalid_request' | 'provider_unavailable' | 'engine_closed' | 'internal';
 
 /** Numbers about one engine step, for the caller's metrics. */
 export interface StepStats {

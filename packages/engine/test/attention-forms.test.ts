@@ -52,7 +52,13 @@ describe.each(ATTENTION_FORMS)('the %s attention form', (form: AttentionForm) =>
   it('gives every request the raw greedy loop’s tokens as rows join, leave and grow past several capacity blocks', async () => {
     // Chunked prefill (24-token budget) beside decoding rows; rows of very different lengths share
     // the lane; the longest grows past 5 blocks.
-    const core = new EngineCore(session, model, { maxBatchSize: 4, maxStepTokens: 24, maxCachedTokens: 4 * 2048, laneCost: 64, exactLengthBatches: false });
+    const core = new EngineCore(session, model, {
+      maxBatchSize: 4,
+      maxStepTokens: 24,
+      maxCachedTokens: 4 * 2048,
+      laneCost: 64,
+      exactLengthBatches: false,
+    });
     const cases = [
       { prompt: 5, maxTokens: 5 * KV_BLOCK + 10 },
       { prompt: 40, maxTokens: 30 },
@@ -70,10 +76,18 @@ describe.each(ATTENTION_FORMS)('the %s attention form', (form: AttentionForm) =>
     for (let step = 0; !core.idle || step <= 25 * cases.length; step++) {
       if (step % 25 === 0 && step / 25 < cases.length) {
         const c = cases[step / 25]!;
-        core.add(c.key, resolveRequest(
-          { id: `form-${c.key}`, promptTokenIds: c.promptTokenIds, sampling: { maxTokens: c.maxTokens, temperature: 0, ignoreEos: true } },
-          { vocabSize: model.tokenizer.vocabSize, maxContextLength: 2048, maxBatchSize: 4, maxCachedTokens: 4 * 2048 },
-        ), performance.timeOrigin + performance.now());
+        core.add(
+          c.key,
+          resolveRequest(
+            {
+              id: `form-${c.key}`,
+              promptTokenIds: c.promptTokenIds,
+              sampling: { maxTokens: c.maxTokens, temperature: 0, ignoreEos: true },
+            },
+            { vocabSize: model.tokenizer.vocabSize, maxContextLength: 2048, maxBatchSize: 4, maxCachedTokens: 4 * 2048 },
+          ),
+          performance.timeOrigin + performance.now(),
+        );
       }
       const { events, stats } = await core.step();
       maxRows = Math.max(maxRows, stats?.batchSize ?? 0);

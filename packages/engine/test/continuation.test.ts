@@ -26,7 +26,10 @@ afterAll(async () => {
 
 const SAMPLINGS: Array<[string, SamplingParams]> = [
   ['greedy', { temperature: 0 }],
-  ['seeded top_p with penalties', { temperature: 1, topP: 0.9, seed: 1234, presencePenalty: 0.5, frequencyPenalty: 0.3, repetitionPenalty: 1.1 }],
+  [
+    'seeded top_p with penalties',
+    { temperature: 1, topP: 0.9, seed: 1234, presencePenalty: 0.5, frequencyPenalty: 0.3, repetitionPenalty: 1.1 },
+  ],
   ['seeded with a stop string and logprobs', { temperature: 0.8, seed: 7, stop: ['the'], logprobs: true, topLogprobs: 3 }],
 ];
 
@@ -38,7 +41,10 @@ function deltaTexts(events: EngineEvent[], index: number): string[] {
 /** |continued − original| logprob of every continued token: prefill and decode differ in the last bits. */
 const seamDiffs: number[] = [];
 afterAll(() => {
-  if (seamDiffs.length > 0) console.log(`seam logprob |Δ|: max ${Math.max(...seamDiffs).toExponential(2)}, exact ${seamDiffs.filter((d) => d === 0).length}/${seamDiffs.length}`);
+  if (seamDiffs.length > 0)
+    console.log(
+      `seam logprob |Δ|: max ${Math.max(...seamDiffs).toExponential(2)}, exact ${seamDiffs.filter((d) => d === 0).length}/${seamDiffs.length}`,
+    );
 });
 
 describe('a continuation on another engine', () => {
@@ -71,7 +77,10 @@ describe('a continuation on another engine', () => {
             if (sampling.logprobs) {
               const want = original.logprobs[index]!.slice(seam);
               const got = continued.logprobs[index]!;
-              expect(got.map((lp) => [lp.tokenId, lp.topLogprobs?.map((t) => t.tokenId)]), where).toEqual(want.map((lp) => [lp.tokenId, lp.topLogprobs?.map((t) => t.tokenId)]));
+              expect(
+                got.map((lp) => [lp.tokenId, lp.topLogprobs?.map((t) => t.tokenId)]),
+                where,
+              ).toEqual(want.map((lp) => [lp.tokenId, lp.topLogprobs?.map((t) => t.tokenId)]));
               got.forEach((lp, i) => {
                 const diff = Math.abs(lp.logprob - want[i]!.logprob);
                 seamDiffs.push(diff);
@@ -105,7 +114,16 @@ describe('a continuation on another engine', () => {
 
   it('refuses a continuation with n > 1 or with as many tokens as max_tokens, naming the field', () => {
     const prompt = prompts[0]!;
-    expect(() => engine.generate({ id: 'x', promptTokenIds: prompt, sampling: { n: 2 }, continuation: { choiceIndex: 0, generatedTokenIds: [1] } })).toThrow('n must be 1');
-    expect(() => engine.generate({ id: 'y', promptTokenIds: prompt, sampling: { maxTokens: 2 }, continuation: { choiceIndex: 0, generatedTokenIds: [1, 2] } })).toThrow('continuation.generatedTokenIds');
+    expect(() =>
+      engine.generate({ id: 'x', promptTokenIds: prompt, sampling: { n: 2 }, continuation: { choiceIndex: 0, generatedTokenIds: [1] } }),
+    ).toThrow('n must be 1');
+    expect(() =>
+      engine.generate({
+        id: 'y',
+        promptTokenIds: prompt,
+        sampling: { maxTokens: 2 },
+        continuation: { choiceIndex: 0, generatedTokenIds: [1, 2] },
+      }),
+    ).toThrow('continuation.generatedTokenIds');
   });
 });

@@ -22,7 +22,13 @@ afterAll(async () => {
 });
 
 function newCore(): EngineCore {
-  return new EngineCore(session, model, { maxBatchSize: 4, maxStepTokens: 64, maxCachedTokens: 4 * 2048, laneCost: 64, exactLengthBatches: false });
+  return new EngineCore(session, model, {
+    maxBatchSize: 4,
+    maxStepTokens: 64,
+    maxCachedTokens: 4 * 2048,
+    laneCost: 64,
+    exactLengthBatches: false,
+  });
 }
 
 function request(id: string) {
@@ -61,22 +67,38 @@ describe('EngineCore', () => {
   });
 
   it('gives the same tokens with the engine-owned cache as on the present.* fallback, rows joining and leaving', async () => {
-    const fallback = await OnnxSession.create({ modelPath: model.onnxPath, executionProvider: 'cpu', intraOpThreads: 1, interOpThreads: 0, newKvOutputs: false });
+    const fallback = await OnnxSession.create({
+      modelPath: model.onnxPath,
+      executionProvider: 'cpu',
+      intraOpThreads: 1,
+      interOpThreads: 0,
+      newKvOutputs: false,
+    });
     try {
       expect(session.outputsNewKv).toBe(true);
       expect(fallback.outputsNewKv).toBe(false);
       const run = async (on: OnnxSession): Promise<number[][]> => {
-        const core = new EngineCore(on, model, { maxBatchSize: 4, maxStepTokens: 64, maxCachedTokens: 4 * 2048, laneCost: 64, exactLengthBatches: false });
+        const core = new EngineCore(on, model, {
+          maxBatchSize: 4,
+          maxStepTokens: 64,
+          maxCachedTokens: 4 * 2048,
+          laneCost: 64,
+          exactLengthBatches: false,
+        });
         const tokens: number[][] = [[], [], [], [], []];
         const lengths = [30, 7, 90, 12, 70];
         for (let step = 0; !core.idle || step < 40; step++) {
           if (step % 8 === 0 && step / 8 < lengths.length) {
             const key = step / 8;
             const id = `req ${key} ${'word '.repeat(key * 9)}`;
-            core.add(key, resolveRequest(
-              { id, promptTokenIds: model.tokenizer.encode(id), sampling: { maxTokens: lengths[key]!, temperature: 0, ignoreEos: true } },
-              { vocabSize: model.tokenizer.vocabSize, maxContextLength: 2048, maxBatchSize: 4, maxCachedTokens: 4 * 2048 },
-            ), performance.timeOrigin + performance.now());
+            core.add(
+              key,
+              resolveRequest(
+                { id, promptTokenIds: model.tokenizer.encode(id), sampling: { maxTokens: lengths[key]!, temperature: 0, ignoreEos: true } },
+                { vocabSize: model.tokenizer.vocabSize, maxContextLength: 2048, maxBatchSize: 4, maxCachedTokens: 4 * 2048 },
+              ),
+              performance.timeOrigin + performance.now(),
+            );
           }
           const { events } = await core.step();
           for (const [key, event] of events) if (event.type === 'text-delta') tokens[key]!.push(...event.tokenIds);

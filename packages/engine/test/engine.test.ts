@@ -24,7 +24,9 @@ describe('createEngine on the tiny model', () => {
   });
 
   it('streams token ids and their text, then ends each choice and finishes with usage and timings', async () => {
-    const result = await collect(engine.generate({ id: 'basic', promptTokenIds: prompt, sampling: { maxTokens: 12, temperature: 0, ignoreEos: true } }));
+    const result = await collect(
+      engine.generate({ id: 'basic', promptTokenIds: prompt, sampling: { maxTokens: 12, temperature: 0, ignoreEos: true } }),
+    );
     expect(result.tokens[0]).toHaveLength(12);
     expect(result.texts[0]).toBe(model.tokenizer.decode(result.tokens[0]!));
     expect(result.endReasons).toEqual(['length']);
@@ -39,7 +41,9 @@ describe('createEngine on the tiny model', () => {
   it('rejects at once a prompt plus max_tokens beyond the context length, with the numbers', () => {
     const call = () => engine.generate({ id: 'long', promptTokenIds: prompt, sampling: { maxTokens: 2048 } });
     expect(call).toThrow(EngineError);
-    expect(call).toThrow(`prompt (${prompt.length} tokens) + maxTokens (2048) = ${prompt.length + 2048} tokens exceeds the model's context length of 2048`);
+    expect(call).toThrow(
+      `prompt (${prompt.length} tokens) + maxTokens (2048) = ${prompt.length + 2048} tokens exceeds the model's context length of 2048`,
+    );
     try {
       call();
     } catch (error) {
@@ -48,7 +52,11 @@ describe('createEngine on the tiny model', () => {
   });
 
   it('rejects invalid parameters as invalid_request naming the field', () => {
-    for (const [sampling, field] of [[{ n: 0 }, 'n'], [{ topP: 1.5 }, 'topP'], [{ topLogprobs: 21 }, 'topLogprobs']] as const) {
+    for (const [sampling, field] of [
+      [{ n: 0 }, 'n'],
+      [{ topP: 1.5 }, 'topP'],
+      [{ topLogprobs: 21 }, 'topLogprobs'],
+    ] as const) {
       try {
         engine.generate({ id: 'bad', promptTokenIds: prompt, sampling });
         expect.unreachable();
@@ -61,14 +69,24 @@ describe('createEngine on the tiny model', () => {
   });
 
   it('stops at a stop string without emitting it, and at a stop token id whose text it omits but counts', async () => {
-    const free = await collect(engine.generate({ id: 'free', promptTokenIds: prompt, sampling: { maxTokens: 24, temperature: 0, ignoreEos: true } }));
+    const free = await collect(
+      engine.generate({ id: 'free', promptTokenIds: prompt, sampling: { maxTokens: 24, temperature: 0, ignoreEos: true } }),
+    );
     const text = free.texts[0]!;
     const stop = text.slice(6, 9);
-    const stopped = await collect(engine.generate({ id: 'stop', promptTokenIds: prompt, sampling: { maxTokens: 24, temperature: 0, ignoreEos: true, stop: [stop] } }));
+    const stopped = await collect(
+      engine.generate({ id: 'stop', promptTokenIds: prompt, sampling: { maxTokens: 24, temperature: 0, ignoreEos: true, stop: [stop] } }),
+    );
     expect(stopped.endReasons).toEqual(['stop']);
     expect(stopped.texts[0]).toBe(text.slice(0, text.indexOf(stop)));
     const stopId = free.tokens[0]![5]!;
-    const byId = await collect(engine.generate({ id: 'stop-id', promptTokenIds: prompt, sampling: { maxTokens: 24, temperature: 0, ignoreEos: true, stopTokenIds: [stopId] } }));
+    const byId = await collect(
+      engine.generate({
+        id: 'stop-id',
+        promptTokenIds: prompt,
+        sampling: { maxTokens: 24, temperature: 0, ignoreEos: true, stopTokenIds: [stopId] },
+      }),
+    );
     expect(byId.endReasons).toEqual(['stop']);
     const stopAt = free.tokens[0]!.indexOf(stopId);
     expect(byId.tokens[0]).toEqual(free.tokens[0]!.slice(0, stopAt + 1));
@@ -83,7 +101,9 @@ describe('createEngine on the tiny model', () => {
     let found = false;
     for (let seed = 0; seed < 12 && !found; seed++) {
       const promptTokenIds = Array.from({ length: 6 }, (_, i) => 3 + ((seed * 97 + i * 31) % 1000));
-      const free = await collect(engine.generate({ id: `eos-free-${seed}`, promptTokenIds, sampling: { maxTokens: 200, temperature: 0, ignoreEos: true } }));
+      const free = await collect(
+        engine.generate({ id: `eos-free-${seed}`, promptTokenIds, sampling: { maxTokens: 200, temperature: 0, ignoreEos: true } }),
+      );
       const at = free.tokens[0]!.indexOf(eos);
       if (at < 0 || at === 199) continue;
       found = true;
@@ -96,7 +116,9 @@ describe('createEngine on the tiny model', () => {
   });
 
   it('returns logprobs with top alternatives that include the greedy choice', async () => {
-    const result = await collect(engine.generate({ id: 'lp', promptTokenIds: prompt, sampling: { maxTokens: 4, temperature: 0, topLogprobs: 3 } }));
+    const result = await collect(
+      engine.generate({ id: 'lp', promptTokenIds: prompt, sampling: { maxTokens: 4, temperature: 0, topLogprobs: 3 } }),
+    );
     for (const [i, entry] of result.logprobs[0]!.entries()) {
       expect(entry.tokenId).toBe(result.tokens[0]![i]);
       expect(entry.logprob).toBeLessThanOrEqual(0);
@@ -109,14 +131,22 @@ describe('createEngine on the tiny model', () => {
   it('runs n > 1 as siblings sharing one prefill, each with its own generator', async () => {
     const steps: StepStats[] = [];
     const off = engine.onStep((stats) => steps.push(stats));
-    const result = await collect(engine.generate({ id: 'n3', promptTokenIds: prompt, sampling: { maxTokens: 16, temperature: 1.5, seed: 5, n: 3, ignoreEos: true } }));
+    const result = await collect(
+      engine.generate({ id: 'n3', promptTokenIds: prompt, sampling: { maxTokens: 16, temperature: 1.5, seed: 5, n: 3, ignoreEos: true } }),
+    );
     off();
     expect(result.tokens).toHaveLength(3);
     expect(result.finish.usage).toEqual({ promptTokens: prompt.length, completionTokens: 48 });
     expect(new Set(result.tokens.map((tokens) => tokens.join())).size).toBeGreaterThan(1);
     // The prompt went through the model once.
     expect(steps.reduce((sum, stats) => sum + stats.promptTokens, 0)).toBe(prompt.length);
-    const again = await collect(engine.generate({ id: 'n3-again', promptTokenIds: prompt, sampling: { maxTokens: 16, temperature: 1.5, seed: 5, n: 3, ignoreEos: true } }));
+    const again = await collect(
+      engine.generate({
+        id: 'n3-again',
+        promptTokenIds: prompt,
+        sampling: { maxTokens: 16, temperature: 1.5, seed: 5, n: 3, ignoreEos: true },
+      }),
+    );
     expect(again.tokens).toEqual(result.tokens);
   });
 
@@ -125,7 +155,10 @@ describe('createEngine on the tiny model', () => {
     const off = engine.onStep((stats) => steps.push(stats));
     const controller = new AbortController();
     const result = await collect(
-      engine.generate({ id: 'abort', promptTokenIds: prompt, sampling: { maxTokens: 500, temperature: 0, ignoreEos: true } }, controller.signal),
+      engine.generate(
+        { id: 'abort', promptTokenIds: prompt, sampling: { maxTokens: 500, temperature: 0, ignoreEos: true } },
+        controller.signal,
+      ),
       (count) => {
         if (count === 5) controller.abort();
       },
@@ -168,7 +201,9 @@ describe('execution providers', () => {
     const outcome = await createEngine({ modelDir, executionProvider: 'cuda' }).then(
       async (cuda) => {
         try {
-          const result = await collect(cuda.generate({ id: 'cuda', promptTokenIds: prompt, sampling: { maxTokens: 4, temperature: 0, ignoreEos: true } }));
+          const result = await collect(
+            cuda.generate({ id: 'cuda', promptTokenIds: prompt, sampling: { maxTokens: 4, temperature: 0, ignoreEos: true } }),
+          );
           expect(result.tokens[0]).toHaveLength(4);
           return cuda.info.executionProvider;
         } finally {

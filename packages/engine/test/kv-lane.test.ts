@@ -48,7 +48,8 @@ describe('LaneKv', () => {
       // New slices: row r, head h gets tag + length + h / 10 (continuing its sequence).
       const slice = new Float32Array(2 * 2 * 2);
       const tags = [100, 300];
-      for (let r = 0; r < 2; r++) for (let h = 0; h < 2; h++) slice.fill(tags[r]! + lane.lengths[r]! + h / 10, (r * 2 + h) * 2, (r * 2 + h + 1) * 2);
+      for (let r = 0; r < 2; r++)
+        for (let h = 0; h < 2; h++) slice.fill(tags[r]! + lane.lengths[r]! + h / 10, (r * 2 + h) * 2, (r * 2 + h + 1) * 2);
       lane.append([slice, slice.map((x) => -x)]);
     }
     expect(lane.lengths).toEqual([3 + KV_BLOCK, 5 + KV_BLOCK]);
@@ -81,7 +82,10 @@ describe('LaneKv', () => {
   });
 
   it('masks the unused slots and puts the new token at its true position', () => {
-    const inputs = packLaneInputs(4, [{ cachedLength: 2, token: 9 }, { cachedLength: 4, token: 8 }]);
+    const inputs = packLaneInputs(4, [
+      { cachedLength: 2, token: 9 },
+      { cachedLength: 4, token: 8 },
+    ]);
     expect(Array.from(inputs.attentionMask, Number)).toEqual([1, 1, 0, 0, 1, 1, 1, 1, 1, 1]);
     expect(Array.from(inputs.positionIds, Number)).toEqual([2, 4]);
     expect(Array.from(inputs.inputIds, Number)).toEqual([9, 8]);

@@ -4,7 +4,12 @@ import type { EngineEvent } from '../src/types.js';
 
 function stream(n = 1) {
   const cancels: number[] = [];
-  const s = new RequestStream({ n, promptTokens: 3, submittedAt: performance.timeOrigin + performance.now(), cancel: () => cancels.push(1) });
+  const s = new RequestStream({
+    n,
+    promptTokens: 3,
+    submittedAt: performance.timeOrigin + performance.now(),
+    cancel: () => cancels.push(1),
+  });
   return { s, cancels };
 }
 

@@ -33,15 +33,21 @@ describe.each(ATTENTION_FORMS)('the load-time rewrite of a %s-form decoder', (fo
     expect(outputs).toEqual(['logits', ...rewritten!.newKvNames]);
     const produced = new Set((graph.node ?? []).flatMap((node) => node.output ?? []));
     expect([...produced].some((name) => name.startsWith('present.'))).toBe(form === 'gqa'); // GQA's own outputs stay
-    if (form === 'plain') expect((graph.node ?? []).some((node) => node.opType === 'Concat' && (node.input ?? []).some((i) => i.startsWith('past_key_values.')))).toBe(false);
-    expect((graph.node ?? []).some((node) => node.opType === 'Slice' && (node.name ?? '').endsWith('sluice_last_position/Slice'))).toBe(true);
+    if (form === 'plain')
+      expect(
+        (graph.node ?? []).some((node) => node.opType === 'Concat' && (node.input ?? []).some((i) => i.startsWith('past_key_values.'))),
+      ).toBe(false);
+    expect((graph.node ?? []).some((node) => node.opType === 'Slice' && (node.name ?? '').endsWith('sluice_last_position/Slice'))).toBe(
+      true,
+    );
   });
 
   it('leaves a GroupQueryAttention graph with rotary inside the op to the present.* path', async () => {
     if (form !== 'gqa') return;
     const model = onnx.ModelProto.decode(await readFile(modelPath));
     for (const node of model.graph?.node ?? []) {
-      if (node.opType === 'GroupQueryAttention') node.attribute = [...(node.attribute ?? []), { name: 'do_rotary', type: onnx.AttributeProto.AttributeType.INT, i: 1 }];
+      if (node.opType === 'GroupQueryAttention')
+        node.attribute = [...(node.attribute ?? []), { name: 'do_rotary', type: onnx.AttributeProto.AttributeType.INT, i: 1 }];
     }
     const path = join(scratch, 'rotary-inside.onnx');
     await writeFile(path, onnx.ModelProto.encode(model).finish());

@@ -9,20 +9,17 @@
 
 /** Time to first token as the client sees it: 5 ms to 60 s. */
 export const TIME_TO_FIRST_TOKEN_BUCKETS: readonly number[] = [
-  0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2, 3, 5, 7.5, 10, 15, 20, 30,
-  45, 60,
+  0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2, 3, 5, 7.5, 10, 15, 20, 30, 45, 60,
 ];
 
 /** Gap between two content writes to one client: 1 ms to 10 s. */
 export const INTER_TOKEN_LATENCY_BUCKETS: readonly number[] = [
-  0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3,
-  0.5, 0.75, 1, 2, 5, 10,
+  0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1, 2, 5, 10,
 ];
 
 /** Whole request, received to last byte: 50 ms to 20 min. */
 export const E2E_REQUEST_LATENCY_BUCKETS: readonly number[] = [
-  0.05, 0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 3, 5, 7.5, 10, 15, 20, 30, 45, 60, 90, 120, 180, 240, 300, 450, 600,
-  900, 1200,
+  0.05, 0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 3, 5, 7.5, 10, 15, 20, 30, 45, 60, 90, 120, 180, 240, 300, 450, 600, 900, 1200,
 ];
 
 /** Waiting before any work: 1 ms to 10 min. */
@@ -32,20 +29,16 @@ export const QUEUE_TIME_BUCKETS: readonly number[] = [
 
 /** One engine step, or the model run inside it: 0.5 ms to 10 s. */
 export const STEP_TIME_BUCKETS: readonly number[] = [
-  0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5,
-  1, 2, 5, 10,
+  0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1, 2, 5, 10,
 ];
 
 /** Sequences decoded together in one step. */
 export const BATCH_SIZE_BUCKETS: readonly number[] = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256];
 
 /** Tokens fed to the model in one step (vLLM's iteration tokens). */
-export const STEP_TOKENS_BUCKETS: readonly number[] = [
-  1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192,
-];
+export const STEP_TOKENS_BUCKETS: readonly number[] = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192];
 
 /** Prompt or completion length of one request, 1-2-5 steps as in vLLM. */
 export const REQUEST_TOKENS_BUCKETS: readonly number[] = [
   1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10_000, 20_000, 50_000, 100_000, 200_000,
 ];
-

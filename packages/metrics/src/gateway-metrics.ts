@@ -1,10 +1,5 @@
 import { Counter, Gauge, Histogram, Registry } from 'prom-client';
-import {
-  E2E_REQUEST_LATENCY_BUCKETS,
-  INTER_TOKEN_LATENCY_BUCKETS,
-  QUEUE_TIME_BUCKETS,
-  TIME_TO_FIRST_TOKEN_BUCKETS,
-} from './buckets.js';
+import { E2E_REQUEST_LATENCY_BUCKETS, INTER_TOKEN_LATENCY_BUCKETS, QUEUE_TIME_BUCKETS, TIME_TO_FIRST_TOKEN_BUCKETS } from './buckets.js';
 import { ensureDefaultMetrics } from './default-metrics.js';
 import { createKeyUsageMetrics, type KeyUsageMetrics } from './key-usage-metrics.js';
 import { PendingHistogram } from './pending-histogram.js';
@@ -80,10 +75,7 @@ export interface GatewayMetrics {
  * Creates the gateway's metrics in `registry` (a fresh one by default), with Node's default process
  * metrics (added once per registry). Nothing is registered until this is called.
  */
-export function createGatewayMetrics(
-  registry: Registry = new Registry(),
-  options: GatewayMetricsOptions = {},
-): GatewayMetrics {
+export function createGatewayMetrics(registry: Registry = new Registry(), options: GatewayMetricsOptions = {}): GatewayMetrics {
   ensureDefaultMetrics(registry);
   const registers = [registry];
   const now = options.now ?? (() => performance.now());

@@ -101,14 +101,18 @@ function enclosingFunction(node: SyntaxNode, slice: (node: SyntaxNode) => string
   return undefined;
 }
 
-const targets = graphPanels.flatMap((panel) => (panel.targets ?? []).map((target) => ({ panel, target, parsed: parsePromQL(target.expr) })));
+const targets = graphPanels.flatMap((panel) =>
+  (panel.targets ?? []).map((target) => ({ panel, target, parsed: parsePromQL(target.expr) })),
+);
 
 describe('the Grafana dashboard', () => {
   it('is a dashboard with a Prometheus data source variable that its panels use', () => {
     expect(dashboard.uid).toMatch(/^[\w-]{1,40}$/);
     expect(dashboard.title).toBe('Sluice');
     expect(dashboard.schemaVersion).toBeGreaterThanOrEqual(36);
-    expect(dashboard.templating.list).toContainEqual(expect.objectContaining({ name: 'datasource', type: 'datasource', query: 'prometheus' }));
+    expect(dashboard.templating.list).toContainEqual(
+      expect.objectContaining({ name: 'datasource', type: 'datasource', query: 'prometheus' }),
+    );
     for (const panel of graphPanels) {
       expect(panel.datasource, panel.title).toEqual({ type: 'prometheus', uid: '${datasource}' });
       for (const target of panel.targets ?? []) expect(target.datasource, panel.title).toEqual(panel.datasource);

@@ -1,6 +1,13 @@
 import { describe, expect, it } from 'vitest';
 import { parsePrometheusText, type PrometheusMetrics } from '../../../test/support/prometheus.js';
-import { QUEUE_JOB_STATES, Registry, createGatewayMetrics, createWorkerMetrics, type EngineStepStats, type WorkerMetrics } from '../src/index.js';
+import {
+  QUEUE_JOB_STATES,
+  Registry,
+  createGatewayMetrics,
+  createWorkerMetrics,
+  type EngineStepStats,
+  type WorkerMetrics,
+} from '../src/index.js';
 
 function setup(): { metrics: WorkerMetrics; scrape: () => Promise<PrometheusMetrics> } {
   const metrics = createWorkerMetrics();
@@ -44,28 +51,26 @@ describe('createWorkerMetrics', () => {
 
   it('shows every phase, finish reason and queue state from the first scrape', async () => {
     const scraped = await setup().scrape();
-    expect(scraped.family('sluice_worker_step_seconds').histograms.map((h) => h.labels['phase'])).toEqual([
-      'prefill',
-      'decode',
-      'mixed',
-    ]);
+    expect(scraped.family('sluice_worker_step_seconds').histograms.map((h) => h.labels['phase'])).toEqual(['prefill', 'decode', 'mixed']);
     expect(scraped.family('sluice_request_success_total').samples.map((s) => s.labels['finish_reason'])).toEqual([
       'stop',
       'length',
       'abort',
       'error',
     ]);
-    expect(scraped.family('sluice_worker_queue_jobs').samples.map((s) => s.labels['state'])).toEqual([
-      ...QUEUE_JOB_STATES,
-    ]);
+    expect(scraped.family('sluice_worker_queue_jobs').samples.map((s) => s.labels['state'])).toEqual([...QUEUE_JOB_STATES]);
   });
 
   describe('observeStep', () => {
     it('records batch size, step tokens and step and model time by phase', async () => {
       const { metrics, scrape } = setup();
-      metrics.observeStep(step({ phase: 'prefill', batchSize: 2, stepTokens: 40, stepMs: 30, modelMs: 25, promptTokens: 40, generationTokens: 2 }));
+      metrics.observeStep(
+        step({ phase: 'prefill', batchSize: 2, stepTokens: 40, stepMs: 30, modelMs: 25, promptTokens: 40, generationTokens: 2 }),
+      );
       metrics.observeStep(step({ phase: 'decode', batchSize: 2, stepTokens: 2, stepMs: 4, modelMs: 3, generationTokens: 2 }));
-      metrics.observeStep(step({ phase: 'mixed', batchSize: 3, stepTokens: 17, stepMs: 12, modelMs: 9, promptTokens: 15, generationTokens: 3 }));
+      metrics.observeStep(
+        step({ phase: 'mixed', batchSize: 3, stepTokens: 17, stepMs: 12, modelMs: 9, promptTokens: 15, generationTokens: 3 }),
+      );
       const scraped = await scrape();
 
       const batch = scraped.histogram('sluice_worker_batch_size');
@@ -110,7 +115,11 @@ describe('createWorkerMetrics', () => {
       const timings = { queueMs: 20, prefillMs: 50 };
       metrics.observeRequestFinished({ finishReason: 'stop', usage: { promptTokens: 12, completionTokens: 30 }, timings });
       metrics.observeRequestFinished({ finishReason: 'length', usage: { promptTokens: 8, completionTokens: 16 }, timings });
-      metrics.observeRequestFinished({ finishReason: 'abort', usage: { promptTokens: 5, completionTokens: 0 }, timings: { queueMs: 3000, prefillMs: 0 } });
+      metrics.observeRequestFinished({
+        finishReason: 'abort',
+        usage: { promptTokens: 5, completionTokens: 0 },
+        timings: { queueMs: 3000, prefillMs: 0 },
+      });
       metrics.observeRequestFinished({ finishReason: 'error', usage: { promptTokens: 5, completionTokens: 0 } });
       const scraped = await scrape();
 

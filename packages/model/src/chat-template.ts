@@ -26,10 +26,7 @@ export class ChatTemplateError extends Error {
  *   them: `bos_token`, `eos_token`, `pad_token`, `unk_token`.
  * @throws ChatTemplateError when the template does not parse.
  */
-export function createChatTemplate(
-  template: string,
-  specialTokens: Readonly<Record<string, string>> = {},
-): ChatTemplate {
+export function createChatTemplate(template: string, specialTokens: Readonly<Record<string, string>> = {}): ChatTemplate {
   let compiled: Template;
   try {
     compiled = new Template(template);

@@ -24,9 +24,7 @@ export interface LoadModelDirOptions {
 
 const positiveInt = z.int({ error: 'must be a positive integer' }).positive({ error: 'must be a positive integer' });
 const tokenId = z.int({ error: 'must be a token id' }).nonnegative({ error: 'must be a token id' });
-const tokenIds = z
-  .union([tokenId, z.array(tokenId)], { error: 'must be a token id or a list of token ids' })
-  .nullish();
+const tokenIds = z.union([tokenId, z.array(tokenId)], { error: 'must be a token id or a list of token ids' }).nullish();
 /** `"<s>"`, or the `{"__type": "AddedToken", "content": "<s>", ...}` of older exports. */
 const tokenString = z
   .union([z.string(), z.looseObject({ content: z.string() })], { error: 'must be a string or {content: string}' })

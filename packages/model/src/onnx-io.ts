@@ -71,7 +71,9 @@ function describeDecoder(graph: ScannedGraph, file: string): OnnxIo {
       if (!outputNames.includes(`present.${layer}.${kind}`)) fail(`graph lacks output present.${layer}.${kind}`);
       const [, heads, , headDim] = past.dims;
       if (past.dims.length !== 4 || !isPositive(heads) || !isPositive(headDim)) {
-        fail(`${pastName} must have shape [batch, num_kv_heads, past_sequence_length, head_dim] with fixed heads and head size, got [${past.dims.join(', ')}]`);
+        fail(
+          `${pastName} must have shape [batch, num_kv_heads, past_sequence_length, head_dim] with fixed heads and head size, got [${past.dims.join(', ')}]`,
+        );
       }
       const current = { numKvHeads: heads as number, headDim: headDim as number, elemType: past.elemType };
       shape ??= current;
@@ -202,9 +204,7 @@ function decodeValueInfo(bytes: Uint8Array): ValueInfo {
   return {
     name: info.name ?? '',
     elemType: tensor?.elemType ?? 0,
-    dims: (tensor?.shape?.dim ?? []).map((dim) =>
-      dim.dimParam ? dim.dimParam : dim.dimValue != null ? Number(dim.dimValue) : '?',
-    ),
+    dims: (tensor?.shape?.dim ?? []).map((dim) => (dim.dimParam ? dim.dimParam : dim.dimValue != null ? Number(dim.dimValue) : '?')),
   };
 }
 

@@ -33,9 +33,7 @@ describe('createChatTemplate', () => {
     });
 
     it('leaves the generation prompt out when asked to', () => {
-      expect(template.render([{ role: 'user', content: 'Hi' }], { addGenerationPrompt: false })).toBe(
-        '<|im_start|>user\nHi<|im_end|>\n',
-      );
+      expect(template.render([{ role: 'user', content: 'Hi' }], { addGenerationPrompt: false })).toBe('<|im_start|>user\nHi<|im_end|>\n');
     });
 
     it('drops the reasoning of earlier assistant turns', () => {

@@ -53,7 +53,9 @@ describe('loadModelDir', () => {
 
   it('names the external-data file the graph needs when it is missing', async () => {
     const dir = makeModelDir(root, 'qwen2.5-0.5b-instruct', 'qwen-no-data');
-    await expect(loadModelDir(dir)).rejects.toThrow(/onnx\/model\.onnx_data: file not found \(external data that onnx\/model\.onnx names\)/);
+    await expect(loadModelDir(dir)).rejects.toThrow(
+      /onnx\/model\.onnx_data: file not found \(external data that onnx\/model\.onnx names\)/,
+    );
   });
 
   it('loads a Qwen2.5-0.5B-Instruct shaped export with the real Qwen tokenizer', async () => {
@@ -88,9 +90,7 @@ describe('loadModelDir', () => {
     expect(model.id).toBe('tiny');
     expect(model.generation.eosTokenIds).toContain(model.tokenizer.tokenToId('<|im_end|>'));
     expect(model.io.numLayers).toBe(model.config['num_hidden_layers']);
-    expect(model.chatTemplate.render([{ role: 'user', content: 'Hi' }])).toBe(
-      '<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n',
-    );
+    expect(model.chatTemplate.render([{ role: 'user', content: 'Hi' }])).toBe('<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n');
   });
 
   it('falls back to config.json when generation_config.json is missing', async () => {
@@ -171,9 +171,7 @@ describe('loadModelDir', () => {
 
     it('when an EOS id is malformed', async () => {
       const dir = smolDir((d) => editJson(d, 'generation_config.json', (json) => (json['eos_token_id'] = 'x')));
-      expect((await loadError(dir)).message).toBe(
-        'generation_config.json: eos_token_id must be a token id or a list of token ids',
-      );
+      expect((await loadError(dir)).message).toBe('generation_config.json: eos_token_id must be a token id or a list of token ids');
     });
 
     it('when the tokenizer cannot be loaded', async () => {
@@ -195,7 +193,9 @@ describe('loadModelDir', () => {
 
     it('when the ONNX graph does not match config.json', async () => {
       const dir = smolDir((d) => writeFileSync(join(d, 'onnx', 'model.onnx'), decoderOnnx({ layers: 2 })));
-      expect((await loadError(dir)).message).toMatch(/^onnx\/model\.onnx: graph has 2 layers but config\.json says num_hidden_layers is 30/);
+      expect((await loadError(dir)).message).toMatch(
+        /^onnx\/model\.onnx: graph has 2 layers but config\.json says num_hidden_layers is 30/,
+      );
     });
 
     it('when the ONNX graph is not a decoder with a KV cache', async () => {

@@ -23,7 +23,9 @@ describe('prompt files (what a worker publishes for gateways)', () => {
       const rendered = full.chatTemplate.render(messages);
       expect(prompt.chatTemplate.render(messages)).toBe(rendered);
       expect(prompt.tokenizer.encode(rendered)).toEqual(full.tokenizer.encode(rendered));
-      expect(prompt.tokenizer.encode('plain text', { addSpecialTokens: true })).toEqual(full.tokenizer.encode('plain text', { addSpecialTokens: true }));
+      expect(prompt.tokenizer.encode('plain text', { addSpecialTokens: true })).toEqual(
+        full.tokenizer.encode('plain text', { addSpecialTokens: true }),
+      );
       expect(prompt.tokenizer.vocabSize).toBe(full.tokenizer.vocabSize);
     });
   }
@@ -37,7 +39,11 @@ describe('prompt files (what a worker publishes for gateways)', () => {
   });
 
   it('without a chat template, load a model whose chat rendering fails', () => {
-    const prompt = loadPromptModel({ tokenizerJson: JSON.stringify(JSON.parse('{"model":{"type":"BPE","vocab":{"a":0},"merges":[]}}')), tokenizerConfigJson: '{}', chatTemplate: null });
+    const prompt = loadPromptModel({
+      tokenizerJson: JSON.stringify(JSON.parse('{"model":{"type":"BPE","vocab":{"a":0},"merges":[]}}')),
+      tokenizerConfigJson: '{}',
+      chatTemplate: null,
+    });
     expect(() => prompt.chatTemplate.render(messages)).toThrow(/no chat template/);
   });
 });

@@ -41,11 +41,7 @@ const unicodeText = fc
   )
   .map((pieces) => pieces.join(''));
 
-function streamAll(
-  tokenizer: Tokenizer,
-  ids: readonly number[],
-  options: { stop?: string[]; skipSpecialTokens?: boolean },
-): TextDelta[] {
+function streamAll(tokenizer: Tokenizer, ids: readonly number[], options: { stop?: string[]; skipSpecialTokens?: boolean }): TextDelta[] {
   const streamer = new TextStreamer(tokenizer, options);
   const deltas = ids.map((id) => streamer.push(id));
   deltas.push(streamer.finish());
@@ -143,9 +139,11 @@ function streamingProperties(name: string, tokenizer: () => Tokenizer, rawIds: f
 function byteLevelIds(tok: () => Tokenizer): fc.Arbitrary<number[]> {
   const byteChars = byteLevelChars();
   const byteId = fc.integer({ min: 0, max: 255 }).map((byte) => tok().tokenToId(byteChars[byte]!) ?? 0);
-  const utf8Fragment = fc
-    .tuple(unicodeText, fc.nat())
-    .map(([text, skip]) => tok().encode(text).slice(skip % 3));
+  const utf8Fragment = fc.tuple(unicodeText, fc.nat()).map(([text, skip]) =>
+    tok()
+      .encode(text)
+      .slice(skip % 3),
+  );
   return fc
     .array(
       fc.oneof(
@@ -162,7 +160,11 @@ function byteLevelIds(tok: () => Tokenizer): fc.Arbitrary<number[]> {
 streamingProperties('the real Qwen3 tokenizer (byte-level BPE)', qwen3Tokenizer, byteLevelIds(qwen3Tokenizer));
 
 const tinyTokenizer = (await loadModelDir(await ensureBuiltinModel('tiny'))).tokenizer;
-streamingProperties("the built-in tiny model's tokenizer", () => tinyTokenizer, byteLevelIds(() => tinyTokenizer));
+streamingProperties(
+  "the built-in tiny model's tokenizer",
+  () => tinyTokenizer,
+  byteLevelIds(() => tinyTokenizer),
+);
 
 for (const flavour of ['llama', 'metaspace'] as const) {
   let tok: Tokenizer | undefined;

@@ -14,7 +14,9 @@ async function hashTree(dir: string): Promise<Record<string, string>> {
   for (const entry of await readdir(dir, { recursive: true, withFileTypes: true })) {
     if (!entry.isFile()) continue;
     const path = join(entry.parentPath, entry.name);
-    out[relative(dir, path)] = createHash('sha256').update(await readFile(path)).digest('hex');
+    out[relative(dir, path)] = createHash('sha256')
+      .update(await readFile(path))
+      .digest('hex');
   }
   return out;
 }
@@ -131,8 +133,7 @@ describe('ensureBuiltinModel', () => {
 
 describe('npm run model:generate', () => {
   const cli = fileURLToPath(new URL('../src/cli/generate-model.ts', import.meta.url));
-  const run = (...args: string[]) =>
-    spawnSync(process.execPath, ['--import', 'tsx', cli, ...args], { encoding: 'utf8', timeout: 60_000 });
+  const run = (...args: string[]) => spawnSync(process.execPath, ['--import', 'tsx', cli, ...args], { encoding: 'utf8', timeout: 60_000 });
 
   it('writes the preset it is asked for into --out', async () => {
     const out = join(scratch, 'cli');

@@ -68,7 +68,9 @@ describe('the tiny ONNX graph', () => {
       expect(logits.dims).toEqual([1, ids.length, vocab]);
       const expected = reference.forward({ inputIds: [ids], attentionMask: [ones(ids.length)], positionIds: [range(ids.length)] });
       for (let s = 0; s < ids.length; s++) {
-        expect(maxAbsDiff(row(logits.data as Float32Array, ids.length, 0, s), row(expected.logits, ids.length, 0, s))).toBeLessThan(TOLERANCE);
+        expect(maxAbsDiff(row(logits.data as Float32Array, ids.length, 0, s), row(expected.logits, ids.length, 0, s))).toBeLessThan(
+          TOLERANCE,
+        );
       }
     }
   });
@@ -79,16 +81,32 @@ describe('the tiny ONNX graph', () => {
     const full = reference.forward({ inputIds: [ids], attentionMask: [ones(ids.length)], positionIds: [range(ids.length)] });
 
     let { logits, present } = await model.forward([ids.slice(0, prefill)], [ones(prefill)], [range(prefill)], model.emptyCache(1));
-    expect(maxAbsDiff(row(logits.data as Float32Array, prefill, 0, prefill - 1), row(full.logits, ids.length, 0, prefill - 1))).toBeLessThan(TOLERANCE);
-    let refPast = reference.forward({ inputIds: [ids.slice(0, prefill)], attentionMask: [ones(prefill)], positionIds: [range(prefill)] }).present;
+    expect(
+      maxAbsDiff(row(logits.data as Float32Array, prefill, 0, prefill - 1), row(full.logits, ids.length, 0, prefill - 1)),
+    ).toBeLessThan(TOLERANCE);
+    let refPast = reference.forward({
+      inputIds: [ids.slice(0, prefill)],
+      attentionMask: [ones(prefill)],
+      positionIds: [range(prefill)],
+    }).present;
     for (let t = prefill; t < ids.length; t++) {
       ({ logits, present } = await model.forward([[ids[t] as number]], [ones(t + 1)], [[t]], present));
       expect(present.get('0.key')?.dims).toEqual([1, 2, t + 1, 16]);
       expect(maxAbsDiff(row(logits.data as Float32Array, 1, 0, 0), row(full.logits, ids.length, 0, t))).toBeLessThan(TOLERANCE);
       // The reference fed with ONNX's own cache agrees too: present.* holds the rotated keys and the values.
-      const step = reference.forward({ inputIds: [[ids[t] as number]], attentionMask: [ones(t + 1)], positionIds: [[t]], past: toReferenceCache(present, 2) });
+      const step = reference.forward({
+        inputIds: [[ids[t] as number]],
+        attentionMask: [ones(t + 1)],
+        positionIds: [[t]],
+        past: toReferenceCache(present, 2),
+      });
       expect(maxAbsDiff(row(logits.data as Float32Array, 1, 0, 0), row(step.logits, 1, 0, 0))).toBeLessThan(TOLERANCE);
-      refPast = reference.forward({ inputIds: [[ids[t] as number]], attentionMask: [ones(t + 1)], positionIds: [[t]], past: refPast }).present;
+      refPast = reference.forward({
+        inputIds: [[ids[t] as number]],
+        attentionMask: [ones(t + 1)],
+        positionIds: [[t]],
+        past: refPast,
+      }).present;
     }
     const onnxKeys = (present.get('1.key') as ort.Tensor).data as Float32Array;
     expect(maxAbsDiff(Array.from(onnxKeys), Array.from(refPast.keys[1] as Float64Array))).toBeLessThan(TOLERANCE);
@@ -110,7 +128,9 @@ describe('the tiny ONNX graph', () => {
 
     const single = await model.forward([short], [ones(short.length)], [range(short.length)], model.emptyCache(1));
     for (let s = 0; s < short.length; s++) {
-      expect(maxAbsDiff(row(batchLogits, width, 0, pad + s), row(single.logits.data as Float32Array, short.length, 0, s))).toBeLessThan(TOLERANCE);
+      expect(maxAbsDiff(row(batchLogits, width, 0, pad + s), row(single.logits.data as Float32Array, short.length, 0, s))).toBeLessThan(
+        TOLERANCE,
+      );
     }
     const expectedLong = reference.forward({ inputIds: [long], attentionMask: [ones(width)], positionIds: [range(width)] });
     for (let s = 0; s < width; s++) {
@@ -125,7 +145,9 @@ describe('the tiny ONNX graph', () => {
       const mask = [[...Array<number>(pad).fill(0), ...ones(short.length + step + 1)], ones(width + step + 1)];
       const out = await model.forward([[next[0] as number], [next[1] as number]], mask, [[short.length + step], [width + step]], past);
       const alone = await model.forward([[next[0] as number]], [ones(short.length + step + 1)], [[short.length + step]], singlePast);
-      expect(maxAbsDiff(row(out.logits.data as Float32Array, 1, 0, 0), row(alone.logits.data as Float32Array, 1, 0, 0))).toBeLessThan(TOLERANCE);
+      expect(maxAbsDiff(row(out.logits.data as Float32Array, 1, 0, 0), row(alone.logits.data as Float32Array, 1, 0, 0))).toBeLessThan(
+        TOLERANCE,
+      );
       past = out.present;
       singlePast = alone.present;
       next = [7, 11];
@@ -144,13 +166,18 @@ describe('the tiny ONNX graph', () => {
     const without = ids.filter((_, i) => i !== gap);
     const expected = await model.forward([without], [ones(without.length)], [range(without.length)], model.emptyCache(1));
     expect(
-      maxAbsDiff(row(withGap.logits.data as Float32Array, ids.length, 0, ids.length - 1), row(expected.logits.data as Float32Array, without.length, 0, without.length - 1)),
+      maxAbsDiff(
+        row(withGap.logits.data as Float32Array, ids.length, 0, ids.length - 1),
+        row(expected.logits.data as Float32Array, without.length, 0, without.length - 1),
+      ),
     ).toBeLessThan(TOLERANCE);
     const ref = reference.forward({
       inputIds: [ids],
       attentionMask: [ids.map((_, i) => (i === gap ? 0 : 1))],
       positionIds: [ids.map((_, i) => (i < gap ? i : Math.max(0, i - 1)))],
     });
-    expect(maxAbsDiff(row(withGap.logits.data as Float32Array, ids.length, 0, ids.length - 1), row(ref.logits, ids.length, 0, ids.length - 1))).toBeLessThan(TOLERANCE);
+    expect(
+      maxAbsDiff(row(withGap.logits.data as Float32Array, ids.length, 0, ids.length - 1), row(ref.logits, ids.length, 0, ids.length - 1)),
+    ).toBeLessThan(TOLERANCE);
   });
 });

@@ -7,7 +7,10 @@ import { BYTE_TO_CHAR } from '../src/tiny-model/byte-level.js';
 import { defaultModelsRoot, ensureBuiltinModel } from '../src/tiny-model/ensure-builtin-model.js';
 
 let tokenizer: Tokenizer;
-let tokenizerJson: { model: { vocab: Record<string, number>; merges: unknown[] }; added_tokens: Array<{ content: string; id: number; special: boolean }> };
+let tokenizerJson: {
+  model: { vocab: Record<string, number>; merges: unknown[] };
+  added_tokens: Array<{ content: string; id: number; special: boolean }>;
+};
 let vocabSize: number;
 
 beforeAll(async () => {

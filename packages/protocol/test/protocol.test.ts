@@ -52,7 +52,11 @@ describe('request meta and the token log', () => {
     const format = { endpoint: 'chat' as const, model: 'm', created: 7, includeUsage: true, n: 2, maxTokensParam: 'max_tokens' as const };
     const fields = encodeRequestMeta({ channel: 'gw', graceMs: 500, attempt: 1, enqueuedAt: 1, deadlineAt: 2, format });
     expect(decodeRequestMeta(fields)).toEqual({ channel: 'gw', graceMs: 500, attempt: 1, enqueuedAt: 1, deadlineAt: 2, format });
-    expect(decodeRequestMeta({ ...fields, channel: '', detachedAt: '9', workerId: 'w' })).toMatchObject({ channel: '', detachedAt: 9, workerId: 'w' });
+    expect(decodeRequestMeta({ ...fields, channel: '', detachedAt: '9', workerId: 'w' })).toMatchObject({
+      channel: '',
+      detachedAt: 9,
+      workerId: 'w',
+    });
     expect(decodeRequestMeta({})).toBeUndefined();
     expect(decodeRequestMeta({ ...fields, format: '{"endpoint":"x"}' })).toBeUndefined();
   });
@@ -107,7 +111,7 @@ describe('names', () => {
     expect(names.workerKey('w')).toBe('p:worker:w');
   });
 
-  it('keeps each request\'s keys in one Redis Cluster slot (a {id} hash tag)', () => {
+  it("keeps each request's keys in one Redis Cluster slot (a {id} hash tag)", () => {
     const names = redisNames('p');
     expect(names.logKey('r1')).toBe('p:{r1}:log');
     expect(names.metaKey('r1')).toBe('p:{r1}:meta');
@@ -118,7 +122,14 @@ describe('decodeGatewayMessage fast path', () => {
   it('accepts and refuses text-delta entries exactly as the zod schema does', async () => {
     const fc = await import('fast-check');
     const { gatewayMessageSchema } = await import('../src/index.js');
-    const value = fc.oneof(fc.string(), fc.integer({ min: -3, max: 3 }), fc.double(), fc.constant(null), fc.constant(undefined), fc.boolean());
+    const value = fc.oneof(
+      fc.string(),
+      fc.integer({ min: -3, max: 3 }),
+      fc.double(),
+      fc.constant(null),
+      fc.constant(undefined),
+      fc.boolean(),
+    );
     const entry = fc.record(
       {
         requestId: fc.oneof(fc.string(), value),
@@ -148,7 +159,10 @@ describe('decodeGatewayMessage fast path', () => {
       { numRuns: 2000 },
     );
     // Found by the property above: 2^53 is an integer to JavaScript but not to zod's .int().
-    const unsafe = JSON.stringify({ workerId: 'w', entries: [{ requestId: 'r', seq: 0, type: 'text-delta', index: 0, text: '', tokens: 2 ** 53 }] });
+    const unsafe = JSON.stringify({
+      workerId: 'w',
+      entries: [{ requestId: 'r', seq: 0, type: 'text-delta', index: 0, text: '', tokens: 2 ** 53 }],
+    });
     expect(gatewayMessageSchema.safeParse(JSON.parse(unsafe)).success).toBe(false);
     expect(() => decodeGatewayMessage(unsafe)).toThrow();
   });

@@ -18,7 +18,10 @@ export const accessEnvShape = {
   /** File holding API_KEY (a mounted secret); trailing whitespace is ignored. @defaultValue unset */
   API_KEY_FILE: z.string().min(1).optional(),
   /** Name of the key from API_KEY / API_KEY_FILE. @defaultValue default */
-  API_KEY_NAME: z.string().regex(/^[\w.-]{1,64}$/).default('default'),
+  API_KEY_NAME: z
+    .string()
+    .regex(/^[\w.-]{1,64}$/)
+    .default('default'),
   /** Comma-separated origins allowed to call the API from a browser (`*`: any). Empty: no cross-origin access. @defaultValue unset */
   CORS_ORIGINS: z.string().optional(),
   /** Ceiling on `max_tokens` / `max_completion_tokens` (400 beyond; a model with a smaller context refuses earlier with context_length_exceeded). @defaultValue 131072 */
@@ -74,7 +77,10 @@ export function toAccessConfig(e: AccessEnv): AccessConfig {
     apiKey: e.API_KEY,
     apiKeyFile: e.API_KEY_FILE,
     apiKeyName: e.API_KEY_NAME,
-    corsOrigins: (e.CORS_ORIGINS ?? '').split(',').map((origin) => origin.trim()).filter((origin) => origin !== ''),
+    corsOrigins: (e.CORS_ORIGINS ?? '')
+      .split(',')
+      .map((origin) => origin.trim())
+      .filter((origin) => origin !== ''),
     maxTokensLimit: e.MAX_TOKENS_LIMIT,
     maxStopSequences: e.MAX_STOP_SEQUENCES,
     maxStopLength: e.MAX_STOP_LENGTH,

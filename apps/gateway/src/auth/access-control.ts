@@ -70,7 +70,10 @@ export async function startAccessControl(
     if (keys > 0) mode = 'keys';
     else if (loopback) {
       mode = 'none';
-      logger.warn({ host: config.host }, 'AUTH=none: no API key exists and HOST is loopback, so requests need no key (create one with `npm run keys -- create --name <name>`, or set AUTH=keys)');
+      logger.warn(
+        { host: config.host },
+        'AUTH=none: no API key exists and HOST is loopback, so requests need no key (create one with `npm run keys -- create --name <name>`, or set AUTH=keys)',
+      );
     } else {
       throw new AccessConfigError(
         `refusing to start: HOST=${config.host} is not a loopback address and no API key exists, so anyone who reaches this port could use it.\n` +
@@ -81,7 +84,9 @@ export async function startAccessControl(
   } else if (mode === 'none') {
     (loopback ? logger.info.bind(logger) : logger.warn.bind(logger))({ host: config.host }, 'AUTH=none: requests need no API key');
   } else if (keys === 0) {
-    logger.warn('AUTH=keys but no API key exists yet: every request gets 401 until one is created (`npm run keys -- create --name <name>`)');
+    logger.warn(
+      'AUTH=keys but no API key exists yet: every request gets 401 until one is created (`npm run keys -- create --name <name>`)',
+    );
   }
   if (mode === 'none') return { mode };
   logger.info({ keys }, 'AUTH=keys: every /v1 request needs an API key');

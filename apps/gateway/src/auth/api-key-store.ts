@@ -40,7 +40,12 @@ export class ApiKeyStore {
   async add(key: string, name: string, limits: ApiKeyLimits = {}, models?: string[]): Promise<void> {
     if (!KEY_NAME_PATTERN.test(name)) throw new ApiKeyStoreError(`invalid key name "${name}": use 1-64 of [A-Za-z0-9_.-]`);
     const hash = hashApiKey(key);
-    const record: ApiKeyRecord = apiKeyRecordSchema.parse({ name, limits, ...(models === undefined ? {} : { models }), createdAt: Date.now() });
+    const record: ApiKeyRecord = apiKeyRecordSchema.parse({
+      name,
+      limits,
+      ...(models === undefined ? {} : { models }),
+      createdAt: Date.now(),
+    });
     // Name and record together, or neither: a name taken by another key refuses the whole write.
     const result = (await this.#redis.eval(
       `local held = redis.call('HGET', KEYS[2], ARGV[1])

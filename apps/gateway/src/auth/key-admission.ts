@@ -85,7 +85,13 @@ export class KeyAdmission {
     this.checkModel(key, request.model);
     const { limits } = record;
     const reservedTokens =
-      limits.tpm === undefined ? 0 : tokenReservation(request, promptIds.map((ids) => ids.length), maxContextLength);
+      limits.tpm === undefined
+        ? 0
+        : tokenReservation(
+            request,
+            promptIds.map((ids) => ids.length),
+            maxContextLength,
+          );
     if (limits.rpm === undefined && limits.tpm === undefined && limits.maxStreams === undefined) {
       this.#usage.admitted(record.name);
       return { key, requestId, reservedTokens };
@@ -140,7 +146,11 @@ export class KeyAdmission {
     if (limits.tpm === undefined && limits.maxStreams === undefined) return;
     this.#limiter.settle(grant.key.hash, grant.requestId, limits.tpm === undefined ? 0 : used).then(
       (delta) => {
-        if (delta > 0) this.#logger.warn({ key: name, requestId: grant.requestId, reserved: grant.reservedTokens, used }, 'a request used more tokens than it reserved');
+        if (delta > 0)
+          this.#logger.warn(
+            { key: name, requestId: grant.requestId, reserved: grant.reservedTokens, used },
+            'a request used more tokens than it reserved',
+          );
       },
       (error: unknown) => this.#logger.warn({ err: error, key: name, requestId: grant.requestId }, 'rate limit settlement failed'),
     );

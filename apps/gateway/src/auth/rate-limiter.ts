@@ -141,8 +141,7 @@ export interface LimitState {
 }
 
 export type Admission =
-  | { admitted: true; state: LimitState }
-  | { admitted: false; refused: LimitName; retryAfterMs: number; state: LimitState };
+  { admitted: true; state: LimitState } | { admitted: false; refused: LimitName; retryAfterMs: number; state: LimitState };
 
 class Script {
   readonly sha: string;

@@ -8,7 +8,11 @@ import type { ParsedRequest } from '../openai/request-schemas.js';
  * request whose prompt + completion cannot fit, so this is a true upper bound; when the request ends
  * its reservation is settled to the real usage.
  */
-export function tokenReservation(request: Pick<ParsedRequest, 'sampling' | 'defaultMaxTokens' | 'n'>, promptLengths: readonly number[], maxContextLength: number): number {
+export function tokenReservation(
+  request: Pick<ParsedRequest, 'sampling' | 'defaultMaxTokens' | 'n'>,
+  promptLengths: readonly number[],
+  maxContextLength: number,
+): number {
   let total = 0;
   for (const length of promptLengths) {
     const room = Math.max(0, maxContextLength - length);

@@ -49,7 +49,10 @@ async function main(argv: string[]): Promise<number> {
     return values.help === true ? 0 : 2;
   }
   const env = z
-    .object({ REDIS_URL: z.url({ protocol: /^rediss?$/ }).default('redis://127.0.0.1:6379'), REDIS_PREFIX: z.string().min(1).default(DEFAULT_PREFIX) })
+    .object({
+      REDIS_URL: z.url({ protocol: /^rediss?$/ }).default('redis://127.0.0.1:6379'),
+      REDIS_PREFIX: z.string().min(1).default(DEFAULT_PREFIX),
+    })
     .parse(Object.fromEntries(Object.entries(process.env).filter(([, v]) => v !== undefined && v !== '')));
   const redis = new Redis(env.REDIS_URL, { lazyConnect: true, maxRetriesPerRequest: 1, retryStrategy: () => null });
   redis.on('error', () => undefined);
@@ -71,7 +74,10 @@ async function main(argv: string[]): Promise<number> {
         if (rpm !== undefined) limits.rpm = rpm;
         if (tpm !== undefined) limits.tpm = tpm;
         if (maxStreams !== undefined) limits.maxStreams = maxStreams;
-        const models = values.models?.split(',').map((m) => m.trim()).filter((m) => m !== '');
+        const models = values.models
+          ?.split(',')
+          .map((m) => m.trim())
+          .filter((m) => m !== '');
         const key = await store.create(values.name, limits, models);
         process.stdout.write(`${key}\n`);
         process.stderr.write(`keys: created "${values.name}"; the key above is not stored anywhere readable, keep it now.\n`);
@@ -84,8 +90,12 @@ async function main(argv: string[]): Promise<number> {
           return 0;
         }
         for (const k of keys) {
-          const limits = [`rpm=${k.limits.rpm ?? '-'}`, `tpm=${k.limits.tpm ?? '-'}`, `max-streams=${k.limits.maxStreams ?? '-'}`].join(' ');
-          process.stdout.write(`${k.name}\t${limits}\tmodels=${k.models?.join(',') ?? '*'}\tcreated=${new Date(k.createdAt).toISOString()}\tsha256=${k.hashPrefix}…\n`);
+          const limits = [`rpm=${k.limits.rpm ?? '-'}`, `tpm=${k.limits.tpm ?? '-'}`, `max-streams=${k.limits.maxStreams ?? '-'}`].join(
+            ' ',
+          );
+          process.stdout.write(
+            `${k.name}\t${limits}\tmodels=${k.models?.join(',') ?? '*'}\tcreated=${new Date(k.createdAt).toISOString()}\tsha256=${k.hashPrefix}…\n`,
+          );
         }
         if (keys.length === 0) process.stderr.write('keys: no API key exists\n');
         return 0;

@@ -28,7 +28,9 @@ const stopSchema = opt(z.union([z.string(), z.array(z.string()).max(16)])).meta(
 
 const streamOptionsSchema = z
   .strictObject({
-    include_usage: opt(z.boolean()).meta({ description: 'Send one last chunk with `choices: []` and the usage; other chunks carry `usage: null`.' }),
+    include_usage: opt(z.boolean()).meta({
+      description: 'Send one last chunk with `choices: []` and the usage; other chunks carry `usage: null`.',
+    }),
     continuous_usage_stats: opt(z.boolean()).meta({
       description: 'vLLM extension: every chunk carries the usage so far (prompt tokens, completion tokens written up to that chunk).',
     }),
@@ -46,7 +48,7 @@ const commonFields = {
   min_p: opt(z.number().min(0).max(1)).meta({ description: 'vLLM extension: drop tokens less likely than min_p × the most likely one.' }),
   seed: opt(z.number().int()).meta({ description: 'Same seed, same tokens, whatever else shares the batch.' }),
   stop: stopSchema,
-  n: opt(z.number().int().min(1).max(16)).meta({ description: 'Choices per prompt; they share the prompt\'s prefill.' }),
+  n: opt(z.number().int().min(1).max(16)).meta({ description: "Choices per prompt; they share the prompt's prefill." }),
   presence_penalty: opt(z.number().min(-2).max(2)),
   frequency_penalty: opt(z.number().min(-2).max(2)),
   repetition_penalty: opt(z.number().gt(0).max(2)).meta({ description: 'vLLM extension (1 = off).' }),
@@ -55,9 +57,9 @@ const commonFields = {
   max_tokens: opt(z.number().int().min(1)),
   resume_grace_ms: opt(z.number().int().min(0)).meta({
     description:
-      'Sluice extension: how long (ms) a streamed request outlives its client\'s connection. Within it the stream can be resumed ' +
+      "Sluice extension: how long (ms) a streamed request outlives its client's connection. Within it the stream can be resumed " +
       'from any gateway with `GET /v1/{chat/completions|completions}/{id}?stream=true` and `Last-Event-ID`. ' +
-      'Capped by the gateway\'s MAX_RESUME_GRACE_MS; default RESUME_GRACE_MS.',
+      "Capped by the gateway's MAX_RESUME_GRACE_MS; default RESUME_GRACE_MS.",
   }),
   // Accepted no-ops: they do not change the answer.
   logit_bias: opt(z.record(z.string(), z.number()).refine((bias) => Object.keys(bias).length === 0, 'logit_bias is not supported')).meta({
@@ -74,9 +76,13 @@ export const chatRequestSchema = z
     max_completion_tokens: opt(z.number().int().min(1)).meta({ description: 'Takes precedence over the deprecated `max_tokens`.' }),
     logprobs: opt(z.boolean()),
     top_logprobs: opt(z.number().int().min(0).max(20)).meta({ description: 'Alternatives per position (requires `logprobs: true`).' }),
-    tools: opt(z.array(z.unknown()).max(0, 'tools are not supported')).meta({ description: 'Not supported: only an empty list is accepted.' }),
+    tools: opt(z.array(z.unknown()).max(0, 'tools are not supported')).meta({
+      description: 'Not supported: only an empty list is accepted.',
+    }),
     tool_choice: opt(z.literal('none', 'tool_choice is not supported')).meta({ description: 'Not supported: only "none" is accepted.' }),
-    functions: opt(z.array(z.unknown()).max(0, 'functions are not supported')).meta({ description: 'Not supported: only an empty list is accepted.' }),
+    functions: opt(z.array(z.unknown()).max(0, 'functions are not supported')).meta({
+      description: 'Not supported: only an empty list is accepted.',
+    }),
     response_format: opt(z.strictObject({ type: z.literal('text', 'only response_format {"type":"text"} is supported') })).meta({
       description: 'Not supported beyond `{"type": "text"}`.',
     }),
@@ -91,17 +97,18 @@ export const MAX_PROMPTS = 32;
 export const completionRequestSchema = z
   .strictObject({
     ...commonFields,
-    prompt: z
-      .union([z.string(), z.array(z.string()).min(1).max(MAX_PROMPTS), tokenIds, z.array(tokenIds).min(1).max(MAX_PROMPTS)])
-      .meta({
-        description:
-          'A prompt (text or token ids) or a batch of prompts. A batch of P prompts with n choices answers with P × n choices; ' +
-          'choice `index` = prompt index × n + choice index, as OpenAI does.',
-      }),
-    logprobs: opt(z.number().int().min(0).max(20)).meta({
-      description: 'Log probability of each sampled token, with the `logprobs` most likely alternatives; `top_logprobs` also holds the sampled token (up to logprobs + 1 entries).',
+    prompt: z.union([z.string(), z.array(z.string()).min(1).max(MAX_PROMPTS), tokenIds, z.array(tokenIds).min(1).max(MAX_PROMPTS)]).meta({
+      description:
+        'A prompt (text or token ids) or a batch of prompts. A batch of P prompts with n choices answers with P × n choices; ' +
+        'choice `index` = prompt index × n + choice index, as OpenAI does.',
     }),
-    echo: opt(z.boolean()).meta({ description: 'Put the prompt before the completion text (not with `logprobs`: prompt logprobs are not computed).' }),
+    logprobs: opt(z.number().int().min(0).max(20)).meta({
+      description:
+        'Log probability of each sampled token, with the `logprobs` most likely alternatives; `top_logprobs` also holds the sampled token (up to logprobs + 1 entries).',
+    }),
+    echo: opt(z.boolean()).meta({
+      description: 'Put the prompt before the completion text (not with `logprobs`: prompt logprobs are not computed).',
+    }),
     suffix: opt(z.string().max(0, 'suffix is not supported')).meta({ description: 'Not supported: only an empty string is accepted.' }),
     best_of: opt(z.literal(1, 'best_of other than 1 is not supported')).meta({ description: 'Not supported: only 1 is accepted.' }),
   })
@@ -259,7 +266,7 @@ export function parseCompletionRequest(body: unknown): ParsedRequest {
   const echo = req.echo === true;
   if (echo && req.logprobs !== undefined) {
     throw new GatewayError('invalid_request', {
-      message: 'echo: not supported together with logprobs (the prompt\'s logprobs are not computed).',
+      message: "echo: not supported together with logprobs (the prompt's logprobs are not computed).",
       param: 'echo',
     });
   }
@@ -285,5 +292,7 @@ export function parseCompletionRequest(body: unknown): ParsedRequest {
 function promptInputs(prompt: string | string[] | number[] | number[][]): JobInput[] {
   if (typeof prompt === 'string') return [{ kind: 'text', prompt }];
   if (prompt.every((p): p is number => typeof p === 'number')) return [{ kind: 'tokens', promptTokenIds: prompt }];
-  return (prompt as Array<string | number[]>).map((p) => (typeof p === 'string' ? { kind: 'text', prompt: p } : { kind: 'tokens', promptTokenIds: p }));
+  return (prompt as Array<string | number[]>).map((p) =>
+    typeof p === 'string' ? { kind: 'text', prompt: p } : { kind: 'tokens', promptTokenIds: p },
+  );
 }

@@ -111,9 +111,8 @@ export class ResponseFormat {
   deltaChunk(index: number, text: string, logprobs: readonly TokenLogprobWire[] | undefined): string {
     if (logprobs === undefined) {
       // The common case, once per token per stream: two cached pieces around the text.
-      const prefix = (this.deltaPrefixes[index] ??= this.endpoint === 'chat'
-        ? `${this.head}{"index":${index},"delta":{"content":`
-        : `${this.head}{"index":${index},"text":`);
+      const prefix = (this.deltaPrefixes[index] ??=
+        this.endpoint === 'chat' ? `${this.head}{"index":${index},"delta":{"content":` : `${this.head}{"index":${index},"text":`);
       return prefix + JSON.stringify(text) + this.deltaSuffix + this.end();
     }
     const lp = JSON.stringify(this.logprobsJson(index, logprobs));
@@ -182,7 +181,9 @@ export class ResponseFormat {
       tokens: logprobs.map((lp) => lp.token),
       token_logprobs: logprobs.map((lp) => lp.logprob),
       // OpenAI's top_logprobs hold the sampled token too: up to logprobs + 1 entries (1 for logprobs: 0).
-      top_logprobs: logprobs.map((lp) => Object.fromEntries([...(lp.top ?? []).map((t) => [t.token, t.logprob] as const), [lp.token, lp.logprob]])),
+      top_logprobs: logprobs.map((lp) =>
+        Object.fromEntries([...(lp.top ?? []).map((t) => [t.token, t.logprob] as const), [lp.token, lp.logprob]]),
+      ),
       text_offset: textOffset,
     };
   }

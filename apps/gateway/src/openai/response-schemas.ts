@@ -10,9 +10,7 @@ const finishReasonSchema = z
   .enum(['stop', 'length', 'abort'])
   .meta({ id: 'FinishReason', description: '`abort`: the request was cancelled (`POST .../{id}/cancel`), as vLLM names it.' });
 
-export const usageSchema = z
-  .object({ prompt_tokens: z.int(), completion_tokens: z.int(), total_tokens: z.int() })
-  .meta({ id: 'Usage' });
+export const usageSchema = z.object({ prompt_tokens: z.int(), completion_tokens: z.int(), total_tokens: z.int() }).meta({ id: 'Usage' });
 
 const bytesSchema = z
   .array(z.int().min(0).max(255))
@@ -28,7 +26,10 @@ const chatTokenLogprobSchema = z
   })
   .meta({ id: 'ChatTokenLogprob' });
 
-const chatLogprobsSchema = z.object({ content: z.array(chatTokenLogprobSchema) }).nullable().meta({ id: 'ChatLogprobs' });
+const chatLogprobsSchema = z
+  .object({ content: z.array(chatTokenLogprobSchema) })
+  .nullable()
+  .meta({ id: 'ChatLogprobs' });
 
 const completionLogprobsSchema = z
   .object({
@@ -79,11 +80,14 @@ export const chatCompletionChunkSchema = z
         finish_reason: finishReasonSchema.nullable(),
       }),
     ),
-    usage: usageSchema.nullable().optional().meta({
-      description:
-        'With `stream_options.include_usage`: `null` on every chunk, then one last chunk with `choices: []` and the usage. ' +
-        'With `continuous_usage_stats`: the usage so far on every chunk.',
-    }),
+    usage: usageSchema
+      .nullable()
+      .optional()
+      .meta({
+        description:
+          'With `stream_options.include_usage`: `null` on every chunk, then one last chunk with `choices: []` and the usage. ' +
+          'With `continuous_usage_stats`: the usage so far on every chunk.',
+      }),
   })
   .meta({
     id: 'ChatCompletionChunk',

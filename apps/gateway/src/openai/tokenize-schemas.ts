@@ -8,8 +8,15 @@ import { messageSchema } from './request-schemas.js';
 export const tokenizeRequestSchema = z
   .strictObject({
     model: z.string().min(1),
-    prompt: z.string().optional().meta({ description: "A completion prompt: tokenized with the tokenizer's special tokens, as `/v1/completions` does." }),
-    messages: z.array(messageSchema).min(1).optional().meta({ description: 'A chat: rendered with the model chat template, as `/v1/chat/completions` does.' }),
+    prompt: z
+      .string()
+      .optional()
+      .meta({ description: "A completion prompt: tokenized with the tokenizer's special tokens, as `/v1/completions` does." }),
+    messages: z
+      .array(messageSchema)
+      .min(1)
+      .optional()
+      .meta({ description: 'A chat: rendered with the model chat template, as `/v1/chat/completions` does.' }),
   })
   .refine((body) => (body.prompt === undefined) !== (body.messages === undefined), {
     message: 'exactly one of prompt and messages is required.',

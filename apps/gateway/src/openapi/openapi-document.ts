@@ -15,7 +15,12 @@ import {
   readySchema,
   versionSchema,
 } from '../openai/response-schemas.js';
-import { detokenizeRequestSchema, detokenizeResponseSchema, tokenizeRequestSchema, tokenizeResponseSchema } from '../openai/tokenize-schemas.js';
+import {
+  detokenizeRequestSchema,
+  detokenizeResponseSchema,
+  tokenizeRequestSchema,
+  tokenizeResponseSchema,
+} from '../openai/tokenize-schemas.js';
 
 /**
  * The OpenAPI 3.1 document of the gateway (`GET /openapi.json`), built from the zod schemas that
@@ -76,7 +81,9 @@ const REFUSALS: GatewayErrorCode[] = [
 ];
 
 const requestIdHeader = z.object({
-  'X-Request-Id': z.string().meta({ description: "The request's id: the client's `X-Request-Id` when it is a sane id, else the gateway's own." }),
+  'X-Request-Id': z
+    .string()
+    .meta({ description: "The request's id: the client's `X-Request-Id` when it is a sane id, else the gateway's own." }),
 });
 
 function sse(chunk: string, what: string) {
@@ -104,7 +111,9 @@ function generation(kind: 'chat' | 'completion'): ZodOpenApiOperationObject {
     requestBody: { required: true, content: { 'application/json': { schema: chat ? chatRequestSchema : completionRequestSchema } } },
     responses: {
       '200': {
-        description: chat ? 'The completion, or its stream of chunks (`stream: true`).' : 'The completion, or its stream of chunks (`stream: true`).',
+        description: chat
+          ? 'The completion, or its stream of chunks (`stream: true`).'
+          : 'The completion, or its stream of chunks (`stream: true`).',
         headers: requestIdHeader,
         content: {
           'application/json': { schema: chat ? chatCompletionSchema : completionSchema },
@@ -117,7 +126,7 @@ function generation(kind: 'chat' | 'completion'): ZodOpenApiOperationObject {
 }
 
 const idParam = z.object({
-  id: z.string().meta({ description: 'The `id` of the stream\'s chunks (`chatcmpl-…` / `cmpl-…`).' }),
+  id: z.string().meta({ description: "The `id` of the stream's chunks (`chatcmpl-…` / `cmpl-…`)." }),
 });
 
 function resume(kind: 'chat' | 'completion'): ZodOpenApiOperationObject {
@@ -133,10 +142,18 @@ function resume(kind: 'chat' | 'completion'): ZodOpenApiOperationObject {
       path: idParam,
       query: z.object({
         stream: z.literal('true').meta({ description: 'Only streams can be resumed.' }),
-        starting_after: z.string().regex(/^-?\d+$/).optional().meta({ description: 'The cursor (`id:`) of the last event received; -1 or absent: from the start.' }),
+        starting_after: z
+          .string()
+          .regex(/^-?\d+$/)
+          .optional()
+          .meta({ description: 'The cursor (`id:`) of the last event received; -1 or absent: from the start.' }),
       }),
       header: z.object({
-        'Last-Event-ID': z.string().regex(/^-?\d+$/).optional().meta({ description: 'The cursor of the last event received (takes precedence over `starting_after`).' }),
+        'Last-Event-ID': z
+          .string()
+          .regex(/^-?\d+$/)
+          .optional()
+          .meta({ description: 'The cursor of the last event received (takes precedence over `starting_after`).' }),
       }),
     },
     responses: {
@@ -182,13 +199,7 @@ export function createOpenApiDocument(version: string): object {
     },
     servers: [{ url: '/' }],
     security: [{ bearerAuth: [] }, {}],
-    tags: [
-      { name: 'Generation' },
-      { name: 'Durable streams' },
-      { name: 'Models' },
-      { name: 'Tokenization' },
-      { name: 'Operations' },
-    ],
+    tags: [{ name: 'Generation' }, { name: 'Durable streams' }, { name: 'Models' }, { name: 'Tokenization' }, { name: 'Operations' }],
     paths: {
       '/v1/chat/completions': { post: generation('chat') },
       '/v1/completions': { post: generation('completion') },
@@ -220,7 +231,18 @@ export function createOpenApiDocument(version: string): object {
           summary: 'Text or messages to token ids',
           description: "vLLM's shape. Messages are rendered with the model chat template (with the assistant turn's opening).",
           requestBody: { required: true, content: { 'application/json': { schema: tokenizeRequestSchema } } },
-          responses: { '200': json(tokenizeResponseSchema, 'The token ids.'), ...errors(...ACCESS, 'model_not_allowed', 'unsupported_media_type', 'invalid_json', 'invalid_request', 'model_not_found', 'no_workers') },
+          responses: {
+            '200': json(tokenizeResponseSchema, 'The token ids.'),
+            ...errors(
+              ...ACCESS,
+              'model_not_allowed',
+              'unsupported_media_type',
+              'invalid_json',
+              'invalid_request',
+              'model_not_found',
+              'no_workers',
+            ),
+          },
         },
       },
       '/detokenize': {
@@ -229,11 +251,31 @@ export function createOpenApiDocument(version: string): object {
           tags: ['Tokenization'],
           summary: 'Token ids to text',
           requestBody: { required: true, content: { 'application/json': { schema: detokenizeRequestSchema } } },
-          responses: { '200': json(detokenizeResponseSchema, 'The text.'), ...errors(...ACCESS, 'model_not_allowed', 'unsupported_media_type', 'invalid_json', 'invalid_request', 'model_not_found', 'no_workers') },
+          responses: {
+            '200': json(detokenizeResponseSchema, 'The text.'),
+            ...errors(
+              ...ACCESS,
+              'model_not_allowed',
+              'unsupported_media_type',
+              'invalid_json',
+              'invalid_request',
+              'model_not_found',
+              'no_workers',
+            ),
+          },
         },
       },
-      '/health': { get: { operationId: 'health', tags: ['Operations'], summary: 'Liveness (alias of /healthz)', responses: { '200': json(healthSchema, 'Alive.') } } },
-      '/healthz': { get: { operationId: 'healthz', tags: ['Operations'], summary: 'Liveness', responses: { '200': json(healthSchema, 'Alive.') } } },
+      '/health': {
+        get: {
+          operationId: 'health',
+          tags: ['Operations'],
+          summary: 'Liveness (alias of /healthz)',
+          responses: { '200': json(healthSchema, 'Alive.') },
+        },
+      },
+      '/healthz': {
+        get: { operationId: 'healthz', tags: ['Operations'], summary: 'Liveness', responses: { '200': json(healthSchema, 'Alive.') } },
+      },
       '/readyz': {
         get: {
           operationId: 'readyz',
@@ -242,7 +284,14 @@ export function createOpenApiDocument(version: string): object {
           responses: { '200': json(readySchema, 'Ready.'), '503': json(readySchema, 'Not ready, or draining.') },
         },
       },
-      '/version': { get: { operationId: 'version', tags: ['Operations'], summary: 'The gateway release', responses: { '200': json(versionSchema, 'The version.') } } },
+      '/version': {
+        get: {
+          operationId: 'version',
+          tags: ['Operations'],
+          summary: 'The gateway release',
+          responses: { '200': json(versionSchema, 'The version.') },
+        },
+      },
       '/metrics': {
         get: {
           operationId: 'metrics',

@@ -216,10 +216,13 @@ export class StreamResponder {
     }
     // A congested socket is written at its next drain; a timer would only find it congested still.
     if (congested) return;
-    this.flushTimer ??= setTimeout(() => {
-      this.flushTimer = undefined;
-      if (!this.writer.congested) this.flushAll();
-    }, this.lastFlushAt + interval - now);
+    this.flushTimer ??= setTimeout(
+      () => {
+        this.flushTimer = undefined;
+        if (!this.writer.congested) this.flushAll();
+      },
+      this.lastFlushAt + interval - now,
+    );
   }
 
   /**

@@ -92,7 +92,11 @@ export function generateHandler(deps: AppDeps, endpoint: Endpoint) {
       request.stream && prompts.length === 1 ? Math.min(request.resumeGraceMs ?? config.resumeGraceMs, config.maxResumeGraceMs) : 0;
     const batch =
       prompts.length > 1
-        ? new PromptBatch(request.n, (event) => responder.handle(event), (session) => sessions.cancel(session, 'client_closed'))
+        ? new PromptBatch(
+            request.n,
+            (event) => responder.handle(event),
+            (session) => sessions.cancel(session, 'client_closed'),
+          )
         : undefined;
     // Prompt k of a batch runs as its own job; the first keeps the reply's id.
     const jobIds = prompts.map((_, k) => (k === 0 ? jobId : randomUUID()));

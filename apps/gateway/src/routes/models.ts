@@ -21,7 +21,10 @@ export function modelHandler(deps: AppDeps) {
     const id = c.req.param('id') ?? '';
     const model = deps.registry.models().find((m) => m.id === id);
     if (model === undefined) {
-      throw new GatewayError('model_not_found', { message: `The model '${id}' does not exist or no live worker serves it.`, param: 'model' });
+      throw new GatewayError('model_not_found', {
+        message: `The model '${id}' does not exist or no live worker serves it.`,
+        param: 'model',
+      });
     }
     return c.json(modelObject(model, created));
   };

@@ -25,7 +25,11 @@ export function tokenizeHandler(deps: AppDeps) {
     const tokens =
       body.messages !== undefined
         ? tokenizer.encodeChat(
-            body.messages.map((m) => ({ role: m.role, content: flattenContent(m.content), ...(m.name === undefined ? {} : { name: m.name }) })),
+            body.messages.map((m) => ({
+              role: m.role,
+              content: flattenContent(m.content),
+              ...(m.name === undefined ? {} : { name: m.name }),
+            })),
           )
         : tokenizer.encodeText(body.prompt ?? '');
     return c.json({ count: tokens.length, max_model_len: Math.min(tokenizer.maxContextLength, served.maxContextLength), tokens });
@@ -39,7 +43,10 @@ export function detokenizeHandler(deps: AppDeps) {
     const tokenizer = await deps.tokenizers.forModel(servedModel(deps, c, body.model));
     const bad = body.tokens.find((id) => id >= tokenizer.vocabSize);
     if (bad !== undefined) {
-      throw new GatewayError('invalid_request', { message: `tokens: token ids must be in [0, ${tokenizer.vocabSize}), got ${bad}.`, param: 'tokens' });
+      throw new GatewayError('invalid_request', {
+        message: `tokens: token ids must be in [0, ${tokenizer.vocabSize}), got ${bad}.`,
+        param: 'tokens',
+      });
     }
     return c.json({ prompt: tokenizer.decode(body.tokens) });
   };

@@ -13,10 +13,7 @@ export interface MetricInfo {
 
 /** Every metric the two factories register, default process metrics included. */
 export function metricCatalog(): MetricInfo[] {
-  return [
-    ...describeRegistry('gateway', createGatewayMetrics().registry),
-    ...describeRegistry('worker', createWorkerMetrics().registry),
-  ];
+  return [...describeRegistry('gateway', createGatewayMetrics().registry), ...describeRegistry('worker', createWorkerMetrics().registry)];
 }
 
 function describeRegistry(process: MetricInfo['process'], registry: Registry): MetricInfo[] {

@@ -18,7 +18,9 @@ const USAGE = `Usage: npm run model:generate -- --preset <${Object.keys(TINY_MOD
 
 class UsageError extends Error {}
 
-function parse(argv: string[]): { preset: keyof typeof TINY_MODEL_PRESETS; out: string | undefined; seed: number; attention: AttentionForm } | 'help' {
+function parse(
+  argv: string[],
+): { preset: keyof typeof TINY_MODEL_PRESETS; out: string | undefined; seed: number; attention: AttentionForm } | 'help' {
   let values;
   try {
     ({ values } = parseArgs({
@@ -50,10 +52,13 @@ function parse(argv: string[]): { preset: keyof typeof TINY_MODEL_PRESETS; out: 
       throw new UsageError(`--seed must be an integer from 0 to 4294967295 (got ${JSON.stringify(values.seed)})`);
     }
   }
-  if (values.out === undefined && values.seed !== undefined) throw new UsageError('--seed needs --out (the default copy uses the default seed)');
+  if (values.out === undefined && values.seed !== undefined)
+    throw new UsageError('--seed needs --out (the default copy uses the default seed)');
   const attention = values.attention ?? 'plain';
-  if (attention !== 'plain' && attention !== 'gqa') throw new UsageError(`--attention must be plain or gqa (got ${JSON.stringify(attention)})`);
-  if (values.out === undefined && attention !== 'plain') throw new UsageError('--attention needs --out (the default copy uses the plain form)');
+  if (attention !== 'plain' && attention !== 'gqa')
+    throw new UsageError(`--attention must be plain or gqa (got ${JSON.stringify(attention)})`);
+  if (values.out === undefined && attention !== 'plain')
+    throw new UsageError('--attention needs --out (the default copy uses the plain form)');
   return { preset: values.preset, out: values.out === undefined ? undefined : resolve(values.out), seed, attention };
 }
 

@@ -109,12 +109,9 @@ export class LlamaReference {
     const embed = this.w('model.embed_tokens.weight');
 
     // hidden[b][s] = E[id]
-    const hidden: Float64Array[][] = input.inputIds.map((row) =>
-      row.map((id) => embed.slice(id * d, id * d + d)),
-    );
+    const hidden: Float64Array[][] = input.inputIds.map((row) => row.map((id) => embed.slice(id * d, id * d + d)));
 
-    const allowed = (b: number, s: number, t: number): boolean =>
-      t <= pastLength + s && (input.attentionMask[b]?.[t] ?? 0) !== 0;
+    const allowed = (b: number, s: number, t: number): boolean => t <= pastLength + s && (input.attentionMask[b]?.[t] ?? 0) !== 0;
 
     const invFreq = Array.from({ length: hd / 2 }, (_, j) => 1 / c.ropeTheta ** ((2 * j) / hd));
     const rope = (vec: Float64Array, position: number): Float64Array => {

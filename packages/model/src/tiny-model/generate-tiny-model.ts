@@ -107,11 +107,16 @@ export function buildTinyModelFiles(preset: TinyModelPreset, seed = DEFAULT_SEED
     pad_token_id: SPECIAL_IDS.endOfText,
     transformers_version: '4.46.0',
   };
-  const onnx = buildLlamaGraph(arch, weights, {
-    producerName: '@sluice/model tiny-model',
-    producerVersion: String(GENERATOR_VERSION),
-    metadata: { preset, seed: String(seed), attention },
-  }, attention);
+  const onnx = buildLlamaGraph(
+    arch,
+    weights,
+    {
+      producerName: '@sluice/model tiny-model',
+      producerVersion: String(GENERATOR_VERSION),
+      metadata: { preset, seed: String(seed), attention },
+    },
+    attention,
+  );
 
   const files = new Map<string, Uint8Array>([
     ['config.json', json(config)],

@@ -45,7 +45,12 @@ export type AttentionForm = 'plain' | 'gqa';
  * The attention mask is causal on cache slots (query slot `past + s` sees key slots `<= past + s`)
  * AND the caller's `attention_mask[b, key]`, so left-padded batches and masked gaps are exact.
  */
-export function buildLlamaGraph(arch: LlamaArchitecture, weights: LlamaWeights, info: ModelInfo, attention: AttentionForm = 'plain'): Uint8Array {
+export function buildLlamaGraph(
+  arch: LlamaArchitecture,
+  weights: LlamaWeights,
+  info: ModelInfo,
+  attention: AttentionForm = 'plain',
+): Uint8Array {
   const g = new OnnxGraphBuilder('sluice_tiny_llama');
   const { hiddenSize: d, numHeads: h, numKvHeads: kvh, headDim: hd, vocabSize: v } = arch;
 
@@ -102,12 +107,15 @@ export function buildLlamaGraph(arch: LlamaArchitecture, weights: LlamaWeights, 
   const past1d = g.op('Unsqueeze', [pastLength, g.int64([0])]);
   const total1d = g.op('Unsqueeze', [total, g.int64([0])]);
   // GroupQueryAttention's per-row real lengths: mask sum − 1 (its `seqlens_k`), and the batch's total.
-  const gqaLengths = attention === 'gqa'
-    ? {
-        seqlensK: g.op('Cast', [g.op('Sub', [g.op('ReduceSum', [attentionMask, g.int64([1])], { keepdims: { int: 0 } }), one])], { to: { int: 6 } }),
-        total: g.op('Cast', [total], { to: { int: 6 } }),
-      }
-    : undefined;
+  const gqaLengths =
+    attention === 'gqa'
+      ? {
+          seqlensK: g.op('Cast', [g.op('Sub', [g.op('ReduceSum', [attentionMask, g.int64([1])], { keepdims: { int: 0 } }), one])], {
+            to: { int: 6 },
+          }),
+          total: g.op('Cast', [total], { to: { int: 6 } }),
+        }
+      : undefined;
 
   // Rotary embeddings from position_ids: cos/sin [batch, 1, sequence, head_dim] (rotate-half layout).
   g.scope = '/model/rotary_emb';
@@ -150,9 +158,15 @@ export function buildLlamaGraph(arch: LlamaArchitecture, weights: LlamaWeights, 
     if (gqaLengths !== undefined) {
       // [B, S, h + 2·kvh, hd]: rotary on q and k, then GroupQueryAttention on [B, S, heads·hd].
       const qkv = g.op('Reshape', [qkvFlat, g.int64([0, 0, h + 2 * kvh, hd])]);
-      const [qk, value] = g.node('Split', [qkv, g.int64([h + kvh, kvh])], { attributes: { axis: { int: 2 } }, outputs: 2 }) as [string, string];
+      const [qk, value] = g.node('Split', [qkv, g.int64([h + kvh, kvh])], { attributes: { axis: { int: 2 } }, outputs: 2 }) as [
+        string,
+        string,
+      ];
       const rotated = g.op('Add', [g.op('Mul', [qk, cos]), g.op('Mul', [g.op('MatMul', [qk, rotateHalfMatrix]), sin])]);
-      const [query, key] = g.node('Split', [rotated, g.int64([h, kvh])], { attributes: { axis: { int: 2 } }, outputs: 2 }) as [string, string];
+      const [query, key] = g.node('Split', [rotated, g.int64([h, kvh])], { attributes: { axis: { int: 2 } }, outputs: 2 }) as [
+        string,
+        string,
+      ];
       const flat = (t: string, heads: number): string => g.op('Reshape', [t, g.int64([0, 0, heads * hd])]);
       const [context, presentKey, presentValue] = g.node(
         'GroupQueryAttention',
@@ -168,9 +182,15 @@ export function buildLlamaGraph(arch: LlamaArchitecture, weights: LlamaWeights, 
     } else {
       // [B, h + 2·kvh, S, hd].
       const qkv = g.op('Transpose', [g.op('Reshape', [qkvFlat, g.int64([0, 0, h + 2 * kvh, hd])])], { perm: { ints: [0, 2, 1, 3] } });
-      const [qk, value] = g.node('Split', [qkv, g.int64([h + kvh, kvh])], { attributes: { axis: { int: 1 } }, outputs: 2 }) as [string, string];
+      const [qk, value] = g.node('Split', [qkv, g.int64([h + kvh, kvh])], { attributes: { axis: { int: 1 } }, outputs: 2 }) as [
+        string,
+        string,
+      ];
       const rotated = g.op('Add', [g.op('Mul', [qk, cos]), g.op('Mul', [g.op('MatMul', [qk, rotateHalfMatrix]), sin])]);
-      const [query, key] = g.node('Split', [rotated, g.int64([h, kvh])], { attributes: { axis: { int: 1 } }, outputs: 2 }) as [string, string];
+      const [query, key] = g.node('Split', [rotated, g.int64([h, kvh])], { attributes: { axis: { int: 1 } }, outputs: 2 }) as [
+        string,
+        string,
+      ];
       const concat = (pastTensor: string, current: string, name: string): string =>
         g.node('Concat', [pastTensor, current], { name, attributes: { axis: { int: 2 } } })[0] as string;
       presents.push({ key: concat(layerPast.key, key, `present.${i}.key`), value: concat(layerPast.value, value, `present.${i}.value`) });

@@ -9,11 +9,7 @@ export type ElementType = 'float32' | 'int64' | 'bool';
 export type Dim = number | string;
 
 /** A node attribute, tagged with its ONNX type (an integer 1 and a float 1.0 are different attributes). */
-export type Attribute =
-  | { int: number }
-  | { ints: readonly number[] }
-  | { float: number }
-  | { floats: readonly number[] };
+export type Attribute = { int: number } | { ints: readonly number[] } | { float: number } | { floats: readonly number[] };
 
 /** Options of {@link OnnxGraphBuilder.node}. */
 export interface NodeOptions {
@@ -124,8 +120,7 @@ export class OnnxGraphBuilder {
 
   /** An int64 constant (shared between all nodes that use the same values). */
   int64(values: readonly number[], dims: readonly number[] = [values.length]): string {
-    return this.constant(`i64[${dims.join(',')}]:${values.join(',')}`, () =>
-      new BigInt64Array(values.map((v) => BigInt(v))), dims);
+    return this.constant(`i64[${dims.join(',')}]:${values.join(',')}`, () => new BigInt64Array(values.map((v) => BigInt(v))), dims);
   }
 
   /** A float32 constant (shared between all nodes that use the same values). */
@@ -137,9 +132,10 @@ export class OnnxGraphBuilder {
   node(opType: string, inputs: readonly string[], options: NodeOptions = {}): string[] {
     const name = options.name ?? `${this.scope}/${opType}_${this.counter++}`;
     const count = options.outputs ?? 1;
-    const outputs = options.outputNames !== undefined
-      ? [...options.outputNames]
-      : Array.from({ length: count }, (_, i) => (options.name !== undefined && count === 1 ? name : `${name}_output_${i}`));
+    const outputs =
+      options.outputNames !== undefined
+        ? [...options.outputNames]
+        : Array.from({ length: count }, (_, i) => (options.name !== undefined && count === 1 ? name : `${name}_output_${i}`));
     for (const output of outputs) this.claim(output);
     if (options.domain !== undefined) this.domains.add(options.domain);
     this.nodes.push({

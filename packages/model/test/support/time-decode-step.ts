@@ -25,12 +25,21 @@ function quantile(sorted: number[], q: number): number {
 }
 
 const int64 = (values: number[], dims: number[]): ort.Tensor =>
-  new ort.Tensor('int64', BigInt64Array.from(values, (v) => BigInt(v)), dims);
+  new ort.Tensor(
+    'int64',
+    BigInt64Array.from(values, (v) => BigInt(v)),
+    dims,
+  );
 
 async function timeSteps(model: RawOnnxModel, batch: number): Promise<number[]> {
   const prompt = Array.from({ length: CONTEXT }, (_, i) => 300 + ((i * 37) % 700));
   const rows = Array.from({ length: batch }, () => prompt);
-  let { present } = await model.forward(rows, rows.map(() => prompt.map(() => 1)), rows.map(() => prompt.map((_, i) => i)), model.emptyCache(batch));
+  let { present } = await model.forward(
+    rows,
+    rows.map(() => prompt.map(() => 1)),
+    rows.map(() => prompt.map((_, i) => i)),
+    model.emptyCache(batch),
+  );
   const times: number[] = [];
   for (let step = 0; step < WARMUP + STEPS; step++) {
     const total = CONTEXT + step + 1;
