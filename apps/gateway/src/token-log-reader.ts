@@ -1,13 +1,5 @@
 import type { Redis } from 'ioredis';
-import {
-  decodeGatewayMessage,
-  decodeRequestMeta,
-  LOG_FIELD,
-  seqOfLogEntryId,
-  type GatewayEntry,
-  type RedisNames,
-  type RequestMeta,
-} from '@sluice/protocol';
+import { decodeLogRange, decodeRequestMeta, seqOfLogEntryId, type GatewayEntry, type RedisNames, type RequestMeta } from '@sluice/protocol';
 
 export interface LogRead {
   /** Entries from the asked sequence number on, in order. */
@@ -39,9 +31,7 @@ export class RedisTokenLog implements TokenLog {
       .exec();
     const [[rangeError, range], [, exists]] = (replies ?? []) as [[Error | null, Array<[string, string[]]>], [Error | null, number]];
     if (rangeError) throw rangeError;
-    const json = (range ?? []).map(([, fields]) => fields[fields.indexOf(LOG_FIELD) + 1] ?? 'null');
-    // One decode for the whole range, through the same validation as live messages.
-    const entries = json.length === 0 ? [] : decodeGatewayMessage(`{"workerId":"log","entries":[${json.join(',')}]}`).entries;
+    const entries = decodeLogRange(range);
     return { entries, known: exists === 1 };
   }
 

@@ -1,4 +1,4 @@
-import { decodeGatewayMessage, LOG_FIELD } from '@sluice/protocol';
+import { decodeLogRange } from '@sluice/protocol';
 
 /** Where a request stood when its worker was lost, as its token log tells it. */
 export interface LogState {
@@ -14,8 +14,7 @@ export interface LogState {
 
 /** Reads an XRANGE of a request's token log (see packages/protocol token-log.ts). */
 export function readLog(range: Array<[string, string[]]> | undefined, n: number): LogState {
-  const json = (range ?? []).map(([, fields]) => fields[fields.indexOf(LOG_FIELD) + 1] ?? 'null');
-  const entries = json.length === 0 ? [] : decodeGatewayMessage(`{"workerId":"log","entries":[${json.join(',')}]}`).entries;
+  const entries = decodeLogRange(range);
   const state: LogState = {
     lastSeq: -1,
     seed: undefined,

@@ -1,3 +1,5 @@
+import { decodeGatewayMessage, type GatewayEntry } from './gateway-message.js';
+
 /**
  * The per-request token log: a Redis Stream holding every entry a request's workers published, in
  * sequence order, stream id `<seq>-1` (so a range read by sequence number is a plain XRANGE). Workers
@@ -17,6 +19,15 @@ export function seqOfLogEntryId(id: string): number {
 
 /** The one field of each stream entry: the entry's JSON. */
 export const LOG_FIELD = 'e';
+
+/**
+ * The entries of an `XRANGE` reply of a token log, in order, validated as live messages are (one
+ * decode for the whole range). Throws on a malformed entry.
+ */
+export function decodeLogRange(range: ReadonlyArray<[id: string, fields: string[]]> | null | undefined): GatewayEntry[] {
+  const json = (range ?? []).map(([, fields]) => fields[fields.indexOf(LOG_FIELD) + 1] ?? 'null');
+  return json.length === 0 ? [] : decodeGatewayMessage(`{"workerId":"log","entries":[${json.join(',')}]}`).entries;
+}
 
 /**
  * Appends entries to a request's log, fenced by attempt: only the request's current attempt may write
