@@ -27,6 +27,12 @@ export const workerEnvSchema = z.object({
   INTRA_OP_THREADS: int(0).default(0),
   /** onnxruntime inter-op threads (0 = its default). @defaultValue 0 */
   INTER_OP_THREADS: int(0).default(0),
+  /**
+   * How a continuation (a migrated stream) feeds the tokens already generated: `replay` one decode
+   * step each (the next logits are the original run's bit for bit; one step per token), `prefill`
+   * in one pass (faster; logits may differ in the last bits). @defaultValue replay
+   */
+  CONTINUATION_MODE: z.enum(['replay', 'prefill']).default('replay'),
   /** Jobs taken from the queue at once. @defaultValue MAX_BATCH_SIZE */
   WORKER_CONCURRENCY: int(1).optional(),
   /** This worker's id in the registry. @defaultValue host-pid-random */
@@ -69,6 +75,7 @@ export interface WorkerConfig {
   maxCachedTokens: number | undefined;
   executionProvider: 'cpu' | 'cuda' | 'webgpu';
   intraOpThreads: number;
+  continuationMode: 'replay' | 'prefill';
   interOpThreads: number;
   concurrency: number;
   workerId: string;
@@ -111,6 +118,7 @@ export function loadWorkerConfig(env: NodeJS.ProcessEnv = process.env): WorkerCo
     executionProvider: e.EXECUTION_PROVIDER,
     intraOpThreads: e.INTRA_OP_THREADS,
     interOpThreads: e.INTER_OP_THREADS,
+    continuationMode: e.CONTINUATION_MODE,
     concurrency: e.WORKER_CONCURRENCY ?? e.MAX_BATCH_SIZE,
     workerId: e.WORKER_ID ?? `${hostname().replace(/[^\w.-]/g, '-')}-${process.pid}-${randomBytes(3).toString('hex')}`,
     heartbeatMs: e.WORKER_HEARTBEAT_MS,

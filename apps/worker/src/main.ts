@@ -30,6 +30,7 @@ async function main(): Promise<void> {
       executionProvider: config.executionProvider,
       intraOpThreads: config.intraOpThreads,
       interOpThreads: config.interOpThreads,
+      continuationMode: config.continuationMode,
     });
     const modelId = config.modelId ?? model.id;
     worker = await startWorker(config, {

@@ -53,6 +53,12 @@ function checkOptions(options: EngineOptions): void {
     // Otherwise a full batch's decode tokens alone would exceed the step budget.
     throw new EngineError('invalid_request', 'EngineOptions.maxStepTokens must be ≥ maxBatchSize.');
   }
+  if (options.continuationMode !== undefined && !['replay', 'prefill'].includes(options.continuationMode)) {
+    throw new EngineError(
+      'invalid_request',
+      `EngineOptions.continuationMode must be replay or prefill, got ${String(options.continuationMode)}.`,
+    );
+  }
   const provider = options.executionProvider ?? 'cpu';
   if (!['cpu', 'cuda', 'webgpu'].includes(provider)) {
     throw new EngineError('invalid_request', `EngineOptions.executionProvider must be cpu, cuda or webgpu, got ${String(provider)}.`);

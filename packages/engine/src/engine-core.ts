@@ -10,7 +10,7 @@ import type { ResolvedRequest } from './resolve-request.js';
 import { Scheduler, type PrefillChunk, type SchedulerLimits } from './scheduler.js';
 import { PositionedRandom } from './seeded-random.js';
 import { TokenSampler, type SampledToken } from './token-sampler.js';
-import type { EngineErrorCode, EngineEvent, FinishReason, StepStats, TokenLogprob } from './types.js';
+import type { ContinuationMode, EngineErrorCode, EngineEvent, FinishReason, StepStats, TokenLogprob } from './types.js';
 
 /** Absolute milliseconds, comparable between threads. */
 export function now(): number {
@@ -22,6 +22,8 @@ export interface EngineCoreOptions extends SchedulerLimits {
   laneCost: number;
   /** Batch only rows of equal length (graphs with GroupQueryAttention cannot express padding). */
   exactLengthBatches: boolean;
+  /** See {@link EngineOptions.continuationMode}. */
+  continuationMode: ContinuationMode;
 }
 
 export interface StepOutput {
@@ -41,7 +43,7 @@ export interface StepOutput {
 export class EngineCore {
   readonly #session: OnnxSession;
   readonly #model: ModelDir;
-  readonly #limits: SchedulerLimits;
+  readonly #limits: EngineCoreOptions;
   readonly #scheduler: Scheduler<RequestGroup>;
   readonly #groups = new Map<number, RequestGroup>();
   readonly #aborts = new Set<number>();
@@ -82,7 +84,7 @@ export class EngineCore {
   }
 
   add(key: number, request: ResolvedRequest, submittedAt: number): void {
-    const group = new RequestGroup(key, request, submittedAt);
+    const group = new RequestGroup(key, request, submittedAt, this.#limits.continuationMode);
     this.#groups.set(key, group);
     this.#scheduler.enqueue(group);
   }
@@ -176,8 +178,7 @@ export class EngineCore {
       );
       const output = await this.#session.runNewKv(inputs, batch);
       batch.append(output.newKv);
-      this.#sampleRows(rows, output);
-      return rows.length;
+      return this.#sampleRows(rows, output);
     }
     const inputs = packInputs(
       batch.pastLength,
@@ -190,16 +191,25 @@ export class EngineCore {
       1,
       rows.map(() => 1),
     );
-    this.#sampleRows(rows, output);
-    return rows.length;
+    return this.#sampleRows(rows, output);
   }
 
-  /** Samples each row's next token from the last logit position of its row. */
-  #sampleRows(rows: readonly Sequence[], output: { logits: Float32Array; positions: number; vocabSize: number }): void {
+  /**
+   * Samples each row's next token from the last logit position of its row (a row still replaying
+   * a continuation's tokens draws nothing: its next token is known). Returns the tokens sampled.
+   */
+  #sampleRows(rows: readonly Sequence[], output: { logits: Float32Array; positions: number; vocabSize: number }): number {
+    let sampled = 0;
     rows.forEach((sequence, row) => {
+      if (sequence.replay > 0) {
+        sequence.replay -= 1;
+        return;
+      }
       const offset = (row * output.positions + output.positions - 1) * output.vocabSize;
       this.#accept(sequence, sequence.sampler.sample(output.logits, offset, output.vocabSize));
+      sampled += 1;
     });
+    return sampled;
   }
 
   /** Feeds one prompt chunk; when it completes the prompt, samples each sibling's first token. */
@@ -239,17 +249,19 @@ export class EngineCore {
         sampler: new TokenSampler(sampling, promptTokens, random),
         streamer: new TextStreamer(this.#model.tokenizer, { stop: sampling.stop }),
         outputTokenIds: [...generated],
+        replay: group.replays ? generated.length - 1 : 0,
         finishReason: undefined,
       };
       // A continuation: its sampler, detokenizer and stop window see the tokens already sent, as the
-      // original run's did; their text is not emitted again.
+      // original run's did; their text is not emitted again. Replayed, its first generated token is
+      // already known (no draw from the prompt's logits) and the rest follow by decode steps.
       sequence.sampler.prime(generated);
       for (const tokenId of generated) sequence.streamer.push(tokenId);
       group.sequences.push(sequence);
-      this.#accept(sequence, sequence.sampler.sample(output.logits, offset, output.vocabSize));
+      if (!group.replays) this.#accept(sequence, sequence.sampler.sample(output.logits, offset, output.vocabSize));
       if (sequence.finishReason === undefined) this.#joining.push({ sequence, source });
     }
-    return sampling.n;
+    return group.replays ? 0 : sampling.n;
   }
 
   /** Records a sampled token: detokenize, emit, and end the sequence if a stop condition holds. */
@@ -471,8 +483,9 @@ interface LaneEntry {
   lane: Lane | undefined;
 }
 
+/** The token a decode step feeds for the sequence: its last, or the next one it replays. */
 function lastToken(sequence: Sequence): number {
-  const token = sequence.outputTokenIds[sequence.outputTokenIds.length - 1];
+  const token = sequence.outputTokenIds[sequence.outputTokenIds.length - 1 - sequence.replay];
   if (token === undefined) throw new EngineError('internal', 'A decoding sequence has no token yet.');
   return token;
 }

@@ -50,6 +50,7 @@ async function main(port: MessagePort, { options }: EngineThreadData): Promise<v
       maxCachedTokens: options.maxCachedTokens ?? maxBatchSize * maxContextLength,
       laneCost: await estimateLaneCost(model, session),
       exactLengthBatches: model.io.usesGroupQueryAttention,
+      continuationMode: options.continuationMode ?? 'replay',
     };
     core = new EngineCore(session, model, limits);
     post({

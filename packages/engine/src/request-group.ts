@@ -3,7 +3,7 @@ import type { KvBatch } from './kv-batch.js';
 import type { ResolvedRequest } from './resolve-request.js';
 import type { SchedulableGroup } from './scheduler.js';
 import type { TokenSampler } from './token-sampler.js';
-import type { FinishReason, RequestTimings } from './types.js';
+import type { ContinuationMode, FinishReason, RequestTimings } from './types.js';
 
 /** One choice of a request: a row of the decode batch once its prompt is prefilled. */
 export interface Sequence {
@@ -12,6 +12,13 @@ export interface Sequence {
   readonly sampler: TokenSampler;
   readonly streamer: TextStreamer;
   readonly outputTokenIds: number[];
+  /**
+   * A continuation's generated tokens still to be fed before the next draw, beyond the one every
+   * decode step feeds: they go through the cache one decode step each, as the original run fed
+   * them, so the cache and the next logits are the original's bit for bit (prefilling them would
+   * sum in another order). 0 once caught up.
+   */
+  replay: number;
   finishReason: FinishReason | undefined;
 }
 
@@ -33,20 +40,22 @@ export class RequestGroup implements SchedulableGroup {
   firstTokenAt: number | undefined;
   finished = false;
 
-  /** What is prefilled: the prompt, and a continuation's generated tokens after it. */
+  /** What is prefilled: the prompt, and a continuation's generated tokens unless they are replayed. */
   readonly prefillTokenIds: readonly number[];
+  /** A continuation's generated tokens are fed by decode steps (see {@link Sequence.replay}). */
+  readonly replays: boolean;
 
-  constructor(key: number, request: ResolvedRequest, submittedAt: number) {
+  constructor(key: number, request: ResolvedRequest, submittedAt: number, continuationMode: ContinuationMode = 'replay') {
     this.key = key;
     this.request = request;
     this.submittedAt = submittedAt;
     this.reservedLength = request.promptTokenIds.length + request.sampling.maxTokens;
-    const generated = request.continuation?.generatedTokenIds;
-    this.prefillTokenIds =
-      generated === undefined || generated.length === 0 ? request.promptTokenIds : [...request.promptTokenIds, ...generated];
+    const generated = request.continuation?.generatedTokenIds ?? [];
+    this.replays = generated.length > 0 && continuationMode === 'replay';
+    this.prefillTokenIds = generated.length === 0 || this.replays ? request.promptTokenIds : [...request.promptTokenIds, ...generated];
   }
 
-  /** Tokens to prefill (the scheduler's prompt): a continuation's include its generated tokens. */
+  /** Tokens to prefill (the scheduler's prompt). */
   get promptLength(): number {
     return this.prefillTokenIds.length;
   }

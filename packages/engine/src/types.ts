@@ -21,7 +21,17 @@ export interface EngineOptions {
   intraOpThreads?: number;
   /** onnxruntime inter-op threads (0 = onnxruntime's default). @defaultValue 0 */
   interOpThreads?: number;
+  /**
+   * How a continuation ({@link GenerateRequest.continuation}) feeds its generated tokens:
+   * `replay` — one decode step each, as the original run fed them, so the next logits are the
+   * original's bit for bit (costs one step per generated token); `prefill` — with the prompt, in
+   * one pass (one step; logits may differ from the original's in the last bits, ~1e-6).
+   * @defaultValue 'replay'
+   */
+  continuationMode?: ContinuationMode;
 }
+
+export type ContinuationMode = 'replay' | 'prefill';
 
 /** Sampling and stopping parameters of one request (OpenAI / vLLM semantics). */
 export interface SamplingParams {

@@ -58,6 +58,7 @@ describe.each(ATTENTION_FORMS)('the %s attention form', (form: AttentionForm) =>
       maxCachedTokens: 4 * 2048,
       laneCost: 64,
       exactLengthBatches: false,
+      continuationMode: 'replay',
     });
     const cases = [
       { prompt: 5, maxTokens: 5 * KV_BLOCK + 10 },

@@ -28,6 +28,7 @@ function newCore(): EngineCore {
     maxCachedTokens: 4 * 2048,
     laneCost: 64,
     exactLengthBatches: false,
+    continuationMode: 'replay',
   });
 }
 
@@ -84,6 +85,7 @@ describe('EngineCore', () => {
           maxCachedTokens: 4 * 2048,
           laneCost: 64,
           exactLengthBatches: false,
+          continuationMode: 'replay',
         });
         const tokens: number[][] = [[], [], [], [], []];
         const lengths = [30, 7, 90, 12, 70];
