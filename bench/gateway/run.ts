@@ -7,7 +7,8 @@
  *    engine called in process (alternating rounds, samples pooled).
  *
  * Writes bench-results/gateway.json and the gateway section of docs/benchmarks.md.
- * Env: BENCH_ROUNDS (SSE round pairs, default 8), BENCH_LATENCY_ROUNDS (5 per model), BENCH_STREAMS (1000), BENCH_EVENTS (150 per stream per round).
+ * Env: BENCH_ROUNDS (SSE round pairs, default 8), BENCH_LATENCY_ROUNDS (5 per model), BENCH_STREAMS (1000), BENCH_EVENTS (150 per stream per round),
+ * BENCH_STEP_MS (SSE producer step interval, default 40: 25 steps/s, a decode rate; 0 = unpaced).
  */
 import { mkdir, readFile, writeFile } from 'node:fs/promises';
 import { arch, cpus, platform, release, totalmem } from 'node:os';
@@ -30,6 +31,7 @@ const root = fileURLToPath(new URL('../..', import.meta.url));
 const streams = Number(process.env.BENCH_STREAMS ?? 1000);
 const events = Number(process.env.BENCH_EVENTS ?? 150);
 const rounds = Number(process.env.BENCH_ROUNDS ?? 8);
+const stepMs = Number(process.env.BENCH_STEP_MS ?? 40);
 const latencyRounds = Number(process.env.BENCH_LATENCY_ROUNDS ?? 5);
 const log = (message: string) => process.stderr.write(`[bench:gateway] ${message}\n`);
 
@@ -40,7 +42,7 @@ async function sse() {
   for (let i = 0; i < rounds; i++) {
     const pair = {} as Record<ThroughputRound['mode'], ThroughputRound>;
     for (const mode of i % 2 === 0 ? (['baseline', 'gateway'] as const) : (['gateway', 'baseline'] as const)) {
-      pair[mode] = await measureRound(mode, streams, events);
+      pair[mode] = await measureRound(mode, streams, events, stepMs);
     }
     pairs.push(pair);
     log(

@@ -7,9 +7,12 @@
  *   that plays the worker: per step it encodes ONE gateway-channel message carrying a delta for every
  *   stream, which the gateway decodes and dispatches exactly as its relay does (no Redis socket).
  *
- * Both start producing when `streams` clients are connected, then emit `events` steps as fast as the
- * event loop allows (one event per stream per step), and end each stream with `[DONE]`.
- * Usage: sse-server.ts <baseline|gateway> <streams> <events>; prints `port <n>` when listening.
+ * Both start producing when `streams` clients are connected, then emit `events` steps (one event per
+ * stream per step) paced `stepMs` apart, as a worker's decode steps come (0 = as fast as the event
+ * loop allows), and end each stream with `[DONE]`. Paced, the load client keeps up and the gateway
+ * writes every delta as its own frame, so both sides do the same work per event; unpaced, a client
+ * that falls behind makes the gateway coalesce (flow control) and the rates stop being comparable.
+ * Usage: sse-server.ts <baseline|gateway> <streams> <events> [stepMs]; prints `port <n>` when listening.
  */
 import { randomUUID } from 'node:crypto';
 import { createServer, type ServerResponse } from 'node:http';
@@ -24,11 +27,16 @@ import { loadGatewayConfig } from '../../apps/gateway/dist/config.js';
 import { SessionManager } from '../../apps/gateway/dist/session-manager.js';
 import { HeartbeatTicker } from '../../apps/gateway/dist/sse-writer.js';
 
-const [mode, streamsArg, eventsArg] = process.argv.slice(2);
+const [mode, streamsArg, eventsArg, stepMsArg = '0'] = process.argv.slice(2);
 const streams = Number(streamsArg);
 const events = Number(eventsArg);
+const stepMs = Number(stepMsArg);
 const TOKEN = ' token';
-const tick = () => new Promise<void>((resolve) => setImmediate(resolve));
+/** Waits for step `step`'s start: `stepMs` after the previous one (at once when behind), or one macrotask. */
+const tick = (step: number) => {
+  const wait = stepMs > 0 ? wallStart + step * stepMs - performance.now() : 0;
+  return new Promise<void>((resolve) => (wait > 0 ? setTimeout(resolve, wait) : setImmediate(resolve)));
+};
 
 /**
  * CPU time of this process from the first produced event until every stream is closed: wall-clock
@@ -72,7 +80,7 @@ async function baseline(): Promise<number> {
     for (let step = 0; step < events; step++) {
       for (const { res, head } of streamsOpen)
         res.write(`data: ${head}${JSON.stringify(TOKEN)}},"logprobs":null,"finish_reason":null}]}\n\n`);
-      await tick();
+      await tick(step + 1);
     }
     for (const { res } of streamsOpen) res.end('data: [DONE]\n\n');
   };
@@ -112,9 +120,9 @@ async function gateway(): Promise<number> {
     }
     productionStarts();
     relay(submitted.map((requestId) => ({ requestId, seq: 0, type: 'accepted', workerId: 'bench', promptTokens: 4 })));
-    for (const raw of steps) {
+    for (const [step, raw] of steps.entries()) {
       relayRaw(raw);
-      await tick();
+      await tick(step + 1);
     }
     relay(
       submitted.flatMap((requestId): GatewayEntry[] => [

@@ -35,12 +35,12 @@ function runNode(args: string[], core: number, onLine?: (line: string) => void):
   return { done, kill: () => child.kill('SIGKILL') };
 }
 
-export async function measureRound(mode: ThroughputRound['mode'], streams: number, events: number): Promise<ThroughputRound> {
+export async function measureRound(mode: ThroughputRound['mode'], streams: number, events: number, stepMs = 0): Promise<ThroughputRound> {
   let resolvePort!: (port: number) => void;
   const port = new Promise<number>((resolve) => (resolvePort = resolve));
   let resolveCpu!: (cpuMicros: number) => void;
   const cpu = new Promise<number>((resolve) => (resolveCpu = resolve));
-  const server = runNode([`${here}sse-server.ts`, mode, String(streams), String(events)], 0, (line) => {
+  const server = runNode([`${here}sse-server.ts`, mode, String(streams), String(events), String(stepMs)], 0, (line) => {
     const match = /^port (\d+)$/.exec(line);
     if (match) resolvePort(Number(match[1]));
     const cpuMatch = /^cpu (\d+)/.exec(line);
