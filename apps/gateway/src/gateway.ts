@@ -73,7 +73,8 @@ export async function startGateway(config: GatewayConfig, logger: Logger, option
 
   const queue = new Queue(GENERATE_QUEUE, { connection: queueConnection, prefix: names.bullPrefix });
   queue.on('error', (err: Error) => logger.warn({ err: err.message }, 'queue error'));
-  const jobs = new RedisJobQueue(queue, redis, names, channel, config.streamRetentionMs, config.maxMigrations, logger);
+  // The queue's own connection: a request's meta and its job then reach Redis in order, in one round trip.
+  const jobs = new RedisJobQueue(queue, queueConnection, names, channel, config.streamRetentionMs, config.maxMigrations, logger);
   const log = new RedisTokenLog(redis, names);
   const sessions = new SessionManager(
     { queueTimeoutMs: config.queueTimeoutMs, idleTimeoutMs: config.idleTimeoutMs },

@@ -82,7 +82,10 @@ export class RedisJobQueue implements JobSubmitter, WorkCanceller {
   async submit(job: GenerateJob, format: StreamFormat): Promise<void> {
     const meta = this.names.metaKey(job.requestId);
     const ttlMs = Math.max(1, job.deadlineAt - Date.now()) + this.retentionMs;
-    await this.redis
+    // The meta goes out just before the add, on the same connection (the gateway gives this class the
+    // queue's): one connection keeps the order, so the meta exists before any worker can take the job,
+    // and both take one round trip instead of two (TTFT).
+    const written = this.redis
       .multi()
       .hset(
         meta,
@@ -97,13 +100,14 @@ export class RedisJobQueue implements JobSubmitter, WorkCanceller {
       )
       .pexpire(meta, ttlMs)
       .exec();
-    await this.queue.add(GENERATE_JOB, job, {
+    const added = this.queue.add(GENERATE_JOB, job, {
       jobId: job.requestId,
       // Job data holds the prompt in clear: nothing stays in Redis once the job settles.
       removeOnComplete: true,
       removeOnFail: true,
       attempts: 1,
     });
+    await Promise.all([written, added]);
   }
 
   cancel(session: RequestSession, reason: CancelReason, wasQueued: boolean): void {
