@@ -106,6 +106,26 @@ describe('access control across two gateways', () => {
       }
     });
 
+    it('lets only the key that made a request resume or cancel it, on either gateway (another key gets 404)', async () => {
+      const [owner, stranger] = await Promise.all([keys('--name', 'owner'), keys('--name', 'stranger')]);
+      const stream = await client(gateways[0]!, owner).chat.completions.create({ ...chat('mine', 4), stream: true });
+      let id = '';
+      for await (const chunk of stream) id = chunk.id;
+      expect(id).toMatch(/^chatcmpl-/);
+      const steer = (gateway: GatewayProcess, key: string, path: string, method: 'GET' | 'POST') =>
+        fetch(`${gateway.url}/v1/chat/completions/${id}${path}`, { method, headers: { Authorization: `Bearer ${key}` } });
+      for (const gateway of gateways) {
+        const resumed = await steer(gateway, stranger, '?stream=true', 'GET');
+        expect(resumed.status).toBe(404);
+        expect(((await resumed.json()) as { error: { code: string } }).error.code).toBe('not_found');
+        expect((await steer(gateway, stranger, '/cancel', 'POST')).status).toBe(404);
+      }
+      // The owner reads the whole stream again from the log, from the other gateway.
+      const own = await steer(gateways[1]!, owner, '?stream=true', 'GET');
+      expect(own.status).toBe(200);
+      expect(await own.text()).toContain('data: [DONE]');
+    });
+
     it('lists keys by name and limits, never the key itself', async () => {
       const key = await keys('--name', 'listed', '--rpm', '5', '--tpm', '1000', '--max-streams', '2', '--models', `${MODEL},other`);
       const list = await runKeys(cluster.redis.url, ['list']);

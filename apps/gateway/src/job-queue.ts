@@ -22,8 +22,11 @@ import type { WorkCanceller } from './session-manager.js';
 
 /** Hands a job to the workers, and steers it later from any gateway. */
 export interface JobSubmitter {
-  /** Writes the request's meta (route, grace, how its chunks look), then enqueues the job. */
-  submit(job: GenerateJob, format: StreamFormat): Promise<void>;
+  /**
+   * Writes the request's meta (route, grace, how its chunks look, the key that owns it), then
+   * enqueues the job. @param owner the requesting API key's hash ('' without keys)
+   */
+  submit(job: GenerateJob, format: StreamFormat, owner?: string): Promise<void>;
   /** Routes a request's live entries to this gateway (a resume). */
   attach(requestId: string): Promise<void>;
   /** Stops a request wherever it runs or waits (`POST .../{id}/cancel`). */
@@ -79,7 +82,7 @@ export class RedisJobQueue implements JobSubmitter, WorkCanceller {
     redis.defineCommand('appendLog', { numberOfKeys: 2, lua: APPEND_LOG_SCRIPT });
   }
 
-  async submit(job: GenerateJob, format: StreamFormat): Promise<void> {
+  async submit(job: GenerateJob, format: StreamFormat, owner = ''): Promise<void> {
     const meta = this.names.metaKey(job.requestId);
     const ttlMs = Math.max(1, job.deadlineAt - Date.now()) + this.retentionMs;
     // The meta goes out just before the add, on the same connection (the gateway gives this class the
@@ -96,6 +99,7 @@ export class RedisJobQueue implements JobSubmitter, WorkCanceller {
           enqueuedAt: job.enqueuedAt,
           deadlineAt: job.deadlineAt,
           format,
+          owner,
         }),
       )
       .pexpire(meta, ttlMs)

@@ -31,6 +31,11 @@ export const requestMetaSchema = z.object({
   deadlineAt: z.coerce.number(),
   /** The worker running the current attempt (set by its `accepted` entry). */
   workerId: z.string().optional(),
+  /**
+   * The API key that made the request (its hash, as the key store names keys); absent when the
+   * gateway ran without keys. Only the same key may resume or cancel the request.
+   */
+  owner: z.string().optional(),
   format: z.string().transform((raw, ctx) => {
     const parsed = streamFormatSchema.safeParse(safeJson(raw));
     if (!parsed.success) {
@@ -60,6 +65,7 @@ export function encodeRequestMeta(meta: Omit<RequestMeta, 'workerId' | 'detached
     enqueuedAt: String(meta.enqueuedAt),
     deadlineAt: String(meta.deadlineAt),
     format: JSON.stringify(meta.format),
+    owner: meta.owner ?? '',
   };
 }
 

@@ -139,6 +139,7 @@ export function generateHandler(deps: AppDeps, endpoint: Endpoint) {
               deadlineAt,
             },
             format,
+            c.get('apiKey')?.hash ?? '',
           ),
         ),
       );

@@ -1,6 +1,7 @@
 import type { Context } from 'hono';
 import type { AppDeps, AppEnv } from '../app.js';
 import { GatewayError } from '../errors.js';
+import type { RequestMeta } from '@sluice/protocol';
 import type { Endpoint, ParsedRequest } from '../openai/request-schemas.js';
 import { ResponseFormat } from '../openai/response-format.js';
 import { noObserver, type ResponderContext } from '../responders/responder-context.js';
@@ -30,6 +31,14 @@ function notFound(id: string): GatewayError {
 }
 
 /**
+ * Whether the caller may steer the request: the same API key that made it (or, on a gateway without
+ * keys, anyone). Another key's request answers 404, as an unknown one does: its existence is not told.
+ */
+function ownedByCaller(c: Context<AppEnv>, meta: RequestMeta): boolean {
+  return (meta.owner ?? '') === (c.get('apiKey')?.hash ?? '');
+}
+
+/**
  * `GET /v1/chat/completions/{id}?stream=true` (and `/v1/completions/{id}`): the rest of a stream after
  * a cursor, from whichever gateway the client reaches, while the request runs and for the retention
  * after it ended. Live delivery moves here; what was written before comes from the token log.
@@ -46,7 +55,7 @@ export function resumeHandler(deps: AppDeps, endpoint: Endpoint) {
     const cursor = cursorOf(c);
     if (deps.isDraining()) throw new GatewayError('shutting_down');
     const [meta, lastSeq] = await Promise.all([log.meta(jobId), log.lastSeq(jobId)]);
-    if (meta === undefined || meta.format.endpoint !== endpoint) throw notFound(chunkId);
+    if (meta === undefined || meta.format.endpoint !== endpoint || !ownedByCaller(c, meta)) throw notFound(chunkId);
     if (cursor > lastSeq) {
       throw new GatewayError('invalid_request', {
         message: `The cursor ${cursor} is past the end of the stream (last event id ${lastSeq}).`,
@@ -118,7 +127,7 @@ export function cancelHandler(deps: AppDeps, endpoint: Endpoint) {
     const jobId = jobIdOf(endpoint, chunkId);
     if (jobId === undefined) throw notFound(chunkId);
     const meta = await log.meta(jobId);
-    if (meta === undefined || meta.format.endpoint !== endpoint) throw notFound(chunkId);
+    if (meta === undefined || meta.format.endpoint !== endpoint || !ownedByCaller(c, meta)) throw notFound(chunkId);
     await jobs.cancelRequest(jobId, meta);
     return c.json({ id: chunkId, object: endpoint === 'chat' ? 'chat.completion' : 'text_completion', cancelled: true });
   };
