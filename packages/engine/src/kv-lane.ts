@@ -125,7 +125,9 @@ export class LaneKv {
     const target = need > this.capacity ? Math.ceil(Math.max(need, this.capacity * GROWTH) / KV_BLOCK) * KV_BLOCK : blocks;
     const rounded = Math.max(need, Math.min(target, limit));
     // Keep the capacity while it fits and wastes less than the growth step plus two blocks.
-    const keep = need <= this.capacity && this.capacity < blocks * GROWTH + 2 * KV_BLOCK && this.capacity <= Math.max(need, limit);
+    // (An empty lane, kept for reuse, takes the capacity its first row needs: nothing to move.)
+    const keep =
+      this.rows > 0 && need <= this.capacity && this.capacity < blocks * GROWTH + 2 * KV_BLOCK && this.capacity <= Math.max(need, limit);
     const capacity = keep ? this.capacity : rounded;
     const elements = rows * this.#rowSize(capacity);
     if (elements <= (this.#buffers[0]?.length ?? 0)) {
@@ -137,7 +139,9 @@ export class LaneKv {
     // as rows are written, so unused room costs address space, not memory or time; growing into
     // a new buffer later would copy and fault the whole cache in one step.
     const roomRows = Number.isFinite(this.maxRows) ? Math.max(rows, this.maxRows) : Math.max(rows, 8, rows * 2);
-    const roomSlots = Number.isFinite(limit) ? Math.max(capacity, limit) : capacity + KV_BLOCK;
+    // Slots rounded up by a growth step: a row joining later with a slightly longer reservation then
+    // still fits, instead of reallocating (copying the whole cache into fresh pages) when it grows.
+    const roomSlots = Number.isFinite(limit) ? Math.ceil((Math.max(capacity, limit) * GROWTH) / KV_BLOCK) * KV_BLOCK : capacity + KV_BLOCK;
     const size = roomRows * this.#rowSize(roomSlots);
     const { numKvHeads: heads, headDim } = this.shape;
     const old = this.capacity;

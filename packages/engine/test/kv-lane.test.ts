@@ -75,6 +75,27 @@ describe('LaneKv', () => {
     expect(rowOf(lane, 0).slots[1]!.slice(0, 10)).toEqual(expected(1, 10)[1]);
   });
 
+  it('keeps its buffers when a row with a slightly longer reservation joins later, and an emptied lane starts small', () => {
+    const lane = new LaneKv(shape, 2);
+    lane.addRow(prefilled(100, 10).rowSource(0), 150);
+    const buffer = lane.data[0]!.buffer;
+    lane.addRow(prefilled(200, 10).rowSource(0), 160);
+    // Both rows grow a slot per step up to the longer reservation: re-laid out in place, never reallocated.
+    for (let step = 10; step < 159; step++) {
+      lane.reserveNext(160);
+      lane.append(lane.data.map(() => new Float32Array(2 * 2 * 2)));
+    }
+    expect(lane.capacity).toBe(160);
+    expect(lane.data[0]!.buffer).toBe(buffer);
+    // The rows leave; the lane (kept for reuse) sizes itself for its next row, not its last capacity.
+    lane.removeRow(1);
+    lane.removeRow(0);
+    lane.addRow(prefilled(300, 5).rowSource(0), 150);
+    expect(lane.capacity).toBe(KV_BLOCK);
+    expect(lane.data[0]!.buffer).toBe(buffer);
+    expect(rowOf(lane, 0)).toEqual({ slots: expected(300, 5), restZero: true });
+  });
+
   it('never sizes the capacity past the rows reservation', () => {
     const lane = new LaneKv(shape);
     lane.addRow(prefilled(1, 10).rowSource(0), 20);
