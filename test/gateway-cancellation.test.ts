@@ -56,8 +56,10 @@ describe('when the client goes away', () => {
 
   it('during prefill: the sequence is cancelled before its first token, counted as a prefill disconnect', async () => {
     await waitFor('worker idle', async () => ((await worker.health()).running === 0 ? true : undefined));
-    const before = (await scrapePrometheus(`${gateway.url}/metrics`)).value('sluice_gateway_disconnects_total', { stage: 'prefill' });
-    // 1,900 prompt tokens at 16 per step: the worker accepts it (headers go out), then prefills for ~120 steps.
+    const metrics = await scrapePrometheus(`${gateway.url}/metrics`);
+    const before = metrics.value('sluice_gateway_disconnects_total', { stage: 'prefill' });
+    const scheduledBefore = metrics.histogram('sluice_request_queue_time_seconds').count;
+    // 1,900 prompt tokens at 16 per step: the engine schedules it (its queue time ends), then prefills for ~120 steps.
     const promptIds = Array.from({ length: 1900 }, (_, i) => 100 + (i % 500));
     const stream = new LiveStream(`${gateway.url}/v1/completions`, {
       model: MODEL,
@@ -67,6 +69,11 @@ describe('when the client goes away', () => {
       stream: true,
     });
     expect(await stream.headers).toBe(200);
+    await waitFor('the engine scheduled it', async () =>
+      (await scrapePrometheus(`${gateway.url}/metrics`)).histogram('sluice_request_queue_time_seconds').count > scheduledBefore
+        ? true
+        : undefined,
+    );
     // Frozen mid-prefill, so the client leaves before any token whatever the machine's speed.
     worker.process.signal('SIGSTOP');
     try {
@@ -99,7 +106,7 @@ describe('when the client goes away', () => {
       ];
       await Promise.all(fillers.map((s) => s.until('filler running', () => s.contentChunks >= 1)));
       // Both batch slots are busy, and frozen so the fillers cannot finish first on a fast machine:
-      // this one waits in the queue (no headers yet: HEADERS_WAIT_MS is 1 s).
+      // this one waits in the queue.
       worker.process.signal('SIGSTOP');
       try {
         const queued = new LiveStream(`${gateway.url}/v1/chat/completions`, {

@@ -90,6 +90,7 @@ export function createFakeEngine(options: FakeEngineOptions): Engine {
         });
         continue;
       }
+      if (a.produced === 0) a.push({ type: 'scheduled' });
       a.push({ type: 'text-delta', index: 0, tokenIds: [a.produced], text: fakeTokenText(a.seedBase, a.produced) });
       a.produced++;
       generated++;

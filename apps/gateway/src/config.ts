@@ -28,8 +28,8 @@ export const gatewayEnvSchema = z.object({
   MAX_QUEUED_REQUESTS: int(1).default(1024),
   /** Retry-After (seconds) sent with a 429 or 503. @defaultValue 1 */
   RETRY_AFTER_S: int(0).default(1),
-  /** How long a streaming request waits for a worker's accept/reject before the 200 is sent anyway. @defaultValue 1000 */
-  HEADERS_WAIT_MS: int(0).default(1000),
+  /** How long a streaming request may hold its 200 for the worker's accept/reject (0: at once). @defaultValue 0 */
+  HEADERS_WAIT_MS: int(0).default(0),
   /** SSE `: ping` comment after this long without any other write. @defaultValue 15000 */
   HEARTBEAT_MS: int(10).default(15_000),
   /** Deltas of one stream arriving within this window are written as one chunk (0 = each as it comes). @defaultValue 0 */

@@ -28,6 +28,7 @@ export function createGatewayObserver(metrics: GatewayMetrics, logger: Logger): 
       const preparedAt = performance.now();
       let enqueuedAt = 0;
       let acceptedAt = 0;
+      let scheduledAt = 0;
       let firstContentAt = 0;
       return {
         enqueued() {
@@ -35,6 +36,9 @@ export function createGatewayObserver(metrics: GatewayMetrics, logger: Logger): 
         },
         accepted() {
           acceptedAt = performance.now();
+        },
+        scheduled() {
+          scheduledAt = performance.now();
           tracker.started();
         },
         contentWritten(tokens) {
@@ -87,6 +91,7 @@ export function createGatewayObserver(metrics: GatewayMetrics, logger: Logger): 
                 preparedMs: round3(preparedAt - receivedAt),
                 ...(enqueuedAt === 0 ? {} : { enqueuedMs: round3(enqueuedAt - receivedAt) }),
                 ...(acceptedAt === 0 ? {} : { acceptedMs: round3(acceptedAt - receivedAt) }),
+                ...(scheduledAt === 0 ? {} : { scheduledMs: round3(scheduledAt - receivedAt) }),
                 ...(firstContentAt === 0 ? {} : { firstTokenMs: round3(firstContentAt - receivedAt) }),
               },
             },

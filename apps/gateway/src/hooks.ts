@@ -31,8 +31,10 @@ export interface RequestFinishedInfo {
 export interface RequestObserver {
   /** The job is in the queue (its meta written, BullMQ's add answered): a span of the TTFT breakdown. */
   enqueued?(): void;
-  /** The worker's `accepted` arrived (queue time ends). */
+  /** The worker's `accepted` arrived (a span of the TTFT breakdown). */
   accepted(): void;
+  /** The engine scheduled the request (its `scheduled` entry): queue time ends. */
+  scheduled(): void;
   /** One delta message carrying `tokens` completion tokens was written (or collected) for the client. */
   contentWritten(tokens: number): void;
   /** Tokens that came with no visible text (held back by the worker's detokenizer to the end). */

@@ -13,6 +13,7 @@ import type { RequestSession, SessionEvent } from './request-session.js';
 export class PromptBatch {
   readonly sessions: RequestSession[] = [];
   private accepted = false;
+  private scheduled = false;
   private finished = 0;
   private promptTokens = 0;
   private completionTokens = 0;
@@ -41,6 +42,12 @@ export class PromptBatch {
       case 'accepted':
         if (this.accepted) return;
         this.accepted = true;
+        this.listener({ ...event, seq: -1 });
+        return;
+      case 'scheduled':
+        // The batch's queue time ends with its first prompt scheduled.
+        if (this.scheduled) return;
+        this.scheduled = true;
         this.listener({ ...event, seq: -1 });
         return;
       case 'text-delta':

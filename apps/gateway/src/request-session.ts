@@ -7,7 +7,13 @@ import type { GatewayError } from './errors.js';
  */
 export type SessionEvent = GatewayEntry | { type: 'failed'; error: GatewayError };
 
+/** `queued`: in BullMQ's queue; `running`: a worker holds it (it may still wait inside the engine: see `scheduled`). */
 export type SessionState = 'queued' | 'running' | 'closed';
+
+/** Still waiting for a place in an engine: in the queue, or accepted by a worker whose engine has not scheduled it. */
+export function isWaiting(session: RequestSession): boolean {
+  return session.state === 'queued' || (session.state === 'running' && !session.scheduled);
+}
 
 /** The gateway side of one request: where it is, which worker has it, which entry comes next. */
 export class RequestSession {
@@ -26,6 +32,12 @@ export class RequestSession {
   /** When an idle session last read its log (the sweep's safety net). */
   lastRepairAt = 0;
   acceptedAt = 0;
+  /**
+   * The engine took it out of its waiting queue (its `scheduled` entry, or any later one). Until then
+   * a request a worker accepted is still waiting: queue time, queue_timeout and the queued bound
+   * count it.
+   */
+  scheduled = false;
   lastEventAt: number;
 
   constructor(

@@ -1,7 +1,7 @@
 import type { CancelReason, GatewayEntry, GatewayMessage } from '@sluice/protocol';
 import type { Logger } from 'pino';
 import { GatewayError } from './errors.js';
-import { RequestSession, type SessionEvent } from './request-session.js';
+import { isWaiting, RequestSession, type SessionEvent } from './request-session.js';
 import type { MigrationResult } from './job-queue.js';
 import type { TokenLog } from './token-log-reader.js';
 
@@ -87,8 +87,10 @@ export class SessionManager {
     session.nextSeq = options.nextSeq ?? 0;
     this.sessions.set(requestId, session);
     if (options.accepted === true) {
-      // A resumed stream past its `accepted`: it waits for entries, not for a worker.
+      // A resumed stream past its `accepted`: it waits for entries, not for a worker. (Counted where
+      // it started, not in this gateway's queue.)
       session.state = 'running';
+      session.scheduled = true;
       session.acceptedAt = session.enqueuedAt;
     } else {
       this.queued++;
@@ -183,10 +185,13 @@ export class SessionManager {
     session.lastEventAt = Date.now();
     switch (entry.type) {
       case 'accepted':
-        if (session.state === 'queued') this.queued--;
+        // A worker holds it; it still waits (counted as queued) until its engine schedules it.
         session.state = 'running';
         session.workerId = entry.workerId;
         session.acceptedAt = session.lastEventAt;
+        break;
+      case 'scheduled':
+        this.markScheduled(session);
         break;
       case 'rejected':
       case 'finish':
@@ -194,9 +199,17 @@ export class SessionManager {
         this.remove(session);
         break;
       default:
+        // Output without a `scheduled` before it (a worker that does not send one): it runs.
+        this.markScheduled(session);
         break;
     }
     this.emit(session, entry);
+  }
+
+  private markScheduled(session: RequestSession): void {
+    if (session.scheduled || session.state !== 'running') return;
+    session.scheduled = true;
+    this.queued--;
   }
 
   /**
@@ -300,8 +313,10 @@ export class SessionManager {
     for (const session of [...this.sessions.values()]) {
       if (now >= session.deadlineAt) {
         this.fail(session, new GatewayError('deadline_exceeded'), 'timeout');
-      } else if (session.state === 'queued' && now - session.enqueuedAt >= this.options.queueTimeoutMs) {
-        this.fail(session, new GatewayError('queue_timeout'), 'timeout');
+      } else if (isWaiting(session)) {
+        // In the queue or inside an engine that has not scheduled it: the queue timeout applies (not
+        // the idle one: nothing is generated yet).
+        if (now - session.enqueuedAt >= this.options.queueTimeoutMs) this.fail(session, new GatewayError('queue_timeout'), 'timeout');
       } else if (session.state === 'running' && now - session.lastEventAt >= this.options.idleTimeoutMs) {
         this.fail(session, new GatewayError('idle_timeout'), 'timeout');
       } else if (
@@ -319,7 +334,7 @@ export class SessionManager {
 
   private remove(session: RequestSession): void {
     if (session.state === 'closed') return;
-    if (session.state === 'queued') this.queued--;
+    if (isWaiting(session)) this.queued--;
     session.state = 'closed';
     if (this.sessions.get(session.requestId) === session) this.sessions.delete(session.requestId);
     if (this.sessions.size === 0 && this.emptyWaiters.length > 0) {

@@ -8,7 +8,7 @@ describe('gateway configuration', () => {
       port: 8080,
       redisUrl: 'redis://127.0.0.1:6379',
       heartbeatMs: 15_000,
-      headersWaitMs: 1000,
+      headersWaitMs: 0,
       streamIntervalMs: 0,
     });
     expect(config.gatewayId).toMatch(/^[\w.-]+$/);

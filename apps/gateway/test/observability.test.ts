@@ -110,7 +110,7 @@ describe('gateway metrics as the app records them', () => {
     const reply = post(h, chatBody(), {}, controller.signal);
     await job;
     const res = await reply;
-    if (progress >= 1) h.send([{ type: 'accepted', workerId: 'w1', promptTokens: 3 }]);
+    if (progress >= 1) h.send([{ type: 'accepted', workerId: 'w1', promptTokens: 3 }, { type: 'scheduled' }]);
     if (progress >= 2) h.send([{ type: 'text-delta', index: 0, text: 'a', tokens: 1 }]);
     await settle();
     controller.abort();
@@ -143,7 +143,7 @@ describe('gateway metrics as the app records them', () => {
     let job = h.nextJob();
     let reply = post(h, chatBody());
     await job;
-    h.send([{ type: 'accepted', workerId: 'w1', promptTokens: 3 }]);
+    h.send([{ type: 'accepted', workerId: 'w1', promptTokens: 3 }, { type: 'scheduled' }]);
     await (await reply).text();
     expect(await h.value('sluice_gateway_timeouts_total', { kind: 'idle' })).toBe(1);
     expect(await h.value('sluice_gateway_request_outcomes_total', { outcome: 'timeout' })).toBe(1);

@@ -58,13 +58,41 @@ function setup() {
 const tick = () => new Promise((resolve) => setImmediate(resolve));
 
 describe('SessionManager', () => {
-  it('counts queued sessions until a worker accepts them', () => {
+  it('counts a session as queued until an engine schedules it, not when a worker accepts it', () => {
     const { manager, open } = setup();
     open('a');
     open('b');
-    expect(manager.queuedCount).toBe(2);
+    open('c');
+    expect(manager.queuedCount).toBe(3);
     manager.dispatch({ workerId: 'w', entries: [{ requestId: 'a', seq: 0, type: 'accepted', workerId: 'w', promptTokens: 1 }] });
+    // Accepted, but waiting inside the worker's engine (batch or KV full): still queued.
+    expect(manager.queuedCount).toBe(3);
+    manager.dispatch({ workerId: 'w', entries: [{ requestId: 'a', seq: 1, type: 'scheduled' }] });
+    expect(manager.queuedCount).toBe(2);
+    // A worker that sends no `scheduled`: its first output counts as one.
+    manager.dispatch({
+      workerId: 'w',
+      entries: [
+        { requestId: 'b', seq: 0, type: 'accepted', workerId: 'w', promptTokens: 1 },
+        { requestId: 'b', seq: 1, type: 'text-delta', index: 0, text: 'x', tokens: 1 },
+      ],
+    });
     expect(manager.queuedCount).toBe(1);
+    manager.close();
+  });
+
+  it('applies the queue timeout (not the idle one) to a request accepted by a worker but not yet scheduled, and cancels it there', () => {
+    const { manager, cancels, events, open } = setup();
+    open('a');
+    manager.dispatch({ workerId: 'w', entries: [{ requestId: 'a', seq: 0, type: 'accepted', workerId: 'w', promptTokens: 1 }] });
+    // Past the idle timeout (500 ms) but not the queue timeout (1,000 ms): nothing happens.
+    manager.sweep(Date.now() + 700);
+    expect(events.at(-1)?.type).toBe('accepted');
+    manager.sweep(Date.now() + 1_100);
+    expect(events.at(-1)).toMatchObject({ type: 'failed', error: { code: 'queue_timeout' } });
+    // The worker holds the job: the cancel goes to it (control message), not to BullMQ's queue.
+    expect(cancels).toEqual([{ requestId: 'a', reason: 'timeout', wasQueued: false }]);
+    expect(manager.queuedCount).toBe(0);
     manager.close();
   });
 
@@ -226,7 +254,13 @@ describe('SessionManager', () => {
   it('fails a running session that sends nothing for the idle timeout', () => {
     const { manager, cancels, events, open } = setup();
     open('a');
-    manager.dispatch({ workerId: 'w', entries: [{ requestId: 'a', seq: 0, type: 'accepted', workerId: 'w', promptTokens: 1 }] });
+    manager.dispatch({
+      workerId: 'w',
+      entries: [
+        { requestId: 'a', seq: 0, type: 'accepted', workerId: 'w', promptTokens: 1 },
+        { requestId: 'a', seq: 1, type: 'scheduled' },
+      ],
+    });
     manager.sweep(Date.now() + 600);
     expect(events.at(-1)).toMatchObject({ type: 'failed', error: { code: 'idle_timeout' } });
     expect(cancels).toEqual([{ requestId: 'a', reason: 'timeout', wasQueued: false }]);

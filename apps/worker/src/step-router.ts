@@ -240,6 +240,9 @@ export class StepRouter {
         if (event.finishReason !== 'error') this.push(route, { type: 'text-end', index: event.index, finishReason: event.finishReason });
         return;
       }
+      case 'scheduled':
+        this.push(route, { type: 'scheduled' });
+        return;
       case 'finish':
         route.onFinish(event);
         return;

@@ -27,6 +27,8 @@ export function readLog(range: Array<[string, string[]]> | undefined, n: number)
       case 'accepted':
         state.seed ??= entry.seed;
         break;
+      case 'scheduled':
+        break;
       case 'text-delta':
         state.choices[entry.index]?.tokenIds.push(...(entry.tokenIds ?? []));
         break;

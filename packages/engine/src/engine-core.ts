@@ -118,7 +118,10 @@ export class EngineCore {
     this.#aborts.clear();
 
     const plan = this.#scheduler.plan();
-    for (const group of plan.admitted) group.scheduledAt = startedAt;
+    for (const group of plan.admitted) {
+      group.scheduledAt = startedAt;
+      this.#events.push([group.key, { type: 'scheduled' }]);
+    }
     this.#repack();
 
     let modelMs = 0;

@@ -42,7 +42,7 @@ export class RequestStream implements AsyncIterableIterator<EngineEvent> {
     if (this.#ended) return;
     if (event.type === 'finish') this.#ended = true;
     else if (event.type === 'text-end') this.#open.delete(event.index);
-    else this.#completionTokens += event.tokenIds.length;
+    else if (event.type === 'text-delta') this.#completionTokens += event.tokenIds.length;
     if (this.#sink !== undefined) return this.#sink(event);
     if (this.#returned) return;
     const waiting = this.#waiting;

@@ -107,6 +107,12 @@ export interface RequestTimings {
 
 /** Events of one request, in order. All events of one engine step are delivered in the same macrotask. */
 export type EngineEvent =
+  /**
+   * The request left the engine's waiting queue: it has a row and KV space, and its prefill starts
+   * in this step (the end of its queue time; a request waits here while the batch or the cache is
+   * full). Once per request, before its first token.
+   */
+  | { type: 'scheduled' }
   | {
       type: 'text-delta';
       /** Choice index (0..n-1). */

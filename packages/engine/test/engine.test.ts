@@ -38,6 +38,29 @@ describe('createEngine on the tiny model', () => {
     expect(result.events.at(-2)).toEqual({ type: 'text-end', index: 0, finishReason: 'length' });
   });
 
+  it('says when a request leaves its waiting queue: one scheduled event, before its first token, only once a row is free', async () => {
+    const one = await createEngine({ modelDir: await ensureBuiltinModel('tiny'), maxBatchSize: 1, maxStepTokens: 64, intraOpThreads: 1 });
+    try {
+      const order: string[] = [];
+      const run = (id: string, maxTokens: number) =>
+        collect(one.generate({ id, promptTokenIds: prompt, sampling: { maxTokens, temperature: 0, ignoreEos: true } }), () =>
+          order.push(id),
+        );
+      const first = run('a', 30);
+      const second = run('b', 2);
+      const [a, b] = await Promise.all([first, second]);
+      for (const result of [a, b]) {
+        expect(result.events.filter((e) => e.type === 'scheduled')).toHaveLength(1);
+        expect(result.events[0]).toEqual({ type: 'scheduled' });
+      }
+      // One row: b waited in the engine until a finished (every token of a came before b's first).
+      expect(order.lastIndexOf('a')).toBeLessThan(order.indexOf('b'));
+      expect(b.finish.timings.queueMs).toBeGreaterThan(a.finish.timings.queueMs);
+    } finally {
+      await one.close();
+    }
+  });
+
   it('rejects at once a prompt plus max_tokens beyond the context length, with the numbers', () => {
     const call = () => engine.generate({ id: 'long', promptTokenIds: prompt, sampling: { maxTokens: 2048 } });
     expect(call).toThrow(EngineError);

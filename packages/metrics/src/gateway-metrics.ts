@@ -121,7 +121,7 @@ export function createGatewayMetrics(registry: Registry = new Registry(), option
   });
   const requestQueueTime = new Histogram({
     name: 'sluice_request_queue_time_seconds',
-    help: 'Time from a request being received to a worker starting it (queue wait plus engine wait, as the gateway learns it).',
+    help: "Time from a request being received to an engine scheduling it (BullMQ's queue plus the wait inside a worker's engine while its batch or KV cache is full).",
     buckets: [...QUEUE_TIME_BUCKETS],
     registers,
   });

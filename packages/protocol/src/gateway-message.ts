@@ -34,6 +34,13 @@ export const acceptedEntrySchema = z.object({
   continued: z.boolean().optional(),
 });
 
+/**
+ * The engine took the request out of its waiting queue (a row and KV space): its prefill starts.
+ * Until then the request is queued, even on a worker that accepted it (queue time, queue_timeout and
+ * the gateway's queued bound count it).
+ */
+export const scheduledEntrySchema = z.object({ ...entryBase, type: z.literal('scheduled') });
+
 /** The worker refused the request before generating anything (the gateway answers with a 4xx). */
 export const rejectedEntrySchema = z.object({ ...entryBase, type: z.literal('rejected'), error: wireErrorSchema });
 
@@ -74,6 +81,7 @@ export const errorEntrySchema = z.object({ ...entryBase, type: z.literal('error'
 
 export const gatewayEntrySchema = z.discriminatedUnion('type', [
   acceptedEntrySchema,
+  scheduledEntrySchema,
   rejectedEntrySchema,
   textDeltaEntrySchema,
   textEndEntrySchema,

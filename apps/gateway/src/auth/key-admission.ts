@@ -127,6 +127,7 @@ export class KeyAdmission {
     let settled = false;
     return {
       accepted: () => observer.accepted(),
+      scheduled: () => observer.scheduled(),
       contentWritten: (tokens) => observer.contentWritten(tokens),
       tokensWithoutText: (tokens) => observer.tokensWithoutText(tokens),
       finished: (info) => {

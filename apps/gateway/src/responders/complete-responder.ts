@@ -40,6 +40,9 @@ export class CompleteResponder {
         // A continuation after a lost worker: the request was accepted long ago.
         if (event.continued !== true) this.ctx.observer.accepted();
         return;
+      case 'scheduled':
+        this.ctx.observer.scheduled();
+        return;
       case 'text-delta': {
         const choice = this.choices[event.index];
         if (choice === undefined) return;

@@ -32,7 +32,7 @@ export function errorResponse(error: GatewayError, retryAfterS: number, requestI
   });
 }
 
-const NO_OBSERVER: RequestObserver = { accepted() {}, contentWritten() {}, tokensWithoutText() {}, finished() {} };
+const NO_OBSERVER: RequestObserver = { accepted() {}, scheduled() {}, contentWritten() {}, tokensWithoutText() {}, finished() {} };
 
 /** The observer of a request with no hooks (tests, benchmarks). */
 export function noObserver(): RequestObserver {

@@ -113,6 +113,9 @@ export class StreamResponder {
         this.writer.frames(roles, this.ctx.format.endpoint === 'chat' ? n : 0);
         return;
       }
+      case 'scheduled':
+        this.ctx.observer.scheduled();
+        return;
       case 'text-delta':
         this.outcome.completionTokens += event.tokens;
         if (event.text === '' && event.logprobs === undefined) {

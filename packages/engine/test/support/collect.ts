@@ -28,6 +28,8 @@ export async function collect(stream: AsyncIterable<EngineEvent>, onDelta?: (tok
       onDelta?.(count);
     } else if (event.type === 'text-end') {
       endReasons[event.index] = event.finishReason;
+    } else if (event.type === 'scheduled') {
+      continue;
     } else {
       finish = event;
     }
