@@ -1,11 +1,15 @@
 import type { ServerResponse } from 'node:http';
 import type { GatewayHooks } from './hooks.js';
 
-/** Headers of every SSE reply (DESIGN.md, wire facts). */
+/**
+ * Headers of every SSE reply (DESIGN.md, wire facts). No `Connection` header: Node sends
+ * `keep-alive` for a client that keeps its connection and closes it after the stream for one that
+ * asked `Connection: close`; naming `keep-alive` here kept such a connection open until the idle
+ * timeout (65 s).
+ */
 export const SSE_HEADERS = {
   'Content-Type': 'text/event-stream; charset=utf-8',
   'Cache-Control': 'no-cache',
-  Connection: 'keep-alive',
   'X-Accel-Buffering': 'no',
 } as const;
 

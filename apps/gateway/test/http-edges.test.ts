@@ -27,6 +27,28 @@ function parseReply(reply: string): { status: number; headers: string; body: unk
 }
 
 describe('HTTP edges', () => {
+  it("closes a stream's connection after [DONE] when the client asked for Connection: close", async () => {
+    const h = await start();
+    const job = h.nextJob();
+    const body = JSON.stringify({ model: 'm', messages: [{ role: 'user', content: 'hi' }], stream: true });
+    const reply = rawExchange(h, (socket) =>
+      socket.write(
+        `POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: ${body.length}\r\n\r\n${body}`,
+      ),
+    );
+    await job;
+    h.send([
+      { type: 'accepted', workerId: 'w1', promptTokens: 2 },
+      { type: 'text-delta', index: 0, text: 'x', tokens: 1 },
+      { type: 'text-end', index: 0, finishReason: 'length' },
+      { type: 'finish', usage: { promptTokens: 2, completionTokens: 1 } },
+    ]);
+    // The server closes it (rawExchange resolves on close; its own timer would leave no [DONE] unread).
+    const raw = await reply;
+    expect(raw.toLowerCase()).toContain('connection: close');
+    expect(raw).toContain('data: [DONE]');
+  });
+
   it('answers headers too large with 431 and an OpenAI error body', async () => {
     const h = await start();
     const reply = await rawExchange(h, (s) => s.write(`GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: ${'a'.repeat(20_000)}\r\n\r\n`));
