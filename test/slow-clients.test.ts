@@ -8,7 +8,7 @@ import { Cluster, MODEL } from './support/cluster.js';
 import { waitFor } from './support/processes.js';
 import { scrapePrometheus } from './support/prometheus.js';
 import type { GatewayProcess, WorkerProcess } from './support/sluice.js';
-import { checkChunkSequence, LiveStream, postRaw } from './support/sse.js';
+import { checkChunkSequence, LiveStream } from './support/sse.js';
 
 /**
  * Flow control end to end (issue 10): real gateway, worker (tiny model) and redis-server; clients on
