@@ -252,6 +252,35 @@ describe.each(FAKE_ENGINE ? (['plain'] as const) : (['plain', 'gqa'] as const))(
     );
 
     it.runIf(form === 'plain')(
+      'hands the streams of a draining worker (SIGTERM, drain bound reached) to another worker, token-identical',
+      async () => {
+        await ensureWorkers(2);
+        const requests = mix(16, 1000);
+        const reference = await Promise.all(requests.map((params) => run(client, params)));
+        // Every stream on one worker whose drain bound is 0: the others are frozen while it takes them.
+        const others = cluster.workers.filter((w) => w.process.child.exitCode === null && w.process.child.signalCode === null);
+        const drainer = await cluster.worker({ ...workerEnv, DRAIN_TIMEOUT_MS: '0' });
+        for (const w of others) w.process.child.kill('SIGSTOP');
+        const started = requests.map(() => false);
+        const runs = requests.map((params, i) => run(client, params, () => (started[i] = true)));
+        try {
+          await waitFor('every stream under way on the draining worker', () => (started.every(Boolean) ? true : undefined), 60_000);
+          // Frozen mid-stream, told to stop, then let go: it drains at once and hands every request over.
+          drainer.process.child.kill('SIGSTOP');
+          drainer.process.child.kill('SIGTERM');
+        } finally {
+          for (const w of others) w.process.child.kill('SIGCONT');
+          drainer.process.child.kill('SIGCONT');
+        }
+        const results = await Promise.all(runs);
+        results.forEach((r, i) => expectSameAnswer(r, reference[i]!, `request ${i}`));
+        expect(await drainer.process.exited).toEqual({ code: 0, signal: null });
+        expect(cluster.logs()).toMatch(/handed over to another worker/);
+      },
+      300_000,
+    );
+
+    it.runIf(form === 'plain')(
       'fences out a worker that only looked dead (SIGSTOP past its TTL, then SIGCONT): no duplicated, missing or reordered token',
       async () => {
         const requests = mix(16, 800);

@@ -158,6 +158,9 @@ export class SessionManager {
     // Live entries of a superseded attempt (a worker taken for dead that came back) are fenced out;
     // the log holds only what each attempt wrote while it was current.
     if (!fromLog && ((entry.attempt ?? 1) < session.attempt || session.migrating)) return;
+    // A newer attempt that a worker started on its own (a draining worker handed the request over):
+    // from now on only its entries count.
+    if ((entry.attempt ?? 1) > session.attempt) session.attempt = entry.attempt ?? 1;
     if (!fromLog && session.repairing) {
       session.seenSeq = Math.max(session.seenSeq, entry.seq);
       return;

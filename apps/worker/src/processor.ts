@@ -5,12 +5,16 @@ import type { Engine, EngineErrorCode, EngineEvent, SamplingParams } from '@slui
 import { decodeRequestMeta, generateJobSchema, type GenerateJob, type RedisNames, type WireError } from '@sluice/protocol';
 import type { ControlListener } from './control-listener.js';
 import { REDIS_UNAVAILABLE, type Route, type RouteTiming, type StepRouter } from './step-router.js';
+import type { RequestHandover } from './handover.js';
 import { readLog } from './token-log-state.js';
 
 type FinishEvent = Extract<EngineEvent, { type: 'finish' }>;
 
-/** The reason a drain passes to `abort()`: the client gets `worker_shutdown` instead of silence. */
+/** The reason a forced shutdown passes to `abort()`: the client gets `worker_shutdown` instead of silence. */
 export const SHUTDOWN_REASON = 'worker_shutdown';
+
+/** The reason a drain passes to `abort()` at its bound: the request moves to another worker ({@link RequestHandover}). */
+export const HANDOVER_REASON = 'worker_draining';
 
 /** Engine field names → OpenAI request fields, for the `param` of an error. */
 const FIELD_NAMES: Record<string, string> = {
@@ -108,6 +112,8 @@ export interface ProcessorDeps {
   workerId: string;
   logger: Logger;
   hooks?: WorkerHooks;
+  /** Moves a request to another worker (see `handover.ts`); without it a drain ends the streams. */
+  handover?: Pick<RequestHandover, 'handOver'>;
 }
 
 /**
@@ -139,6 +145,13 @@ export class JobProcessor {
     const onBullAbort = () => controller.abort(SHUTDOWN_REASON);
     bullSignal?.addEventListener('abort', onBullAbort, { once: true });
     this.deps.controls.register(job.requestId, controller);
+    controller.signal.addEventListener(
+      'abort',
+      () => {
+        if (controller.signal.reason === HANDOVER_REASON && this.deps.handover !== undefined) route.handingOver = true;
+      },
+      { once: true },
+    );
     let finished!: () => void;
     const done = new Promise<void>((resolve) => (finished = resolve));
     // A continuation's choices run as one engine request each; the request ends when all have.
@@ -171,6 +184,7 @@ export class JobProcessor {
         parts.left = started.parts;
         parts.completionTokens = started.priorTokens;
         await done;
+        if (route.handingOver === true) await this.handOver(job, route, log);
       }
     } catch (error) {
       log.error({ err: error }, 'job failed');
@@ -318,6 +332,27 @@ export class JobProcessor {
     return { parts: 1, priorTokens: 0 };
   }
 
+  /**
+   * After a drain stopped the request: once everything written for it is in its log, another worker
+   * continues it. If it cannot move, its stream ends as before (`worker_shutdown`).
+   */
+  private async handOver(job: GenerateJob, route: Route, logger: Logger): Promise<void> {
+    const { router, handover } = this.deps;
+    let moved = false;
+    try {
+      await router.drained();
+      moved = (await handover?.handOver(job, route.attempt, route.channel ?? '')) === true;
+    } catch (error) {
+      logger.warn({ err: error }, 'handing the request over failed');
+    }
+    if (moved) {
+      logger.info({ attempt: route.attempt + 1 }, 'handed over to another worker (drain)');
+      return;
+    }
+    route.handingOver = false;
+    router.push(route, { type: 'error', error: { code: 'worker_shutdown', message: 'The worker shut down.', param: null } });
+  }
+
   private running(route: Route, signal: AbortSignal): void {
     this.counters.running++;
     route.startedAt = performance.now();
@@ -353,8 +388,8 @@ export class JobProcessor {
         type: 'error',
         error: { code: 'worker_lost', message: 'The worker lost its connection to Redis.', param: null },
       });
-    } else if (signal.aborted && signal.reason === 'superseded') {
-      // A newer attempt owns the request: this one writes nothing more.
+    } else if (signal.aborted && (signal.reason === 'superseded' || route.handingOver === true)) {
+      // A newer attempt owns the request (or is about to: a drain hands it over): nothing more from here.
     } else if (!signal.aborted && event.error !== undefined) {
       logger.error({ code: event.error.code, message: event.error.message }, 'engine error');
       router.push(route, { type: 'error', error: toWireError(event.error.code, event.error.message) });

@@ -38,6 +38,11 @@ export interface Route {
   held: Array<{ tokens: number; ids: number[] } | undefined>;
   graceTimer: NodeJS.Timeout | undefined;
   ended: boolean;
+  /**
+   * Being handed to another worker (a drain): nothing more is written for it here (no `abort` ends;
+   * the continuation carries the stream on from the log), but its engine finish still settles the job.
+   */
+  handingOver?: boolean;
   /** Engine request ids routed here besides the request's own. */
   aliases: string[];
   /** The latest choice's stop/length (with n > 1, the last choice to finish decides the outcome). */
@@ -208,6 +213,7 @@ export class StepRouter {
   }
 
   #route(route: Route, event: EngineEvent): void {
+    if (route.handingOver === true && event.type !== 'finish') return;
     switch (event.type) {
       case 'text-delta': {
         const held = route.held[event.index];

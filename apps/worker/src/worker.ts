@@ -8,7 +8,8 @@ import { GENERATE_QUEUE, redisNames, type ModelCard } from '@sluice/protocol';
 import { ControlListener } from './control-listener.js';
 import type { WorkerConfig } from './config.js';
 import { HealthServer } from './health-server.js';
-import { JobProcessor, SHUTDOWN_REASON, type WorkerHooks } from './processor.js';
+import { RequestHandover } from './handover.js';
+import { HANDOVER_REASON, JobProcessor, type WorkerHooks } from './processor.js';
 import { RegistryHeartbeat } from './registry-heartbeat.js';
 import { StepRouter } from './step-router.js';
 
@@ -82,6 +83,8 @@ export async function startWorker(
   await controls.start();
   let lastStep: StepStats | undefined;
   let steps = 0;
+  const queue = new Queue(GENERATE_QUEUE, { connection: bullConnection, prefix: names.bullPrefix });
+  queue.on('error', (err: Error) => logger.warn({ err: err.message }, 'queue error'));
   const processor = new JobProcessor({
     engine,
     router,
@@ -90,6 +93,7 @@ export async function startWorker(
     names,
     workerId: config.workerId,
     logger,
+    handover: new RequestHandover(redis, queue, names, config.workerId),
     hooks: {
       requestFinished(stats) {
         metrics?.observeRequestFinished(stats);
@@ -135,8 +139,6 @@ export async function startWorker(
     lastCancel: config.healthRequestIds ? (processor.counters.lastCancel ?? null) : null,
   }));
   // Queue depth is read at each scrape, on the worker's own BullMQ connection (the Queue reuses it).
-  const queue = new Queue(GENERATE_QUEUE, { connection: bullConnection, prefix: names.bullPrefix });
-  queue.on('error', (err: Error) => logger.warn({ err: err.message }, 'queue error'));
   // The engine thread does not report its event-loop lag (packages/engine has no such message yet):
   // what the worker can measure honestly is its own host thread, which runs Redis I/O, lock renewal,
   // cancels and publishing. Exported as sluice_worker_host_event_loop_lag_seconds.
@@ -190,8 +192,8 @@ export async function startWorker(
     // close() stops fetching and waits for the running jobs, forever by itself: bound it.
     const closing = worker.close();
     if ((await withTimeout(closing, config.drainTimeoutMs)) === 'timeout') {
-      logger.warn({ running: processor.counters.running }, 'drain timeout: ending the running sequences');
-      controls.abortAll(SHUTDOWN_REASON);
+      logger.warn({ running: processor.counters.running }, 'drain timeout: handing the running requests over to other workers');
+      controls.abortAll(HANDOVER_REASON);
       if ((await withTimeout(closing, 5_000)) === 'timeout') await withTimeout(worker.close(true), 5_000);
     }
     const steps: Array<[string, () => Promise<unknown>]> = [

@@ -66,9 +66,10 @@ return 1
 `;
 
 /**
- * Moves a request to a new attempt because its worker was lost: fences the old attempt out of the
- * log, and routes live entries to the migrating gateway. KEYS: meta. ARGV: the attempt the caller
- * saw, the lost worker's id, max migrations, the gateway's channel. Returns [1, new attempt] when
+ * Moves a request to a new attempt because its worker was lost (or hands it over while draining):
+ * fences the old attempt out of the log, and routes live entries to the migrating gateway. KEYS: meta.
+ * ARGV: the attempt the caller saw, the lost worker's id, max migrations, the channel ('' keeps a
+ * detached request detached), and now (ms, for a detach only the worker knew of). Returns [1, new attempt] when
  * moved, [0, current attempt] when someone else moved it already (or the worker is not the lost one),
  * [2, current attempt] when the request used up its migrations, [3, 0] when the meta is gone.
  */
@@ -79,6 +80,14 @@ if attempt ~= tonumber(ARGV[1]) then return {0, attempt} end
 local worker = redis.call('HGET', KEYS[1], 'workerId')
 if worker and worker ~= '' and worker ~= ARGV[2] then return {0, attempt} end
 if attempt > tonumber(ARGV[3]) then return {2, attempt} end
-redis.call('HSET', KEYS[1], 'attempt', attempt + 1, 'workerId', '', 'channel', ARGV[4], 'detachedAt', '')
+if ARGV[4] == '' then
+  -- Moved while detached (a draining worker hands it over): it stays detached, its grace counted
+  -- from when it detached (or from now, ARGV[5], if only the worker knew).
+  local detached = redis.call('HGET', KEYS[1], 'detachedAt')
+  if not detached or detached == '' then detached = ARGV[5] end
+  redis.call('HSET', KEYS[1], 'attempt', attempt + 1, 'workerId', '', 'channel', '', 'detachedAt', detached)
+else
+  redis.call('HSET', KEYS[1], 'attempt', attempt + 1, 'workerId', '', 'channel', ARGV[4], 'detachedAt', '')
+end
 return {1, attempt + 1}
 `;
