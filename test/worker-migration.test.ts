@@ -6,6 +6,7 @@ import { join } from 'node:path';
 import { generateTinyModel } from '@sluice/model';
 import { Cluster, FAKE_ENGINE, MODEL } from './support/cluster.js';
 import { sleep, waitFor } from './support/processes.js';
+import { readSse } from './support/sse.js';
 import type { GatewayProcess, WorkerProcess } from './support/sluice.js';
 
 /**
@@ -279,6 +280,81 @@ describe.each(FAKE_ENGINE ? (['plain'] as const) : (['plain', 'gqa'] as const))(
       },
       300_000,
     );
+
+    for (const fault of ['SIGKILL', 'SIGTERM'] as const) {
+      it.runIf(form === 'plain')(
+        fault === 'SIGKILL'
+          ? 'moves a detached request (its client left within its resume grace) off a dead worker: a later resume gets the whole rest'
+          : 'hands a detached request over when its worker drains (SIGTERM, drain bound 0): a later resume gets the whole rest',
+        async () => {
+          await ensureWorkers(2);
+          // The SIGTERM case needs a worker with no drain time holding the request: only it runs while the others are frozen.
+          const others = cluster.workers.filter((w) => w.process.child.exitCode === null && w.process.child.signalCode === null);
+          const drainer = fault === 'SIGTERM' ? await cluster.worker({ ...workerEnv, DRAIN_TIMEOUT_MS: '0' }) : undefined;
+          const params = { ...mix(1, 1200)[0]!, temperature: 0 } as Params;
+          const reference = await run(client, params);
+          if (drainer !== undefined) for (const w of others) w.process.child.kill('SIGSTOP');
+          const res = await fetch(`${gateway.url}/v1/chat/completions`, {
+            method: 'POST',
+            headers: { 'Content-Type': 'application/json' },
+            body: JSON.stringify({ ...params, resume_grace_ms: 60_000 }),
+          });
+          let id = '';
+          let lastEventId = '';
+          let before = '';
+          const workers = cluster.workers.filter((w) => w.process.child.exitCode === null && w.process.child.signalCode === null);
+          for await (const item of readSse(res.body!)) {
+            if (item.kind !== 'data' || item.data === '[DONE]') continue;
+            const chunk = JSON.parse(item.data) as { id: string; choices: Array<{ delta: { content?: string } }> };
+            id = chunk.id;
+            lastEventId = item.id ?? lastEventId;
+            before += chunk.choices[0]?.delta.content ?? '';
+            if (before.length > 20) {
+              // Mid-answer on any machine: every worker frozen, then the client leaves.
+              for (const w of workers) w.process.child.kill('SIGSTOP');
+              break;
+            }
+          }
+          await res.body?.cancel().catch(() => undefined);
+          const redis = cluster.redis.client();
+          try {
+            const jobId = id.slice('chatcmpl-'.length);
+            const meta = `sluice:{${jobId}}:meta`;
+            await waitFor('the request detached', async () => ((await redis.hget(meta, 'channel')) === '' ? true : undefined));
+            const workerId = await redis.hget(meta, 'workerId');
+            const holder = workers.find((w) => w.process.child.pid !== undefined && workerId?.includes(String(w.process.child.pid)));
+            expect(holder, `the worker running ${jobId} (${workerId})`).toBeDefined();
+            if (drainer !== undefined) expect(holder).toBe(drainer);
+            holder!.process.child.kill(fault);
+            for (const w of workers) w.process.child.kill('SIGCONT');
+            // No gateway holds its stream: the draining worker, or a gateway that sees the worker gone, moves it, detached.
+            await waitFor(
+              'the detached request moved',
+              async () => ((await redis.hget(meta, 'attempt')) === '2' ? true : undefined),
+              30_000,
+            );
+            expect(await redis.hget(meta, 'channel')).toBe('');
+          } finally {
+            redis.disconnect();
+          }
+          // The client comes back: the rest, from its cursor, equals the uninterrupted answer's.
+          const resumed = await fetch(`${gateway.url}/v1/chat/completions/${id}?stream=true`, {
+            headers: { 'Last-Event-ID': lastEventId },
+          });
+          expect(resumed.status).toBe(200);
+          let after = '';
+          for await (const item of readSse(resumed.body!)) {
+            if (item.kind !== 'data' || item.data === '[DONE]') continue;
+            const chunk = JSON.parse(item.data) as { error?: unknown; choices?: Array<{ delta: { content?: string } }> };
+            expect(chunk.error, JSON.stringify(chunk.error)).toBeUndefined();
+            after += chunk.choices?.[0]?.delta.content ?? '';
+          }
+          expect(before + after).toBe(reference.choices[0]!.text);
+          if (drainer !== undefined) expect(await drainer.process.exited).toEqual({ code: 0, signal: null });
+        },
+        300_000,
+      );
+    }
 
     it.runIf(form === 'plain')(
       'fences out a worker that only looked dead (SIGSTOP past its TTL, then SIGCONT): no duplicated, missing or reordered token',

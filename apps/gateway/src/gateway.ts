@@ -119,8 +119,21 @@ export async function startGateway(config: GatewayConfig, logger: Logger, option
   const aliveTimer = setInterval(() => void keepAlive(), Math.floor(aliveTtlMs / 3));
   aliveTimer.unref();
   const tokenizers = new TokenizerCache(redis, names, logger);
+  let lastLive: ReadonlySet<string> = new Set();
   const registry: WorkerRegistry = new WorkerRegistry(redis, names, config.registryPollMs, logger, (live, takenAt) => {
     sessions.failLostWorkers(live, takenAt);
+    const lost = new Set([...lastLive].filter((id) => !live.has(id)));
+    lastLive = live;
+    if (lost.size > 0) {
+      jobs
+        .migrateDetached(lost, (requestId) => sessions.has(requestId))
+        .then(
+          (moved) => {
+            if (moved > 0) logger.warn({ lost: [...lost], moved }, 'moved detached requests of lost workers');
+          },
+          (error: unknown) => logger.warn({ err: error }, 'moving detached requests of lost workers failed'),
+        );
+    }
     // A model card is loaded when first named, not by the first request that needs it.
     for (const model of registry.models()) if (model.modelCard !== undefined) tokenizers.prefetch(model.modelCard);
   });

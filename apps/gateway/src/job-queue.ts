@@ -10,6 +10,7 @@ import {
   type GatewayEntry,
   type RequestMeta,
   encodeRequestMeta,
+  decodeRequestMeta,
   GENERATE_JOB,
   ROUTE_SCRIPT,
   type CancelReason,
@@ -168,14 +169,16 @@ export class RedisJobQueue implements JobSubmitter, WorkCanceller {
    * The request's worker was lost: fence its attempt out of the log and enqueue a continuation (at
    * the front of the queue) that goes on from the token ids in the log. Exactly one caller wins.
    */
-  async migrate(requestId: string, attempt: number, lostWorkerId: string): Promise<MigrationResult> {
+  /** @param channel where its live entries go next: this gateway's, or '' to keep a detached request detached */
+  async migrate(requestId: string, attempt: number, lostWorkerId: string, channel = this.channel): Promise<MigrationResult> {
     const redis = this.redis as Redis & { migrateRequest(...args: Array<string | number>): Promise<[number, number]> };
     const [code, current] = await redis.migrateRequest(
       this.names.metaKey(requestId),
       attempt,
       lostWorkerId,
       this.maxMigrations,
-      this.channel,
+      channel,
+      Date.now(),
     );
     if (code === 0) return { outcome: 'moved', attempt: current };
     if (code !== 1) return { outcome: code === 2 ? 'exhausted' : 'gone' };
@@ -183,7 +186,9 @@ export class RedisJobQueue implements JobSubmitter, WorkCanceller {
     // is the request's.
     const previous = await this.queue.getJob(attemptJobId(requestId, attempt));
     if (previous === undefined) return { outcome: 'gone' };
-    const job: GenerateJob = { ...(previous.data as GenerateJob), channel: this.channel, continuation: { attempt: current } };
+    const data = previous.data as GenerateJob;
+    // A detached request keeps its job's last channel: the worker reads the meta (no channel) and runs it detached.
+    const job: GenerateJob = { ...data, channel: channel === '' ? data.channel : channel, continuation: { attempt: current } };
     await this.queue.add(GENERATE_JOB, job, {
       jobId: attemptJobId(requestId, current),
       lifo: true,
@@ -192,6 +197,33 @@ export class RedisJobQueue implements JobSubmitter, WorkCanceller {
       attempts: 1,
     });
     return { outcome: 'migrated', attempt: current };
+  }
+
+  /**
+   * Moves the detached requests of lost workers (their client left within its resume grace, so no
+   * gateway holds a session to migrate them): found among BullMQ's active jobs, whose meta names a
+   * lost worker and no channel. Every gateway that sees the loss tries; the fenced move lets one win.
+   * They stay detached, and keep generating into their log for a client that resumes.
+   * @returns how many this gateway moved
+   */
+  async migrateDetached(lostWorkerIds: ReadonlySet<string>, hasSession: (requestId: string) => boolean): Promise<number> {
+    const jobs = (await this.queue.getActive())
+      .map((job) => job.data as GenerateJob)
+      .filter((job) => job?.requestId !== undefined && !hasSession(job.requestId));
+    if (jobs.length === 0) return 0;
+    const reads = this.redis.pipeline();
+    for (const job of jobs) reads.hgetall(this.names.metaKey(job.requestId));
+    const metas = (await reads.exec()) ?? [];
+    let moved = 0;
+    for (const [i, job] of jobs.entries()) {
+      const meta = decodeRequestMeta((metas[i]?.[1] as Record<string, string> | undefined) ?? {});
+      const attempt = job.continuation?.attempt ?? 1;
+      if (meta === undefined || meta.channel !== '' || meta.attempt !== attempt) continue;
+      if (meta.workerId === undefined || !lostWorkerIds.has(meta.workerId)) continue;
+      const result = await this.migrate(job.requestId, attempt, meta.workerId, '');
+      if (result.outcome === 'migrated') moved++;
+    }
+    return moved;
   }
 
   /**

@@ -54,6 +54,11 @@ export class SessionManager {
   }
 
   /** Sessions waiting for a worker (the admission bound counts these). */
+  /** Whether this gateway holds a session of the request. */
+  has(requestId: string): boolean {
+    return this.sessions.has(requestId);
+  }
+
   get queuedCount(): number {
     return this.queued;
   }

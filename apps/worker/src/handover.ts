@@ -44,7 +44,8 @@ export class RequestHandover {
       Date.now(),
     );
     if (code !== 1) return false;
-    const next: GenerateJob = { ...job, channel, continuation: { attempt: current } };
+    // A detached request keeps its job's channel: the next worker reads the meta (no channel) and runs it detached.
+    const next: GenerateJob = { ...job, channel: channel === '' ? job.channel : channel, continuation: { attempt: current } };
     await this.queue.add(GENERATE_JOB, next, {
       jobId: attemptJobId(job.requestId, current),
       // A stream already under way goes before new requests.
