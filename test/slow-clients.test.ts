@@ -114,7 +114,9 @@ describe('clients that read slowly or not at all', () => {
       // The worker aborted all 20: they left the engine as `abort`, far short of their 2,000 tokens each.
       expect(work.value('sluice_request_success_total', { finish_reason: 'abort' })).toBe(20);
       const generated = work.histogram('sluice_request_generation_tokens', { finish_reason: 'abort' }).sum;
-      expect(generated).toBeLessThan(20 * 2000 * 0.5);
+      // (11,500–15,300 of 40,000 measured here at load ~1.5; a faster machine generates more before the
+      // stall timeout fires, hence the margin.)
+      expect(generated).toBeLessThan(20 * 2000 * 0.75);
       // The normal streams: the same text as alone.
       beside.forEach((run, i) => expect(run.text, `normal stream ${i}`).toBe(alone[i]!.text));
       const [aloneP99, besideP99] = [p99(alone.flatMap((r) => r.gaps)), p99(beside.flatMap((r) => r.gaps))];
@@ -123,8 +125,9 @@ describe('clients that read slowly or not at all', () => {
           `(stall timeout ${STALL_MS} ms); gateway RSS ${Math.round(rssBefore / 1024)} MiB before, ${Math.round(rssDuring / 1024)} MiB ` +
           `with them; 8 normal streams' inter-chunk p99 ${aloneP99} ms alone, ${besideP99} ms beside them`,
       );
-      // Bounded by the setting, not by max_tokens: well within 20 × MAX_STREAM_BUFFER_BYTES (1 MiB) over the start.
-      expect(rssDuring - rssBefore).toBeLessThan(20 * 1024);
+      // Bounded by the setting, not by max_tokens: 20 × MAX_STREAM_BUFFER_BYTES (1 MiB) plus the heap's
+      // own growth with 28 streams (9–13 MiB in all measured here).
+      expect(rssDuring - rssBefore).toBeLessThan(36 * 1024);
     } finally {
       stuck.stdin.end();
       stuck.kill();
