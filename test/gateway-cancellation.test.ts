@@ -6,7 +6,9 @@ import { scrapePrometheus } from './support/prometheus.js';
 import { checkChunkSequence, LiveStream, postRaw } from './support/sse.js';
 
 const long = (prompt: string) => ({ model: MODEL, prompt, max_tokens: 1800, ignore_eos: true, temperature: 0, stream: true });
-const steady = { model: MODEL, prompt: 'The other stream', max_tokens: 64, ignore_eos: true, temperature: 0, stream: true };
+// Long enough (~1 s on an idle machine, more under load) that it is still running when the test reads
+// the worker's running count, and again when the doomed stream is cut.
+const steady = { model: MODEL, prompt: 'The other stream', max_tokens: 1000, ignore_eos: true, temperature: 0, stream: true };
 
 describe('when the client goes away', () => {
   let cluster: Cluster;

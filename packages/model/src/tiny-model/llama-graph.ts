@@ -76,17 +76,18 @@ export function buildLlamaGraph(
   g.scope = '/model/embed_tokens';
   let hidden = g.op('Gather', [embedTokens, inputIds], { axis: { int: 0 } });
 
-  // Grouped-query attention runs per KV head on [batch, kv_heads, rep * sequence, ...] (the query heads
-  // of a group stacked along the rows), so the cache is never expanded or copied per query head.
+  // Grouped-query attention runs on [batch, kv_heads, rep, sequence, ...]: the cache enters as
+  // [batch, kv_heads, 1, slots, head_dim] and broadcasts over the rep query heads of its group, so it
+  // is never expanded or copied per query head, and each head's product is a matrix-vector one when
+  // decoding (one query row): onnxruntime streams the cache through it at memory speed, where one
+  // product of the group's stacked query rows ran at a third of that (docs/engine.md).
   const rep = h / kvh;
 
-  // Additive attention mask [batch, 1, rep * sequence, total], shared by all layers: row r·S + s is
-  // query position s of the r-th query head of a group.
+  // Additive attention mask [batch, 1, 1, sequence, total], shared by all layers and heads.
   g.scope = '/model/attn_mask';
   const scalarAt = (shape: string, index: number): string => g.op('Gather', [shape, g.int64([index], [])], { axis: { int: 0 } });
   const idsShape = g.op('Shape', [inputIds]);
   const maskShape = g.op('Shape', [attentionMask]);
-  const batch = scalarAt(idsShape, 0);
   const sequence = scalarAt(idsShape, 1);
   const total = scalarAt(maskShape, 1);
   const pastLength = g.op('Sub', [total, sequence]);
@@ -98,12 +99,11 @@ export function buildLlamaGraph(
     g.op('Unsqueeze', [querySlots, g.int64([1])]), // [S, 1]
   ]); // [S, T]: query slot past+s sees key slots up to itself
   const keyAllowed = g.op('Cast', [g.op('Unsqueeze', [attentionMask, g.int64([1, 2, 3])])], { to: { int: 9 } }); // [B,1,1,1,T]
-  const allowed = g.op('And', [keyAllowed, g.op('Expand', [causal, g.int64([rep, 1, 1])])]); // [B, 1, rep, S, T]
-  const additive5d = g.op('Where', [allowed, g.float32([0], []), g.float32([MASK_VALUE], [])]);
-  const unsq = (x: string): string => g.op('Unsqueeze', [x, g.int64([0])]);
-  const maskShape4d = g.op('Concat', [unsq(batch), g.int64([1, -1]), unsq(total)], { axis: { int: 0 } });
-  const additiveMask = g.op('Reshape', [additive5d, maskShape4d]);
+  const allowed = g.op('And', [keyAllowed, causal]); // [B, 1, 1, S, T]: broadcast over heads
+  const additiveMask = g.op('Where', [allowed, g.float32([0], []), g.float32([MASK_VALUE], [])]);
   const zero1d = g.int64([0]);
+  // [B, kvh, T, rep·S] → [B, kvh, T, rep, S] (S given: T may be 0, which leaves -1 undefined).
+  const scoresShape = g.op('Concat', [g.int64([0, 0, 0, rep]), g.op('Unsqueeze', [sequence, g.int64([0])])], { axis: { int: 0 } });
   const past1d = g.op('Unsqueeze', [pastLength, g.int64([0])]);
   const total1d = g.op('Unsqueeze', [total, g.int64([0])]);
   // GroupQueryAttention's per-row real lengths: mask sum − 1 (its `seqlens_k`), and the batch's total.
@@ -197,16 +197,22 @@ export function buildLlamaGraph(
 
       // Attention over the past and the new slots separately (never over present.*): the scores
       // are joined before the softmax, the weighted sums added after it.
-      const groupedQuery = g.op('Reshape', [query, g.int64([0, kvh, -1, hd])]); // [B, kvh, rep·S, hd]
+      // [B, kvh, hd, rep·S]: the group's query rows as columns.
+      const groupQueryColumns = g.op('Transpose', [g.op('Reshape', [query, g.int64([0, kvh, -1, hd])])], { perm: { ints: [0, 1, 3, 2] } });
+      const perGroup = (t: string): string => g.op('Unsqueeze', [t, g.int64([2])]); // [B, kvh, 1, T, hd]
       const scale = g.float32([1 / Math.sqrt(hd)], []);
+      // keys · queryᵀ reads each key row once, in place ([B, kvh, T, rep·S]), then the small result
+      // is turned to [B, kvh, rep, S, T].
       const scoresOver = (keys: string): string =>
-        g.op('Mul', [g.op('MatMul', [groupedQuery, g.op('Transpose', [keys], { perm: { ints: [0, 1, 3, 2] } })]), scale]);
-      const scores = g.op('Concat', [scoresOver(layerPast.key), scoresOver(key)], { axis: { int: -1 } });
+        g.op('Transpose', [g.op('Reshape', [g.op('Mul', [g.op('MatMul', [keys, groupQueryColumns]), scale]), scoresShape])], {
+          perm: { ints: [0, 1, 3, 4, 2] },
+        });
+      const scores = g.op('Concat', [scoresOver(layerPast.key), scoresOver(key)], { axis: { int: -1 } }); // [B, kvh, rep, S, T]
       const probs = g.op('Softmax', [g.op('Add', [scores, additiveMask])], { axis: { int: -1 } });
       const minusOne = g.int64([-1]);
       const probsPast = g.op('Slice', [probs, zero1d, past1d, minusOne]);
       const probsNew = g.op('Slice', [probs, past1d, total1d, minusOne]);
-      const weighted = g.op('Add', [g.op('MatMul', [probsPast, layerPast.value]), g.op('MatMul', [probsNew, value])]);
+      const weighted = g.op('Add', [g.op('MatMul', [probsPast, perGroup(layerPast.value)]), g.op('MatMul', [probsNew, perGroup(value)])]); // [B, kvh, rep, S, hd]
       const context = g.op('Reshape', [weighted, g.int64([0, h, -1, hd])]); // [B, h, S, hd]
       merged = g.op('Reshape', [g.op('Transpose', [context], { perm: { ints: [0, 2, 1, 3] } }), g.int64([0, 0, h * hd])]);
     }
