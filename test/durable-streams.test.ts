@@ -286,6 +286,31 @@ describe('durable token streams: nginx → 2 gateways → Redis → 2 workers', 
     expect(tail).toMatchObject({ text: '', done: true });
   });
 
+  it('carries continuous_usage_stats on across a resume: every resumed chunk has the usage the original had there', async () => {
+    type Chunk = { id?: string; usage?: { prompt_tokens: number; completion_tokens: number } | null; choices?: unknown[] };
+    const chunksOf = async (res: Response): Promise<Array<{ eventId: string | undefined; chunk: Chunk }>> => {
+      expect(res.status).toBe(200);
+      const out: Array<{ eventId: string | undefined; chunk: Chunk }> = [];
+      for await (const item of readSse(res.body!)) {
+        if (item.kind !== 'data' || item.data === '[DONE]') continue;
+        out.push({ eventId: item.id, chunk: JSON.parse(item.data) as Chunk });
+      }
+      return out;
+    };
+    const original = await chunksOf(
+      await post(gateways[1]!.url, body(302, 30, { stream_options: { include_usage: true, continuous_usage_stats: true } })),
+    );
+    const usage = (chunks: typeof original) => chunks.map(({ chunk }) => [chunk.choices, chunk.usage]);
+    expect(original.at(-2)!.chunk.usage).toMatchObject({ completion_tokens: 30 });
+    // Every chunk of the original carries its own cursor (nothing coalesced): resume after the 10th.
+    const cut = original.findIndex(({ eventId }, i) => i >= 10 && eventId !== undefined);
+    const cursor = original[cut]!.eventId!;
+    const resumed = await chunksOf(await resume(gateways[0]!.url, original[0]!.chunk.id!, cursor));
+    expect(resumed.length).toBeGreaterThan(10);
+    expect(usage(resumed)).toEqual(usage(original.slice(cut + 1)));
+    expect(resumed[0]!.chunk.usage!.completion_tokens).toBeGreaterThan(0);
+  });
+
   it('answers an unknown id, a cursor past the end, and an expired log with a clear 4xx', async () => {
     const unknown = await resume(nginx.url, 'chatcmpl-nope', '3');
     expect(unknown.status).toBe(404);

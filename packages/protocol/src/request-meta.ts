@@ -10,6 +10,8 @@ export const streamFormatSchema = z.object({
   n: z.number().int().positive(),
   /** The field the client used for the completion length (errors name it). */
   maxTokensParam: z.enum(['max_tokens', 'max_completion_tokens']),
+  /** `stream_options.continuous_usage_stats`: every chunk carries the usage so far, resumed ones too. */
+  continuousUsage: z.boolean().optional(),
 });
 export type StreamFormat = z.infer<typeof streamFormatSchema>;
 

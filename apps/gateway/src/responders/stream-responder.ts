@@ -84,6 +84,15 @@ export class StreamResponder {
     return { promptTokens: this.outcome.promptTokens, completionTokens: this.outcome.completionTokens };
   }
 
+  /**
+   * A resumed stream starts with the usage its earlier events carried (`continuous_usage_stats`
+   * counts on from there).
+   */
+  usageSoFar(usage: { promptTokens: number; completionTokens: number }): void {
+    this.outcome.promptTokens = usage.promptTokens;
+    this.outcome.completionTokens = usage.completionTokens;
+  }
+
   /** Starts the wait for the worker's decision (the job is enqueued). */
   begin(): void {
     if (this.phase !== 'pending') return;

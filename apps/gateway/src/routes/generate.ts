@@ -121,6 +121,7 @@ export function generateHandler(deps: AppDeps, endpoint: Endpoint) {
       includeUsage: request.includeUsage,
       n: request.n,
       maxTokensParam: request.maxTokensParam,
+      ...(request.continuousUsage === true && request.stream ? { continuousUsage: true } : {}),
     };
     try {
       await Promise.all(

@@ -1,7 +1,7 @@
 import type { Context } from 'hono';
 import type { AppDeps, AppEnv } from '../app.js';
 import { GatewayError } from '../errors.js';
-import type { RequestMeta } from '@sluice/protocol';
+import type { GatewayEntry, RequestMeta } from '@sluice/protocol';
 import type { Endpoint, ParsedRequest } from '../openai/request-schemas.js';
 import { ResponseFormat } from '../openai/response-format.js';
 import { noObserver, type ResponderContext } from '../responders/responder-context.js';
@@ -63,6 +63,9 @@ export function resumeHandler(deps: AppDeps, endpoint: Endpoint) {
       });
     }
     const { format } = meta;
+    // Usage on every chunk: what the events up to the cursor counted, then the responder's count.
+    const usageBefore = format.continuousUsage === true ? usageUpTo((await log.read(jobId, 0)).entries, cursor) : undefined;
+    let responderUsage = () => ({ promptTokens: 0, completionTokens: 0 });
     const request: ParsedRequest = {
       endpoint,
       model: format.model,
@@ -74,6 +77,7 @@ export function resumeHandler(deps: AppDeps, endpoint: Endpoint) {
       n: format.n,
       logprobs: false,
       maxTokensParam: format.maxTokensParam,
+      ...(format.continuousUsage === true ? { continuousUsage: true } : {}),
       user: undefined,
       resumeGraceMs: meta.graceMs,
     };
@@ -82,6 +86,7 @@ export function resumeHandler(deps: AppDeps, endpoint: Endpoint) {
       request,
       format: new ResponseFormat(endpoint, jobId, format.model, format.includeUsage, format.created, {
         fingerprint: systemFingerprint(format.model),
+        ...(usageBefore === undefined ? {} : { liveUsage: () => responderUsage() }),
       }),
       receivedAt: Date.now(),
       retryAfterS: config.retryAfterS,
@@ -96,6 +101,10 @@ export function resumeHandler(deps: AppDeps, endpoint: Endpoint) {
       maxBufferBytes: config.maxStreamBufferBytes,
       onGiveUp: () => sessions.clientLeft(session),
     });
+    if (usageBefore !== undefined) {
+      responder.usageSoFar(usageBefore);
+      responderUsage = () => responder.usage;
+    }
     const session = sessions.open(jobId, meta.deadlineAt, (event) => responder.handle(event), {
       nextSeq: cursor + 1,
       graceMs: meta.graceMs,
@@ -131,4 +140,20 @@ export function cancelHandler(deps: AppDeps, endpoint: Endpoint) {
     await jobs.cancelRequest(jobId, meta);
     return c.json({ id: chunkId, object: endpoint === 'chat' ? 'chat.completion' : 'text_completion', cancelled: true });
   };
+}
+
+/**
+ * The usage the events up to `cursor` carried: the prompt's tokens (its `accepted` entry) and the
+ * completion tokens of its deltas. Exact while the log still holds the stream's first entries
+ * (`STREAM_MAX_ENTRIES`).
+ */
+function usageUpTo(entries: readonly GatewayEntry[], cursor: number): { promptTokens: number; completionTokens: number } {
+  let promptTokens = 0;
+  let completionTokens = 0;
+  for (const entry of entries) {
+    if (entry.seq > cursor) break;
+    if (entry.type === 'accepted') promptTokens = entry.promptTokens;
+    else if (entry.type === 'text-delta') completionTokens += entry.tokens;
+  }
+  return { promptTokens, completionTokens };
 }
