@@ -109,7 +109,13 @@ export class EngineCore {
     return { events: this.#takeEvents() };
   }
 
-  async step(): Promise<StepOutput> {
+  /**
+   * One step. With `early`, events leave before each prompt chunk's model call instead of with the
+   * step's output: the decode rows' tokens do not wait for the newcomers' prefills, and each prompt's
+   * first token leaves as its own prefill ends, not after every prefill of the step (a burst of
+   * prompts is prefilled one call each).
+   */
+  async step(early?: (events: StepOutput['events']) => void): Promise<StepOutput> {
     const startedAt = now();
     for (const key of this.#aborts) {
       const group = this.#groups.get(key);
@@ -141,6 +147,7 @@ export class EngineCore {
     let promptTokens = 0;
     for (const chunk of plan.prefill) {
       if (chunk.group.finished) continue;
+      if (early !== undefined && this.#events.length > 0) early(this.#takeEvents());
       const runStart = now();
       try {
         generationTokens += await this.#prefill(chunk);

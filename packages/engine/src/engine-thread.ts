@@ -105,7 +105,7 @@ async function main(port: MessagePort, { options }: EngineThreadData): Promise<v
       continue;
     }
     try {
-      const { events, stats } = await core.step();
+      const { events, stats } = await core.step((early) => post({ type: 'step', events: early }));
       if (stats !== undefined) {
         stats.eventLoopLagMs = loopDelay.max / 1e6;
         loopDelay.reset();

@@ -67,6 +67,28 @@ describe('EngineCore', () => {
     expect(core.cachedTokens).toBe(0);
   });
 
+  it("with an early listener, hands over each prompt's first token as its prefill ends and the decode tokens before any prefill", async () => {
+    const core = newCore();
+    core.add(1, request('one'), performance.timeOrigin + performance.now());
+    await core.step();
+    // Request 1 decodes while 2 and 3 arrive and are prefilled in the same step (one call each).
+    core.add(2, request('two'), performance.timeOrigin + performance.now());
+    core.add(3, request('three'), performance.timeOrigin + performance.now());
+    const handed: Array<Array<[number, EngineEvent]>> = [];
+    const { events, stats } = await core.step((early) => handed.push(early));
+    expect(stats?.phase).toBe('mixed');
+    // Before the first prefill: 1's decode token and the newcomers' scheduled events.
+    expect(handed[0]!.map(([key, event]) => `${key}:${event.type}`)).toEqual(['2:scheduled', '3:scheduled', '1:text-delta']);
+    // Before the second prefill: 2's first token. The step's own output: 3's.
+    expect(handed.length).toBe(2);
+    expect(tokensOf(handed[1]!, 2)).toBe(1);
+    expect(tokensOf(events, 3)).toBe(1);
+    expect(tokensOf(events, 2) + tokensOf(events, 1)).toBe(0);
+    // Without a listener, the same step's events all come with its output.
+    const whole = await core.step();
+    expect([1, 2, 3].map((key) => tokensOf(whole.events, key))).toEqual([1, 1, 1]);
+  });
+
   it('gives the same tokens with the engine-owned cache as on the present.* fallback, rows joining and leaving', async () => {
     const fallback = await OnnxSession.create({
       modelPath: model.onnxPath,
