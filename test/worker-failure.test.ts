@@ -3,6 +3,7 @@ import { Cluster, MODEL } from './support/cluster.js';
 import { waitFor } from './support/processes.js';
 import type { GatewayProcess } from './support/sluice.js';
 import { checkChunkSequence, LiveStream, streamError } from './support/sse.js';
+import { scrapePrometheus } from './support/prometheus.js';
 
 const long = (prompt: string) => ({ model: MODEL, prompt, max_tokens: 1800, ignore_eos: true, temperature: 0, stream: true });
 /** Fast liveness: the gateway sees a dead worker within ~1.5 s; stalled jobs are found within ~1 s. */
@@ -93,5 +94,41 @@ describe('worker and gateway lifecycle', () => {
     }
     expect(streamError(endless.items)).toMatchObject({ code: 'shutting_down' });
     expect(await draining.process.exited).toEqual({ code: 0, signal: null });
+  });
+});
+
+describe('a dead worker whose jobs BullMQ recovers before any gateway sees it gone', () => {
+  let cluster: Cluster;
+
+  beforeAll(async () => {
+    cluster = await Cluster.start();
+  });
+
+  afterAll(async () => {
+    await cluster?.stop();
+  });
+
+  it('is moved on by the worker that gets its jobs: the streams continue token-identical, none restarts or fails', async () => {
+    // Gateways see this worker gone only after 60 s; BullMQ finds its jobs stalled within ~2 s (1 s locks).
+    const doomed = await cluster.worker({ ...fastWorker, WORKER_TTL_MS: '60000' });
+    const gateway = await cluster.gateway({ REGISTRY_POLL_MS: '200' });
+    const request = (i: number) => ({ ...long(`Recovered ${i}`), max_tokens: 600 });
+    const streams = [0, 1, 2].map((i) => new LiveStream(`${gateway.url}/v1/completions`, request(i)));
+    await Promise.all(streams.map((s) => s.until('streaming', () => s.contentChunks >= 2)));
+    doomed.process.signal('SIGSTOP');
+    doomed.process.signal('SIGKILL');
+    const heir = await cluster.worker(fastWorker);
+    expect(await Promise.all(streams.map((s) => s.ended))).toEqual(['done', 'done', 'done']);
+    const texts = streams.map((s) => checkChunkSequence(s.items, 'completion', false));
+    for (const [i, t] of texts.entries()) {
+      expect(t.finishReason).toBe('length');
+      const alone = new LiveStream(`${gateway.url}/v1/completions`, request(i));
+      expect(await alone.ended).toBe('done');
+      expect(t.text).toBe(checkChunkSequence(alone.items, 'completion', false).text);
+    }
+    // The heir moved them (each stalled job skipped after its fenced move), not the gateway.
+    expect((await heir.health()).skipped).toBeGreaterThanOrEqual(3);
+    const metrics = await scrapePrometheus(`${gateway.url}/metrics`);
+    expect(metrics.value('sluice_gateway_stream_migrations_total')).toBe(0);
   });
 });

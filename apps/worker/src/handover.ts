@@ -33,16 +33,11 @@ export class RequestHandover {
    * this worker wrote for the request is in its log. Resolves false when the request cannot move (its
    * meta is gone, or it is not this worker's any more): the caller ends the stream.
    * @param channel where its live entries go now ('' while detached)
+   * @param from the worker whose attempt ends (this one when draining; a dead one when recovering)
+   * @param bound the most attempts the request may have had (the gateways' MAX_MIGRATIONS for a fault)
    */
-  async handOver(job: GenerateJob, attempt: number, channel: string): Promise<boolean> {
-    const [code, current] = await this.#redis.migrateRequest!(
-      this.names.metaKey(job.requestId),
-      attempt,
-      this.workerId,
-      NO_BOUND,
-      channel,
-      Date.now(),
-    );
+  async handOver(job: GenerateJob, attempt: number, channel: string, from = this.workerId, bound = NO_BOUND): Promise<boolean> {
+    const [code, current] = await this.#redis.migrateRequest!(this.names.metaKey(job.requestId), attempt, from, bound, channel, Date.now());
     if (code !== 1) return false;
     // A detached request keeps its job's channel: the next worker reads the meta (no channel) and runs it detached.
     const next: GenerateJob = { ...job, channel: channel === '' ? job.channel : channel, continuation: { attempt: current } };
