@@ -266,7 +266,7 @@ export class JobProcessor {
       // A first attempt's move is the first migration, allowed under any MAX_MIGRATIONS ≥ 1.
       const moved = await this.deps.handover.handOver(job, route.attempt, meta.channel, meta.workerId, 1);
       if (moved) return this.skip(logger, 'recovered: continued as a new attempt');
-      const now = decodeRequestMeta(((await redis.hgetall(names.metaKey(job.requestId))) as Record<string, string> | undefined) ?? {});
+      const now = decodeRequestMeta(await redis.hgetall(names.metaKey(job.requestId)));
       if (now !== undefined && now.attempt > route.attempt) return this.skip(logger, 'superseded');
     }
     // (A first attempt that no worker accepted streamed nothing: it simply runs.)
