@@ -18,8 +18,8 @@ describe('when the client goes away', () => {
 
   beforeAll(async () => {
     cluster = await Cluster.start();
-    // A small step budget: a long prompt takes ~100 prefill steps, a window to leave in.
-    worker = await cluster.worker({ MAX_BATCH_SIZE: '2', MAX_STEP_TOKENS: '16' });
+    // A small step budget: a long prompt takes ~475 prefill steps (a few hundred ms), a window to leave in.
+    worker = await cluster.worker({ MAX_BATCH_SIZE: '2', MAX_STEP_TOKENS: '4' });
     gateway = await cluster.gateway();
     steadyAlone = checkChunkSequence((await postRaw(`${gateway.url}/v1/completions`, steady)).items, 'completion', false).text;
   });
@@ -61,7 +61,7 @@ describe('when the client goes away', () => {
     const metrics = await scrapePrometheus(`${gateway.url}/metrics`);
     const before = metrics.value('sluice_gateway_disconnects_total', { stage: 'prefill' });
     const scheduledBefore = metrics.histogram('sluice_request_queue_time_seconds').count;
-    // 1,900 prompt tokens at 16 per step: the engine schedules it (its queue time ends), then prefills for ~120 steps.
+    // 1,900 prompt tokens at 4 per step: the engine schedules it (its queue time ends), then prefills for ~475 steps.
     const promptIds = Array.from({ length: 1900 }, (_, i) => 100 + (i % 500));
     const stream = new LiveStream(`${gateway.url}/v1/completions`, {
       model: MODEL,
