@@ -23,7 +23,9 @@ const WORKER_ENV = {
   MAX_BATCH_SIZE: '64',
   LOG_LEVEL: 'info',
 };
-const GATEWAY_ENV = { REGISTRY_POLL_MS: '200', LOG_LEVEL: 'info' };
+// Streams wait while workers start after a kill (seconds each under a loaded CI machine, twice in one
+// test): the idle timeout, not what these tests check, must not end them first.
+const GATEWAY_ENV = { REGISTRY_POLL_MS: '200', LOG_LEVEL: 'info', IDLE_TIMEOUT_MS: '120000' };
 
 type Params = OpenAI.ChatCompletionCreateParamsStreaming;
 
