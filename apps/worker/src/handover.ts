@@ -30,15 +30,22 @@ export class RequestHandover {
 
   /**
    * Moves the request to a new attempt and enqueues its continuation. Call it only after everything
-   * this worker wrote for the request is in its log. Resolves false when the request cannot move (its
-   * meta is gone, or it is not this worker's any more): the caller ends the stream.
+   * this worker wrote for the request is in its log. Resolves `moved: false` when the request cannot
+   * move (its meta is gone, or it is not this worker's any more), with the request's attempt now: a
+   * higher one means someone else moved it already.
    * @param channel where its live entries go now ('' while detached)
    * @param from the worker whose attempt ends (this one when draining; a dead one when recovering)
    * @param bound the most attempts the request may have had (the gateways' MAX_MIGRATIONS for a fault)
    */
-  async handOver(job: GenerateJob, attempt: number, channel: string, from = this.workerId, bound = NO_BOUND): Promise<boolean> {
+  async handOver(
+    job: GenerateJob,
+    attempt: number,
+    channel: string,
+    from = this.workerId,
+    bound = NO_BOUND,
+  ): Promise<{ moved: boolean; attempt: number }> {
     const [code, current] = await this.#redis.migrateRequest!(this.names.metaKey(job.requestId), attempt, from, bound, channel, Date.now());
-    if (code !== 1) return false;
+    if (code !== 1) return { moved: false, attempt: current };
     // A detached request keeps its job's channel: the next worker reads the meta (no channel) and runs it detached.
     const next: GenerateJob = { ...job, channel: channel === '' ? job.channel : channel, continuation: { attempt: current } };
     await this.queue.add(GENERATE_JOB, next, {
@@ -49,6 +56,6 @@ export class RequestHandover {
       removeOnFail: true,
       attempts: 1,
     });
-    return true;
+    return { moved: true, attempt: current };
   }
 }

@@ -259,21 +259,19 @@ export class JobProcessor {
       // A newer attempt (a continuation elsewhere) owns the request: this job was superseded.
       return this.skip(logger, 'superseded');
     }
-    if (bullAttempt > 1 && job.continuation === undefined && meta?.workerId !== undefined && this.deps.handover !== undefined) {
-      // BullMQ recovered the job after its worker died (its lock expired) before a gateway saw the
-      // worker gone and moved the request on: this worker makes the same fenced move (a gateway
-      // trying it too finds it moved), so the stream continues from its log instead of restarting.
-      // A first attempt's move is the first migration, allowed under any MAX_MIGRATIONS ≥ 1.
-      const moved = await this.deps.handover.handOver(job, route.attempt, meta.channel, meta.workerId, 1);
-      if (moved) return this.skip(logger, 'recovered: continued as a new attempt');
-      const now = decodeRequestMeta(await redis.hgetall(names.metaKey(job.requestId)));
-      if (now !== undefined && now.attempt > route.attempt) return this.skip(logger, 'superseded');
-    }
-    // (A first attempt that no worker accepted streamed nothing: it simply runs.)
+    // A BullMQ retry: the job's worker died (its lock expired). One that no worker accepted streamed
+    // nothing and simply runs; one that streamed must not start again from token 0.
     if (bullAttempt > 1 && job.continuation === undefined && (meta === undefined || meta.workerId !== undefined)) {
+      if (meta?.workerId !== undefined && this.deps.handover !== undefined) {
+        // No gateway has moved it on yet: this worker makes the gateways' fenced move itself (from the
+        // meta's worker id; a gateway trying it too finds it moved), so the stream continues from its
+        // log. A first attempt's move is the first migration, allowed under any MAX_MIGRATIONS ≥ 1.
+        const result = await this.deps.handover.handOver(job, route.attempt, meta.channel, meta.workerId, 1);
+        if (result.moved) return this.skip(logger, 'recovered: continued as a new attempt');
+        if (result.attempt > route.attempt) return this.skip(logger, 'superseded');
+      }
       this.counters.skipped++;
-      // BullMQ recovered the job after its worker died, and it could not be moved on: the first attempt
-      // streamed tokens already, so the stream fails instead of restarting.
+      // It could not be moved on: the stream fails instead of restarting.
       logger.warn('job retried after a worker was lost: failing its stream');
       router.push(route, {
         type: 'error',
@@ -352,7 +350,7 @@ export class JobProcessor {
     let moved = false;
     try {
       await router.drained();
-      moved = (await handover?.handOver(job, route.attempt, route.channel ?? '')) === true;
+      moved = (await handover?.handOver(job, route.attempt, route.channel ?? ''))?.moved === true;
     } catch (error) {
       logger.warn({ err: error }, 'handing the request over failed');
     }
