@@ -1,5 +1,13 @@
 import type { Redis } from 'ioredis';
-import { decodeLogRange, decodeRequestMeta, seqOfLogEntryId, type GatewayEntry, type RedisNames, type RequestMeta } from '@sluice/protocol';
+import {
+  decodeLogRange,
+  decodeRequestMeta,
+  logEntryId,
+  seqOfLogEntryId,
+  type GatewayEntry,
+  type RedisNames,
+  type RequestMeta,
+} from '@sluice/protocol';
 
 export interface LogRead {
   /** Entries from the asked sequence number on, in order. */
@@ -10,7 +18,8 @@ export interface LogRead {
 
 /** Reads a request's token log (see packages/protocol token-log.ts) and meta: gap repair and resume. */
 export interface TokenLog {
-  read(requestId: string, fromSeq: number): Promise<LogRead>;
+  /** Entries from `fromSeq` on, up to `toSeq` (inclusive) when given. */
+  read(requestId: string, fromSeq: number, toSeq?: number): Promise<LogRead>;
   /** The request's meta; undefined when unknown or expired. */
   meta(requestId: string): Promise<RequestMeta | undefined>;
   /** Sequence number of the log's last entry (-1 when it has none yet). */
@@ -23,10 +32,10 @@ export class RedisTokenLog implements TokenLog {
     private readonly names: RedisNames,
   ) {}
 
-  async read(requestId: string, fromSeq: number): Promise<LogRead> {
+  async read(requestId: string, fromSeq: number, toSeq?: number): Promise<LogRead> {
     const replies = await this.redis
       .multi()
-      .xrange(this.names.logKey(requestId), `${fromSeq}-1`, '+')
+      .xrange(this.names.logKey(requestId), logEntryId(fromSeq), toSeq === undefined ? '+' : logEntryId(toSeq))
       .exists(this.names.metaKey(requestId))
       .exec();
     const [[rangeError, range], [, exists]] = (replies ?? []) as [[Error | null, Array<[string, string[]]>], [Error | null, number]];

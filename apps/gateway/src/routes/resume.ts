@@ -64,7 +64,7 @@ export function resumeHandler(deps: AppDeps, endpoint: Endpoint) {
     }
     const { format } = meta;
     // Usage on every chunk: what the events up to the cursor counted, then the responder's count.
-    const usageBefore = format.continuousUsage === true ? usageUpTo((await log.read(jobId, 0)).entries, cursor) : undefined;
+    const usageBefore = format.continuousUsage === true ? usageOf((await log.read(jobId, 0, cursor)).entries) : undefined;
     let responderUsage = () => ({ promptTokens: 0, completionTokens: 0 });
     const request: ParsedRequest = {
       endpoint,
@@ -77,7 +77,6 @@ export function resumeHandler(deps: AppDeps, endpoint: Endpoint) {
       n: format.n,
       logprobs: false,
       maxTokensParam: format.maxTokensParam,
-      ...(format.continuousUsage === true ? { continuousUsage: true } : {}),
       user: undefined,
       resumeGraceMs: meta.graceMs,
     };
@@ -143,15 +142,13 @@ export function cancelHandler(deps: AppDeps, endpoint: Endpoint) {
 }
 
 /**
- * The usage the events up to `cursor` carried: the prompt's tokens (its `accepted` entry) and the
- * completion tokens of its deltas. Exact while the log still holds the stream's first entries
- * (`STREAM_MAX_ENTRIES`).
+ * The usage a stream's events carried: the prompt's tokens (its `accepted` entry) and the completion
+ * tokens of its deltas. Exact while the log still holds the stream's first entries (`STREAM_MAX_ENTRIES`).
  */
-function usageUpTo(entries: readonly GatewayEntry[], cursor: number): { promptTokens: number; completionTokens: number } {
+function usageOf(entries: readonly GatewayEntry[]): { promptTokens: number; completionTokens: number } {
   let promptTokens = 0;
   let completionTokens = 0;
   for (const entry of entries) {
-    if (entry.seq > cursor) break;
     if (entry.type === 'accepted') promptTokens = entry.promptTokens;
     else if (entry.type === 'text-delta') completionTokens += entry.tokens;
   }
