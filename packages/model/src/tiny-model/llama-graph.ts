@@ -76,11 +76,11 @@ export function buildLlamaGraph(
   g.scope = '/model/embed_tokens';
   let hidden = g.op('Gather', [embedTokens, inputIds], { axis: { int: 0 } });
 
-  // Grouped-query attention runs on [batch, kv_heads, rep, sequence, ...]: the cache enters as
-  // [batch, kv_heads, 1, slots, head_dim] and broadcasts over the rep query heads of its group, so it
-  // is never expanded or copied per query head, and each head's product is a matrix-vector one when
-  // decoding (one query row): onnxruntime streams the cache through it at memory speed, where one
-  // product of the group's stacked query rows ran at a third of that (docs/engine.md).
+  // Grouped-query attention runs per KV head, the cache never expanded or copied per query head, and
+  // written so that onnxruntime's GEMM reads the cache in place instead of packing it first
+  // (docs/engine.md): scores as keys · queryᵀ (the keys are the A operand), values as one
+  // matrix-vector product per query head (the values broadcast as [batch, kv_heads, 1, slots, head_dim]
+  // over the rep heads of their group).
   const rep = h / kvh;
 
   // Additive attention mask [batch, 1, 1, sequence, total], shared by all layers and heads.
