@@ -1,13 +1,37 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Cluster, MODEL } from './support/cluster.js';
 import { waitFor } from './support/processes.js';
-import type { GatewayProcess } from './support/sluice.js';
+import type { GatewayProcess, WorkerProcess } from './support/sluice.js';
 import { checkChunkSequence, LiveStream, streamError } from './support/sse.js';
 import { scrapePrometheus } from './support/prometheus.js';
 
 const long = (prompt: string) => ({ model: MODEL, prompt, max_tokens: 1800, ignore_eos: true, temperature: 0, stream: true });
 /** Fast liveness: the gateway sees a dead worker within ~1.5 s; stalled jobs are found within ~1 s. */
 const fastWorker = { WORKER_HEARTBEAT_MS: '250', WORKER_TTL_MS: '1500', LOCK_DURATION_MS: '1000', MAX_BATCH_SIZE: '4' };
+
+/**
+ * Three long streams on `doomed`, which is SIGKILLed mid-stream; a worker started afterwards carries
+ * them on. Every stream ends normally with the text the same request gets alone. Returns that worker.
+ */
+async function killMidStream(cluster: Cluster, gateway: GatewayProcess, doomed: WorkerProcess, label: string): Promise<WorkerProcess> {
+  const request = (i: number) => ({ ...long(`${label} ${i}`), max_tokens: 600 });
+  const streams = [0, 1, 2].map((i) => new LiveStream(`${gateway.url}/v1/completions`, request(i)));
+  await Promise.all(streams.map((s) => s.until('streaming', () => s.contentChunks >= 2)));
+  doomed.process.signal('SIGSTOP');
+  doomed.process.signal('SIGKILL');
+  // No worker is left: the streams pause (their continuations wait in the queue) until one starts.
+  const heir = await cluster.worker(fastWorker);
+  expect(await Promise.all(streams.map((s) => s.ended))).toEqual(['done', 'done', 'done']);
+  const texts = streams.map((s) => checkChunkSequence(s.items, 'completion', false));
+  // The same requests alone, uninterrupted, on the heir: the same text.
+  for (const [i, t] of texts.entries()) {
+    expect(t.finishReason).toBe('length');
+    const alone = new LiveStream(`${gateway.url}/v1/completions`, request(i));
+    expect(await alone.ended).toBe('done');
+    expect(t.text).toBe(checkChunkSequence(alone.items, 'completion', false).text);
+  }
+  return heir;
+}
 
 describe('worker and gateway lifecycle', () => {
   let cluster: Cluster;
@@ -24,24 +48,7 @@ describe('worker and gateway lifecycle', () => {
   it('continues the streams of a worker killed with SIGKILL on a worker that starts afterwards, and never restarts them', async () => {
     const doomed = await cluster.worker(fastWorker);
     gateway = await cluster.gateway({ REGISTRY_POLL_MS: '200' });
-    const request = (i: number) => ({ ...long(`Story ${i}`), max_tokens: 600 });
-    const streams = [0, 1, 2].map((i) => new LiveStream(`${gateway.url}/v1/completions`, request(i)));
-    await Promise.all(streams.map((s) => s.until('streaming', () => s.contentChunks >= 2)));
-    doomed.process.signal('SIGSTOP');
-    doomed.process.signal('SIGKILL');
-    // No worker is left: the streams pause (their continuations wait in the queue) until one starts.
-    const heir = await cluster.worker(fastWorker);
-    const endings = await Promise.all(streams.map((s) => s.ended));
-    expect(endings).toEqual(['done', 'done', 'done']);
-    const texts = streams.map((s) => checkChunkSequence(s.items, 'completion', false));
-    for (const t of texts) expect(t.finishReason).toBe('length');
-
-    // The same requests alone, uninterrupted, on the heir: the same text.
-    for (const [i, t] of texts.entries()) {
-      const alone = new LiveStream(`${gateway.url}/v1/completions`, request(i));
-      expect(await alone.ended).toBe('done');
-      expect(t.text).toBe(checkChunkSequence(alone.items, 'completion', false).text);
-    }
+    const heir = await killMidStream(cluster, gateway, doomed, 'Story');
 
     // BullMQ recovers the dead worker's jobs (stalled) and hands them to a live worker, which must not
     // start those answers again from token 0: a newer attempt owns them.
@@ -112,20 +119,7 @@ describe('a dead worker whose jobs BullMQ recovers before any gateway sees it go
     // Gateways see this worker gone only after 60 s; BullMQ finds its jobs stalled within ~2 s (1 s locks).
     const doomed = await cluster.worker({ ...fastWorker, WORKER_TTL_MS: '60000' });
     const gateway = await cluster.gateway({ REGISTRY_POLL_MS: '200' });
-    const request = (i: number) => ({ ...long(`Recovered ${i}`), max_tokens: 600 });
-    const streams = [0, 1, 2].map((i) => new LiveStream(`${gateway.url}/v1/completions`, request(i)));
-    await Promise.all(streams.map((s) => s.until('streaming', () => s.contentChunks >= 2)));
-    doomed.process.signal('SIGSTOP');
-    doomed.process.signal('SIGKILL');
-    const heir = await cluster.worker(fastWorker);
-    expect(await Promise.all(streams.map((s) => s.ended))).toEqual(['done', 'done', 'done']);
-    const texts = streams.map((s) => checkChunkSequence(s.items, 'completion', false));
-    for (const [i, t] of texts.entries()) {
-      expect(t.finishReason).toBe('length');
-      const alone = new LiveStream(`${gateway.url}/v1/completions`, request(i));
-      expect(await alone.ended).toBe('done');
-      expect(t.text).toBe(checkChunkSequence(alone.items, 'completion', false).text);
-    }
+    const heir = await killMidStream(cluster, gateway, doomed, 'Recovered');
     // The heir moved them (each stalled job skipped after its fenced move), not the gateway.
     expect((await heir.health()).skipped).toBeGreaterThanOrEqual(3);
     const metrics = await scrapePrometheus(`${gateway.url}/metrics`);
