@@ -309,6 +309,11 @@ describe('durable token streams: nginx → 2 gateways → Redis → 2 workers', 
     expect(resumed.length).toBeGreaterThan(10);
     expect(usage(resumed)).toEqual(usage(original.slice(cut + 1)));
     expect(resumed[0]!.chunk.usage!.completion_tokens).toBeGreaterThan(0);
+    // From before the first event: the whole stream again, usage and all.
+    const replayed = await chunksOf(
+      await fetch(`${gateways[0]!.url}/v1/chat/completions/${original[0]!.chunk.id}?stream=true&starting_after=-1`),
+    );
+    expect(usage(replayed)).toEqual(usage(original));
   });
 
   it('answers an unknown id, a cursor past the end, and an expired log with a clear 4xx', async () => {

@@ -64,7 +64,8 @@ export function resumeHandler(deps: AppDeps, endpoint: Endpoint) {
     }
     const { format } = meta;
     // Usage on every chunk: what the events up to the cursor counted, then the responder's count.
-    const usageBefore = format.continuousUsage === true ? usageOf((await log.read(jobId, 0, cursor)).entries) : undefined;
+    const usageBefore =
+      format.continuousUsage !== true ? undefined : cursor < 0 ? usageOf([]) : usageOf((await log.read(jobId, 0, cursor)).entries);
     let responderUsage = () => ({ promptTokens: 0, completionTokens: 0 });
     const request: ParsedRequest = {
       endpoint,
