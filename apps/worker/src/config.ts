@@ -33,6 +33,12 @@ export const workerEnvSchema = z.object({
    * in one pass (faster; logits may differ in the last bits). @defaultValue replay
    */
   CONTINUATION_MODE: z.enum(['replay', 'prefill']).default('replay'),
+  /**
+   * How the KV cache grows: `spread` prepares the larger layout over the steps before it is needed
+   * (no step waits for a whole-cache copy; up to twice the KV memory), `in-place` moves it in one step.
+   * @defaultValue spread
+   */
+  KV_GROWTH: z.enum(['spread', 'in-place']).default('spread'),
   /** Jobs taken from the queue at once. @defaultValue MAX_BATCH_SIZE */
   WORKER_CONCURRENCY: int(1).optional(),
   /** This worker's id in the registry. @defaultValue host-pid-random */
@@ -76,6 +82,7 @@ export interface WorkerConfig {
   executionProvider: 'cpu' | 'cuda' | 'webgpu';
   intraOpThreads: number;
   continuationMode: 'replay' | 'prefill';
+  kvGrowth: 'spread' | 'in-place';
   interOpThreads: number;
   concurrency: number;
   workerId: string;
@@ -119,6 +126,7 @@ export function loadWorkerConfig(env: NodeJS.ProcessEnv = process.env): WorkerCo
     intraOpThreads: e.INTRA_OP_THREADS,
     interOpThreads: e.INTER_OP_THREADS,
     continuationMode: e.CONTINUATION_MODE,
+    kvGrowth: e.KV_GROWTH,
     concurrency: e.WORKER_CONCURRENCY ?? e.MAX_BATCH_SIZE,
     workerId: e.WORKER_ID ?? `${hostname().replace(/[^\w.-]/g, '-')}-${process.pid}-${randomBytes(3).toString('hex')}`,
     heartbeatMs: e.WORKER_HEARTBEAT_MS,

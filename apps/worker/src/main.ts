@@ -31,6 +31,7 @@ async function main(): Promise<void> {
       intraOpThreads: config.intraOpThreads,
       interOpThreads: config.interOpThreads,
       continuationMode: config.continuationMode,
+      kvGrowth: config.kvGrowth,
     });
     const modelId = config.modelId ?? model.id;
     worker = await startWorker(config, {

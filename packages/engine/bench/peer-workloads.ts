@@ -102,10 +102,11 @@ export async function runPeerWorkloads(
   vocabSize: number,
   rounds: number,
   log: (line: string) => void,
+  workloads: readonly PeerWorkload[] = PEER_WORKLOADS,
 ): Promise<WorkloadResult[]> {
-  const collected = PEER_WORKLOADS.map(() => ({ tps: [] as number[], ttft: [] as number[], itl: [] as number[], steps: [] as number[] }));
+  const collected = workloads.map(() => ({ tps: [] as number[], ttft: [] as number[], itl: [] as number[], steps: [] as number[] }));
   for (let round = 0; round < rounds; round++) {
-    for (const [w, workload] of PEER_WORKLOADS.entries()) {
+    for (const [w, workload] of workloads.entries()) {
       const result = await runOnce(engine, workload, vocabSize, round);
       const into = collected[w]!;
       into.tps.push(result.tokensPerSecond);
@@ -118,7 +119,7 @@ export async function runPeerWorkloads(
       );
     }
   }
-  return PEER_WORKLOADS.map((workload, w) => {
+  return workloads.map((workload, w) => {
     const c = collected[w]!;
     return {
       ...workload,

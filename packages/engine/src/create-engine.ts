@@ -59,6 +59,9 @@ function checkOptions(options: EngineOptions): void {
       `EngineOptions.continuationMode must be replay or prefill, got ${String(options.continuationMode)}.`,
     );
   }
+  if (options.kvGrowth !== undefined && !['spread', 'in-place'].includes(options.kvGrowth)) {
+    throw new EngineError('invalid_request', `EngineOptions.kvGrowth must be spread or in-place, got ${String(options.kvGrowth)}.`);
+  }
   const provider = options.executionProvider ?? 'cpu';
   if (!['cpu', 'cuda', 'webgpu'].includes(provider)) {
     throw new EngineError('invalid_request', `EngineOptions.executionProvider must be cpu, cuda or webgpu, got ${String(provider)}.`);

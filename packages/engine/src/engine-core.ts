@@ -10,7 +10,7 @@ import type { ResolvedRequest } from './resolve-request.js';
 import { Scheduler, type PrefillChunk, type SchedulerLimits } from './scheduler.js';
 import { PositionedRandom } from './seeded-random.js';
 import { TokenSampler, type SampledToken } from './token-sampler.js';
-import type { ContinuationMode, EngineErrorCode, EngineEvent, FinishReason, StepStats, TokenLogprob } from './types.js';
+import type { ContinuationMode, EngineErrorCode, KvGrowth, EngineEvent, FinishReason, StepStats, TokenLogprob } from './types.js';
 
 /** Absolute milliseconds, comparable between threads. */
 export function now(): number {
@@ -24,6 +24,8 @@ export interface EngineCoreOptions extends SchedulerLimits {
   exactLengthBatches: boolean;
   /** See {@link EngineOptions.continuationMode}. */
   continuationMode: ContinuationMode;
+  /** See {@link EngineOptions.kvGrowth}. */
+  kvGrowth: KvGrowth;
 }
 
 export interface StepOutput {
@@ -451,7 +453,8 @@ export class EngineCore {
    * copy-out gone a padded slot costs little, so one lane is kept.)
    */
   #repackOwned(joining: ReadonlyArray<{ sequence: Sequence; source: KvRowSource }>, isLive: (sequence: Sequence) => boolean): void {
-    const lane = this.#lanes[0] ?? this.#idleLane ?? { rows: [], batch: new LaneKv(this.#session.io.kv, this.#limits.maxBatchSize) };
+    const lane = this.#lanes[0] ??
+      this.#idleLane ?? { rows: [], batch: new LaneKv(this.#session.io.kv, this.#limits.maxBatchSize, this.#limits.kvGrowth) };
     this.#idleLane = undefined;
     const kv = lane.batch;
     if (!(kv instanceof LaneKv) || this.#lanes.length > 1) throw new EngineError('internal', 'Expected one engine-owned lane.');

@@ -51,6 +51,7 @@ async function main(port: MessagePort, { options }: EngineThreadData): Promise<v
       laneCost: await estimateLaneCost(model, session),
       exactLengthBatches: model.io.usesGroupQueryAttention,
       continuationMode: options.continuationMode ?? 'replay',
+      kvGrowth: options.kvGrowth ?? 'spread',
     };
     core = new EngineCore(session, model, limits);
     post({

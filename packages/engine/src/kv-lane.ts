@@ -1,10 +1,14 @@
 import type { KvData, KvRowSource, KvShape } from './kv-batch.js';
+import type { KvGrowth } from './types.js';
 
 /** Capacity grows (and shrinks) in blocks of this many slots. */
 export const KV_BLOCK = 64;
 
 /** The least a growing capacity is multiplied by (then rounded up to a block). */
 const GROWTH = 1.25;
+
+/** Bytes a step copies into the spare buffers while the next growth is prepared. */
+export const PREPARE_BYTES_PER_STEP = 8 * 1024 * 1024;
 
 /**
  * The decode rows' KV cache in engine-owned buffers, used when the session outputs each layer's
@@ -17,8 +21,14 @@ const GROWTH = 1.25;
  * Rows change in place: a leaving row is replaced by the last row (one row copied), a joining row
  * is copied into the next free row. The capacity tracks the longest row, growing by at least a
  * quarter rounded up to {@link KV_BLOCK} (never past `limit`, the rows' longest reservation),
- * re-laid out in place; buffers are reallocated only when too small, then with room for
- * `maxRows` rows of `limit` slots.
+ * buffers are reallocated only when too small, then with room for `maxRows` rows of `limit` slots.
+ *
+ * Growing moves every row (each row's slots start at row × capacity): done in the one step that
+ * needs it, that is a whole-cache copy holding up every row (30–80 ms at 32 rows × 576 slots of the
+ * bench model, page faults included). With `growth: 'spread'` (the default) the next layout is built
+ * in a second buffer set while the lane approaches its capacity, {@link PREPARE_BYTES_PER_STEP} a
+ * step (rows already copied also get each step's new slices there), and the two sets swap when the
+ * growth is due. The price is the second set's memory: up to twice the lane's KV pages.
  */
 export class LaneKv {
   readonly shape: KvShape;
@@ -29,10 +39,18 @@ export class LaneKv {
 
   /** The most rows the lane will hold (row headroom is never allocated past it). */
   readonly maxRows: number;
+  readonly growth: KvGrowth;
+  /** Whole-lane re-layouts done within one step (growing without a prepared layout, or shrinking). */
+  relayouts = 0;
+  /** The second buffer set, where the next growth's layout is prepared (same length as the first). */
+  #spare: KvData[] | undefined;
+  /** The growth being prepared in the spare set: rows [0, copied) laid out at `capacity`. */
+  #next: { capacity: number; copied: number } | undefined;
 
-  constructor(shape: KvShape, maxRows = Infinity) {
+  constructor(shape: KvShape, maxRows = Infinity, growth: KvGrowth = 'spread') {
     this.shape = shape;
     this.maxRows = maxRows;
+    this.growth = growth;
     this.#buffers = Array.from({ length: shape.numLayers * 2 }, () => allocate(shape, 0));
   }
 
@@ -65,12 +83,16 @@ export class LaneKv {
       this.lengths[row] = this.lengths[last]!;
     }
     this.lengths.pop();
+    const next = this.#next;
+    if (next === undefined) return;
+    if (row < next.copied && row !== last) this.#copyRow(row, this.#buffers, this.capacity, this.#spare!, next.capacity);
+    next.copied = Math.min(next.copied, this.rows);
   }
 
   /** Copies a row in as the last row; `limit` bounds the capacity (the rows' longest reservation). */
   addRow(source: KvRowSource, limit: number): void {
     const length = source.segments.reduce((sum, [, count]) => sum + count, 0);
-    this.#fit(Math.max(length, ...this.lengths) + 1, this.rows + 1, limit);
+    this.#ensure(Math.max(length, ...this.lengths) + 1, this.rows + 1, limit);
     const { numKvHeads: heads, headDim } = this.shape;
     const row = this.rows;
     const capacity = this.capacity;
@@ -90,9 +112,11 @@ export class LaneKv {
     this.lengths.push(length);
   }
 
-  /** Makes room for every row's next token (grows, or shrinks after long rows left). */
+  /** Makes room for every row's next token (grows, or shrinks after long rows left), and prepares the next growth. */
   reserveNext(limit: number): void {
-    this.#fit(Math.max(0, ...this.lengths) + 1, this.rows, limit);
+    const need = Math.max(0, ...this.lengths) + 1;
+    this.#ensure(need, this.rows, limit);
+    if (this.growth === 'spread') this.#prepare(need, limit);
   }
 
   /** Writes one step's new slices ([rows, heads, 1, headDim] per layer key/value) into each row's next slot. */
@@ -109,6 +133,20 @@ export class LaneKv {
         }
       }
     });
+    // Rows already copied into the next layout get their new slices there too.
+    const next = this.#next;
+    if (next !== undefined) {
+      this.#spare!.forEach((out, k) => {
+        const input = newKv[k]!;
+        for (let row = 0; row < next.copied; row++) {
+          const slot = this.lengths[row]!;
+          for (let h = 0; h < heads; h++) {
+            const from = (row * heads + h) * headDim;
+            out.set(input.subarray(from, from + headDim), ((row * heads + h) * next.capacity + slot) * headDim);
+          }
+        }
+      });
+    }
     for (let row = 0; row < this.rows; row++) this.lengths[row]! += 1;
   }
 
@@ -116,19 +154,85 @@ export class LaneKv {
     return this.shape.numKvHeads * capacity * this.shape.headDim;
   }
 
+  /** Like {@link #fit}, but a growth whose layout is prepared in the spare set swaps to it. */
+  #ensure(need: number, rows: number, limit: number): void {
+    const next = this.#next;
+    if (
+      next !== undefined &&
+      need > this.capacity &&
+      need <= next.capacity &&
+      rows * this.#rowSize(next.capacity) <= this.#spare![0]!.length
+    ) {
+      for (let row = next.copied; row < this.rows; row++) this.#copyRow(row, this.#buffers, this.capacity, this.#spare!, next.capacity);
+      [this.#buffers, this.#spare] = [this.#spare!, this.#buffers];
+      this.capacity = next.capacity;
+      this.#next = undefined;
+      return;
+    }
+    this.#fit(need, rows, limit);
+  }
+
+  /**
+   * Copies rows into the next growth's layout, at most {@link PREPARE_BYTES_PER_STEP} a step, starting
+   * early enough that every row is there when the growth is due (the rows' length + 1 > capacity).
+   */
+  #prepare(need: number, limit: number): void {
+    const target = this.#grown(this.capacity + 1, limit);
+    if (this.rows === 0 || need > this.capacity || this.capacity >= limit || this.rows * this.#rowSize(target) > this.#buffers[0]!.length) {
+      this.#next = undefined;
+      return;
+    }
+    if (this.#next !== undefined && this.#next.capacity !== target) this.#next = undefined;
+    const copied = this.#next?.copied ?? 0;
+    const slotBytes = this.#rowSize(1) * this.#buffers.length * this.#buffers[0]!.BYTES_PER_ELEMENT;
+    let bytes = 0;
+    for (let row = copied; row < this.rows; row++) bytes += this.lengths[row]! * slotBytes;
+    // This call and one per step until the growth: capacity - need + 1 chances (the last may finish the copy).
+    const steps = this.capacity - need + 1;
+    if (this.#next === undefined && steps > Math.ceil(bytes / PREPARE_BYTES_PER_STEP) + 2) return;
+    const next = (this.#next ??= { capacity: target, copied: 0 });
+    if (this.#spare === undefined || this.#spare[0]!.length !== this.#buffers[0]!.length) {
+      this.#spare = this.#buffers.map((buffer) => allocate(this.shape, buffer.length));
+    }
+    for (let done = 0; next.copied < this.rows && done < PREPARE_BYTES_PER_STEP; next.copied++) {
+      this.#copyRow(next.copied, this.#buffers, this.capacity, this.#spare, next.capacity);
+      done += this.lengths[next.copied]! * slotBytes;
+    }
+  }
+
+  /** One row's real slots from one layout into another, the slots after them zeroed. */
+  #copyRow(row: number, from: readonly KvData[], fromCapacity: number, to: readonly KvData[], toCapacity: number): void {
+    const { numKvHeads: heads, headDim } = this.shape;
+    const length = this.lengths[row]!;
+    to.forEach((out, k) => {
+      const input = from[k]!;
+      for (let h = 0; h < heads; h++) {
+        const at = (row * heads + h) * toCapacity * headDim;
+        const start = (row * heads + h) * fromCapacity * headDim;
+        out.set(input.subarray(start, start + length * headDim), at);
+        out.fill(0, at + length * headDim, at + toCapacity * headDim);
+      }
+    });
+  }
+
+  /** The capacity a growth to `need` slots takes: at least a quarter more, rounded up to a block, within `limit`. */
+  #grown(need: number, limit: number): number {
+    // Growing moves every row, so it grows by at least a quarter: O(log length) re-layouts per lane
+    // instead of one per block, for at most a quarter more padded slots attended over.
+    const target = Math.ceil(Math.max(need, this.capacity * GROWTH) / KV_BLOCK) * KV_BLOCK;
+    return Math.max(need, Math.min(target, limit));
+  }
+
   /** Sets the capacity for `need` slots and room for `rows` rows, moving the current rows' slots. */
   #fit(need: number, rows: number, limit: number): void {
     const blocks = Math.ceil(need / KV_BLOCK) * KV_BLOCK;
-    // Growing re-lays the whole lane out (one step's latency spike), so it grows by at least a
-    // quarter: O(log length) re-layouts per lane instead of one per block, for at most a quarter
-    // more padded slots attended over.
-    const target = need > this.capacity ? Math.ceil(Math.max(need, this.capacity * GROWTH) / KV_BLOCK) * KV_BLOCK : blocks;
-    const rounded = Math.max(need, Math.min(target, limit));
+    const rounded = need > this.capacity ? this.#grown(need, limit) : Math.max(need, Math.min(blocks, limit));
     // Keep the capacity while it fits and wastes less than the growth step plus two blocks.
     // (An empty lane, kept for reuse, takes the capacity its first row needs: nothing to move.)
     const keep =
       this.rows > 0 && need <= this.capacity && this.capacity < blocks * GROWTH + 2 * KV_BLOCK && this.capacity <= Math.max(need, limit);
     const capacity = keep ? this.capacity : rounded;
+    if (capacity !== this.capacity) this.#next = undefined;
     const elements = rows * this.#rowSize(capacity);
     if (elements <= (this.#buffers[0]?.length ?? 0)) {
       if (capacity !== this.capacity) this.#relayout(capacity);
@@ -156,11 +260,14 @@ export class LaneKv {
       }
       return out;
     });
+    this.#spare = undefined;
+    this.#next = undefined;
     this.capacity = capacity;
   }
 
   /** Re-lays the rows out with another capacity inside the same buffers. */
   #relayout(capacity: number): void {
+    if (this.rows > 0) this.relayouts++;
     const { numKvHeads: heads, headDim } = this.shape;
     const old = this.capacity;
     const blocks = this.rows * heads;

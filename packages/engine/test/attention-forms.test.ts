@@ -49,58 +49,62 @@ describe.each(ATTENTION_FORMS)('the %s attention form', (form: AttentionForm) =>
     expect(output.newKv[0]!.length).toBe(session.io.kv.numKvHeads * 5 * session.io.kv.headDim);
   });
 
-  it('gives every request the raw greedy loop’s tokens as rows join, leave and grow past several capacity blocks', async () => {
-    // Chunked prefill (24-token budget) beside decoding rows; rows of very different lengths share
-    // the lane; the longest grows past 5 blocks.
-    const core = new EngineCore(session, model, {
-      maxBatchSize: 4,
-      maxStepTokens: 24,
-      maxCachedTokens: 4 * 2048,
-      laneCost: 64,
-      exactLengthBatches: false,
-      continuationMode: 'replay',
-    });
-    const cases = [
-      { prompt: 5, maxTokens: 5 * KV_BLOCK + 10 },
-      { prompt: 40, maxTokens: 30 },
-      { prompt: 3, maxTokens: 2 * KV_BLOCK + 7 },
-      { prompt: 61, maxTokens: 90 },
-      { prompt: 17, maxTokens: 3 * KV_BLOCK },
-      { prompt: 9, maxTokens: 12 },
-    ].map(({ prompt, maxTokens }, key) => ({
-      key,
-      maxTokens,
-      promptTokenIds: Array.from({ length: prompt }, (_, t) => 3 + ((key * 131 + t * 17) % 1000)),
-    }));
-    const got: number[][] = cases.map(() => []);
-    let maxRows = 0;
-    for (let step = 0; !core.idle || step <= 25 * cases.length; step++) {
-      if (step % 25 === 0 && step / 25 < cases.length) {
-        const c = cases[step / 25]!;
-        core.add(
-          c.key,
-          resolveRequest(
-            {
-              id: `form-${c.key}`,
-              promptTokenIds: c.promptTokenIds,
-              sampling: { maxTokens: c.maxTokens, temperature: 0, ignoreEos: true },
-            },
-            { vocabSize: model.tokenizer.vocabSize, maxContextLength: 2048, maxBatchSize: 4, maxCachedTokens: 4 * 2048 },
-          ),
-          performance.timeOrigin + performance.now(),
-        );
+  it.each(['spread', 'in-place'] as const)(
+    'gives every request the raw greedy loop’s tokens as rows join, leave and grow past several capacity blocks (%s growth)',
+    async (kvGrowth) => {
+      // Chunked prefill (24-token budget) beside decoding rows; rows of very different lengths share
+      // the lane; the longest grows past 5 blocks.
+      const core = new EngineCore(session, model, {
+        maxBatchSize: 4,
+        maxStepTokens: 24,
+        maxCachedTokens: 4 * 2048,
+        laneCost: 64,
+        exactLengthBatches: false,
+        continuationMode: 'replay',
+        kvGrowth,
+      });
+      const cases = [
+        { prompt: 5, maxTokens: 5 * KV_BLOCK + 10 },
+        { prompt: 40, maxTokens: 30 },
+        { prompt: 3, maxTokens: 2 * KV_BLOCK + 7 },
+        { prompt: 61, maxTokens: 90 },
+        { prompt: 17, maxTokens: 3 * KV_BLOCK },
+        { prompt: 9, maxTokens: 12 },
+      ].map(({ prompt, maxTokens }, key) => ({
+        key,
+        maxTokens,
+        promptTokenIds: Array.from({ length: prompt }, (_, t) => 3 + ((key * 131 + t * 17) % 1000)),
+      }));
+      const got: number[][] = cases.map(() => []);
+      let maxRows = 0;
+      for (let step = 0; !core.idle || step <= 25 * cases.length; step++) {
+        if (step % 25 === 0 && step / 25 < cases.length) {
+          const c = cases[step / 25]!;
+          core.add(
+            c.key,
+            resolveRequest(
+              {
+                id: `form-${c.key}`,
+                promptTokenIds: c.promptTokenIds,
+                sampling: { maxTokens: c.maxTokens, temperature: 0, ignoreEos: true },
+              },
+              { vocabSize: model.tokenizer.vocabSize, maxContextLength: 2048, maxBatchSize: 4, maxCachedTokens: 4 * 2048 },
+            ),
+            performance.timeOrigin + performance.now(),
+          );
+        }
+        const { events, stats } = await core.step();
+        maxRows = Math.max(maxRows, stats?.batchSize ?? 0);
+        for (const [key, event] of events) {
+          if (event.type === 'text-delta') got[key]!.push(...event.tokenIds);
+          if (event.type === 'finish') expect(event.error, `request ${key}`).toBeUndefined();
+        }
       }
-      const { events, stats } = await core.step();
-      maxRows = Math.max(maxRows, stats?.batchSize ?? 0);
-      for (const [key, event] of events) {
-        if (event.type === 'text-delta') got[key]!.push(...event.tokenIds);
-        if (event.type === 'finish') expect(event.error, `request ${key}`).toBeUndefined();
+      expect(maxRows).toBeGreaterThanOrEqual(3);
+      for (const c of cases) {
+        const [want] = await raw.greedy([c.promptTokenIds], { maxNewTokens: c.maxTokens });
+        expect(got[c.key], `request ${c.key}`).toEqual(want);
       }
-    }
-    expect(maxRows).toBeGreaterThanOrEqual(3);
-    for (const c of cases) {
-      const [want] = await raw.greedy([c.promptTokenIds], { maxNewTokens: c.maxTokens });
-      expect(got[c.key], `request ${c.key}`).toEqual(want);
-    }
-  });
+    },
+  );
 });

@@ -29,6 +29,7 @@ function newCore(): EngineCore {
     laneCost: 64,
     exactLengthBatches: false,
     continuationMode: 'replay',
+    kvGrowth: 'spread',
   });
 }
 
@@ -108,6 +109,7 @@ describe('EngineCore', () => {
           laneCost: 64,
           exactLengthBatches: false,
           continuationMode: 'replay',
+          kvGrowth: 'spread',
         });
         const tokens: number[][] = [[], [], [], [], []];
         const lengths = [30, 7, 90, 12, 70];

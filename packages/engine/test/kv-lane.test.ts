@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { KvBatch, type KvShape } from '../src/kv-batch.js';
-import { KV_BLOCK, LaneKv } from '../src/kv-lane.js';
+import { KV_BLOCK, LaneKv, PREPARE_BYTES_PER_STEP } from '../src/kv-lane.js';
 import { packLaneInputs } from '../src/pack-inputs.js';
 
 const shape: KvShape = { numLayers: 1, numKvHeads: 2, headDim: 2, dtype: 'float32' };
@@ -76,7 +76,7 @@ describe('LaneKv', () => {
   });
 
   it('keeps its buffers when a row with a slightly longer reservation joins later, and an emptied lane starts small', () => {
-    const lane = new LaneKv(shape, 2);
+    const lane = new LaneKv(shape, 2, 'in-place');
     lane.addRow(prefilled(100, 10).rowSource(0), 150);
     const buffer = lane.data[0]!.buffer;
     lane.addRow(prefilled(200, 10).rowSource(0), 160);
@@ -111,4 +111,88 @@ describe('LaneKv', () => {
     expect(Array.from(inputs.positionIds, Number)).toEqual([2, 4]);
     expect(Array.from(inputs.inputIds, Number)).toEqual([9, 8]);
   });
+
+  it('spread growth: the same contents as growing in place through random joins, leaves and steps, with fewer whole-lane re-layouts', () => {
+    // Big enough that preparing a growth takes several steps of PREPARE_BYTES_PER_STEP.
+    const big: KvShape = { numLayers: 2, numKvHeads: 4, headDim: 64, dtype: 'float32' };
+    const slot = big.numKvHeads * big.headDim;
+    const lanes = [new LaneKv(big, 24, 'spread'), new LaneKv(big, 24, 'in-place')];
+    let seed = 7;
+    const random = (): number => (seed = (seed * 1103515245 + 12345) % 2 ** 31) / 2 ** 31;
+    const source = (length: number, tag: number): KvBatch => {
+      const data = Array.from({ length: 4 }, (_, k) => Float32Array.from({ length: length * slot }, (_, i) => tag + k + i / 1e4));
+      return new KvBatch(big, data, [length], length);
+    };
+    let maxCopyBytes = 0;
+    for (let step = 0; step < 900; step++) {
+      const rows = lanes[0]!.rows;
+      if (rows < 24 && (rows < 4 || random() < 0.02)) {
+        const joiner = source(1 + Math.floor(random() * 300), step * 10);
+        for (const lane of lanes) lane.addRow(joiner.rowSource(0), 1200);
+      }
+      if (rows > 4 && random() < 0.01) {
+        const row = Math.floor(random() * rows);
+        for (const lane of lanes) lane.removeRow(row);
+      }
+      if (Math.max(...lanes[0]!.lengths) >= 1199) break;
+      for (const lane of lanes) lane.reserveNext(1200);
+      const slices = Array.from({ length: 4 }, (_, k) =>
+        Float32Array.from({ length: lanes[0]!.rows * slot }, (_, i) => -(step + k + i / 1e4)),
+      );
+      for (const lane of lanes) lane.append(slices);
+      maxCopyBytes = Math.max(maxCopyBytes, lanes[0]!.rows * lanes[0]!.capacity * slot * 4 * 4);
+      const [spread, inPlace] = lanes as [LaneKv, LaneKv];
+      expect(spread.lengths).toEqual(inPlace.lengths);
+      if (step % 10 === 0) expect(mismatches(spread, inPlace)).toEqual([]);
+    }
+    expect(mismatches(lanes[0]!, lanes[1]!)).toEqual([]);
+    // The whole cache outgrew one step's copy budget many times over. Both lanes re-lay out in one step
+    // to shrink or for a joiner longer than the capacity; only the in-place lane does it to grow.
+    expect(maxCopyBytes).toBeGreaterThan(4 * PREPARE_BYTES_PER_STEP);
+    expect(lanes[0]!.relayouts).toBeLessThan(lanes[1]!.relayouts - 3);
+  });
+
+  it('spread growth: rows growing a slot per step never wait for a whole-lane re-layout', () => {
+    const big: KvShape = { numLayers: 2, numKvHeads: 4, headDim: 64, dtype: 'float32' };
+    const slot = big.numKvHeads * big.headDim;
+    const lanes = [new LaneKv(big, 24, 'spread'), new LaneKv(big, 24, 'in-place')];
+    for (let row = 0; row < 24; row++) {
+      const length = 8 + row;
+      const data = Array.from({ length: 4 }, () => new Float32Array(length * slot).fill(row + 1));
+      for (const lane of lanes) lane.addRow(new KvBatch(big, data, [length], length).rowSource(0), 1000);
+    }
+    const slices = Array.from({ length: 4 }, () => new Float32Array(24 * slot).fill(-1));
+    const capacities = new Set<number>();
+    while (lanes[0]!.lengths[23]! < 999) {
+      for (const lane of lanes) {
+        lane.reserveNext(1000);
+        lane.append(slices);
+      }
+      capacities.add(lanes[0]!.capacity);
+    }
+    expect(capacities.size).toBeGreaterThan(4);
+    expect(lanes[1]!.relayouts).toBe(capacities.size - 1);
+    expect(lanes[0]!.relayouts).toBe(0);
+    expect(mismatches(lanes[0]!, lanes[1]!)).toEqual([]);
+  });
 });
+
+/** Where two lanes' rows differ in their real slots, or `a` holds a non-zero slot past a row's length. */
+function mismatches(a: LaneKv, b: LaneKv): string[] {
+  const { numKvHeads: heads, headDim } = a.shape;
+  const found: string[] = [];
+  a.lengths.forEach((length, row) => {
+    a.data.forEach((tensor, k) => {
+      const other = b.data[k]!;
+      for (let h = 0; h < heads; h++) {
+        const at = (row * heads + h) * a.capacity * headDim;
+        const bt = (row * heads + h) * b.capacity * headDim;
+        for (let i = 0; i < length * headDim; i++)
+          if (tensor[at + i] !== other[bt + i]) return void found.push(`row ${row} tensor ${k} head ${h} element ${i}`);
+        for (let i = length * headDim; i < a.capacity * headDim; i++)
+          if (tensor[at + i] !== 0) return void found.push(`row ${row} tensor ${k} head ${h}: slot ${Math.floor(i / headDim)} not zero`);
+      }
+    });
+  });
+  return found;
+}
