@@ -7,9 +7,6 @@ export const KV_BLOCK = 64;
 /** The least a growing capacity is multiplied by (then rounded up to a block). */
 const GROWTH = 1.25;
 
-/** Bytes a step copies into the spare buffers while the next growth is prepared. */
-export const PREPARE_BYTES_PER_STEP = 8 * 1024 * 1024;
-
 /**
  * The decode rows' KV cache in engine-owned buffers, used when the session outputs each layer's
  * new key/value slice (`OnnxSession.outputsNewKv`). Per layer, key and value are fed as one tensor
@@ -26,9 +23,11 @@ export const PREPARE_BYTES_PER_STEP = 8 * 1024 * 1024;
  * Growing moves every row (each row's slots start at row × capacity): done in the one step that
  * needs it, that is a whole-cache copy holding up every row (30–80 ms at 32 rows × 576 slots of the
  * bench model, page faults included). With `growth: 'spread'` (the default) the next layout is built
- * in a second buffer set while the lane approaches its capacity, {@link PREPARE_BYTES_PER_STEP} a
- * step (rows already copied also get each step's new slices there), and the two sets swap when the
- * growth is due. The price is the second set's memory: up to twice the lane's KV pages.
+ * in a second buffer set from the step after a growth on: each step copies an even share of what is
+ * left (one layer's key or value of a row at a time) over the steps left before the next growth, rows
+ * already copied also get each step's new slices there, and the two sets swap when the growth is due.
+ * The price is the second set's memory (up to twice the lane's KV pages) and a second write of each
+ * step's new slices.
  */
 export class LaneKv {
   readonly shape: KvShape;
@@ -44,8 +43,11 @@ export class LaneKv {
   relayouts = 0;
   /** The second buffer set, where the next growth's layout is prepared (same length as the first). */
   #spare: KvData[] | undefined;
-  /** The growth being prepared in the spare set: rows [0, copied) laid out at `capacity`. */
-  #next: { capacity: number; copied: number } | undefined;
+  /**
+   * The growth being prepared in the spare set, laid out at `capacity`: `units` (row, tensor) pairs
+   * copied, row-major (rows [0, units / tensors) whole, then the first units % tensors tensors of the next).
+   */
+  #next: { capacity: number; units: number } | undefined;
 
   constructor(shape: KvShape, maxRows = Infinity, growth: KvGrowth = 'spread') {
     this.shape = shape;
@@ -85,8 +87,11 @@ export class LaneKv {
     this.lengths.pop();
     const next = this.#next;
     if (next === undefined) return;
-    if (row < next.copied && row !== last) this.#copyRow(row, this.#buffers, this.capacity, this.#spare!, next.capacity);
-    next.copied = Math.min(next.copied, this.rows);
+    // The moved row's copied tensors are stale in the spare: copy them again; the old last row's go.
+    if (row !== last) {
+      for (let k = 0; k < this.#buffers.length; k++) if (row < this.#rowsCopied(k)) this.#copyUnit(row, k, next.capacity);
+    }
+    next.units = Math.min(next.units, this.rows * this.#buffers.length);
   }
 
   /** Copies a row in as the last row; `limit` bounds the capacity (the rows' longest reservation). */
@@ -138,7 +143,8 @@ export class LaneKv {
     if (next !== undefined) {
       this.#spare!.forEach((out, k) => {
         const input = newKv[k]!;
-        for (let row = 0; row < next.copied; row++) {
+        const copied = this.#rowsCopied(k);
+        for (let row = 0; row < copied; row++) {
           const slot = this.lengths[row]!;
           for (let h = 0; h < heads; h++) {
             const from = (row * heads + h) * headDim;
@@ -163,7 +169,7 @@ export class LaneKv {
       need <= next.capacity &&
       rows * this.#rowSize(next.capacity) <= this.#spare![0]!.length
     ) {
-      for (let row = next.copied; row < this.rows; row++) this.#copyRow(row, this.#buffers, this.capacity, this.#spare!, next.capacity);
+      for (const units = this.rows * this.#buffers.length; next.units < units; next.units++) this.#copyUnitAt(next.units, next.capacity);
       [this.#buffers, this.#spare] = [this.#spare!, this.#buffers];
       this.capacity = next.capacity;
       this.#next = undefined;
@@ -173,8 +179,9 @@ export class LaneKv {
   }
 
   /**
-   * Copies rows into the next growth's layout, at most {@link PREPARE_BYTES_PER_STEP} a step, starting
-   * early enough that every row is there when the growth is due (the rows' length + 1 > capacity).
+   * Copies into the next growth's layout an even share of what is left over the steps left before it
+   * is due (the rows' length + 1 > capacity), at least one unit: however slowly the machine copies
+   * (fresh pages fault in at ~7 µs each on this VM), no step carries much more than its share.
    */
   #prepare(need: number, limit: number): void {
     const target = this.#grown(this.capacity + 1, limit);
@@ -183,36 +190,46 @@ export class LaneKv {
       return;
     }
     if (this.#next !== undefined && this.#next.capacity !== target) this.#next = undefined;
-    const copied = this.#next?.copied ?? 0;
-    const slotBytes = this.#rowSize(1) * this.#buffers.length * this.#buffers[0]!.BYTES_PER_ELEMENT;
-    let bytes = 0;
-    for (let row = copied; row < this.rows; row++) bytes += this.lengths[row]! * slotBytes;
-    // This call and one per step until the growth: capacity - need + 1 chances (the last may finish the copy).
-    const steps = this.capacity - need + 1;
-    if (this.#next === undefined && steps > Math.ceil(bytes / PREPARE_BYTES_PER_STEP) + 2) return;
-    const next = (this.#next ??= { capacity: target, copied: 0 });
+    const next = (this.#next ??= { capacity: target, units: 0 });
     if (this.#spare === undefined || this.#spare[0]!.length !== this.#buffers[0]!.length) {
       this.#spare = this.#buffers.map((buffer) => allocate(this.shape, buffer.length));
     }
-    for (let done = 0; next.copied < this.rows && done < PREPARE_BYTES_PER_STEP; next.copied++) {
-      this.#copyRow(next.copied, this.#buffers, this.capacity, this.#spare, next.capacity);
-      done += this.lengths[next.copied]! * slotBytes;
+    const tensors = this.#buffers.length;
+    const units = this.rows * tensors;
+    if (next.units >= units) return;
+    let left = 0;
+    for (let row = Math.floor(next.units / tensors); row < this.rows; row++) left += this.lengths[row]!;
+    // This call and one per step until the growth: capacity - need + 1 chances. (Slots of all tensors.)
+    const share = left / (this.capacity - need + 1);
+    for (let slots = 0; next.units < units && slots < share; next.units++) {
+      slots += this.lengths[Math.floor(next.units / tensors)]! / tensors;
+      this.#copyUnitAt(next.units, next.capacity);
     }
   }
 
-  /** One row's real slots from one layout into another, the slots after them zeroed. */
-  #copyRow(row: number, from: readonly KvData[], fromCapacity: number, to: readonly KvData[], toCapacity: number): void {
+  /** Rows whose tensor `k` is already in the next layout. */
+  #rowsCopied(k: number): number {
+    const units = this.#next?.units ?? 0;
+    const tensors = this.#buffers.length;
+    return Math.floor(units / tensors) + (units % tensors > k ? 1 : 0);
+  }
+
+  #copyUnitAt(unit: number, toCapacity: number): void {
+    this.#copyUnit(Math.floor(unit / this.#buffers.length), unit % this.#buffers.length, toCapacity);
+  }
+
+  /** One row's real slots of tensor `k` into the spare set's layout at `toCapacity`, the slots after them zeroed. */
+  #copyUnit(row: number, k: number, toCapacity: number): void {
     const { numKvHeads: heads, headDim } = this.shape;
     const length = this.lengths[row]!;
-    to.forEach((out, k) => {
-      const input = from[k]!;
-      for (let h = 0; h < heads; h++) {
-        const at = (row * heads + h) * toCapacity * headDim;
-        const start = (row * heads + h) * fromCapacity * headDim;
-        out.set(input.subarray(start, start + length * headDim), at);
-        out.fill(0, at + length * headDim, at + toCapacity * headDim);
-      }
-    });
+    const input = this.#buffers[k]!;
+    const out = this.#spare![k]!;
+    for (let h = 0; h < heads; h++) {
+      const at = (row * heads + h) * toCapacity * headDim;
+      const start = (row * heads + h) * this.capacity * headDim;
+      out.set(input.subarray(start, start + length * headDim), at);
+      out.fill(0, at + length * headDim, at + toCapacity * headDim);
+    }
   }
 
   /** The capacity a growth to `need` slots takes: at least a quarter more, rounded up to a block, within `limit`. */

@@ -31,7 +31,7 @@ export interface EngineOptions {
   continuationMode?: ContinuationMode;
   /**
    * How the decode rows' KV cache grows (engine-owned cache only): `spread` — the next, larger layout
-   * is copied into a second buffer set a few MB per step before it is needed, so no step waits for a
+   * is copied into a second buffer set, a share per step, before it is needed, so no step waits for a
    * whole-cache copy (costs up to twice the KV memory); `in-place` — the whole cache is moved in the
    * step that needs the room (one latency spike per growth, 30–80 ms at 32 rows × 576 slots of the
    * bench model).

@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { KvBatch, type KvShape } from '../src/kv-batch.js';
-import { KV_BLOCK, LaneKv, PREPARE_BYTES_PER_STEP } from '../src/kv-lane.js';
+import { KV_BLOCK, LaneKv } from '../src/kv-lane.js';
 import { packLaneInputs } from '../src/pack-inputs.js';
 
 const shape: KvShape = { numLayers: 1, numKvHeads: 2, headDim: 2, dtype: 'float32' };
@@ -113,7 +113,6 @@ describe('LaneKv', () => {
   });
 
   it('spread growth: the same contents as growing in place through random joins, leaves and steps, with fewer whole-lane re-layouts', () => {
-    // Big enough that preparing a growth takes several steps of PREPARE_BYTES_PER_STEP.
     const big: KvShape = { numLayers: 2, numKvHeads: 4, headDim: 64, dtype: 'float32' };
     const slot = big.numKvHeads * big.headDim;
     const lanes = [new LaneKv(big, 24, 'spread'), new LaneKv(big, 24, 'in-place')];
@@ -123,14 +122,13 @@ describe('LaneKv', () => {
       const data = Array.from({ length: 4 }, (_, k) => Float32Array.from({ length: length * slot }, (_, i) => tag + k + i / 1e4));
       return new KvBatch(big, data, [length], length);
     };
-    let maxCopyBytes = 0;
     for (let step = 0; step < 900; step++) {
       const rows = lanes[0]!.rows;
-      if (rows < 24 && (rows < 4 || random() < 0.02)) {
+      if (rows < 24 && (rows < 4 || random() < 0.04)) {
         const joiner = source(1 + Math.floor(random() * 300), step * 10);
         for (const lane of lanes) lane.addRow(joiner.rowSource(0), 1200);
       }
-      if (rows > 4 && random() < 0.01) {
+      if (rows > 4 && random() < 0.03) {
         const row = Math.floor(random() * rows);
         for (const lane of lanes) lane.removeRow(row);
       }
@@ -140,15 +138,13 @@ describe('LaneKv', () => {
         Float32Array.from({ length: lanes[0]!.rows * slot }, (_, i) => -(step + k + i / 1e4)),
       );
       for (const lane of lanes) lane.append(slices);
-      maxCopyBytes = Math.max(maxCopyBytes, lanes[0]!.rows * lanes[0]!.capacity * slot * 4 * 4);
       const [spread, inPlace] = lanes as [LaneKv, LaneKv];
       expect(spread.lengths).toEqual(inPlace.lengths);
       if (step % 10 === 0) expect(mismatches(spread, inPlace)).toEqual([]);
     }
     expect(mismatches(lanes[0]!, lanes[1]!)).toEqual([]);
-    // The whole cache outgrew one step's copy budget many times over. Both lanes re-lay out in one step
-    // to shrink or for a joiner longer than the capacity; only the in-place lane does it to grow.
-    expect(maxCopyBytes).toBeGreaterThan(4 * PREPARE_BYTES_PER_STEP);
+    // Both lanes re-lay out in one step to shrink or for a joiner longer than the capacity; only the
+    // in-place lane does it to grow.
     expect(lanes[0]!.relayouts).toBeLessThan(lanes[1]!.relayouts - 3);
   });
 
