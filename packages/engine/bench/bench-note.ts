@@ -9,7 +9,7 @@ export interface Targets {
 export function renderNote(targets: Targets): string {
   const lines: string[] = ['### Notes'];
   lines.push(
-    "- **What batching can gain on this CPU.** A decode call costs a fixed part (every weight read once, ~112 MB) plus a part that grows with rows × padded past length: the Optimum-style graph concatenates past and new keys/values into `present.*`, transposes the keys and reads them for attention. The engine no longer fetches `present.*` (onnxruntime-node would copy the whole cache out every step): it fetches only each layer's new key/value slice and keeps the cache in its own buffers (docs/engine.md). Batching amortizes only the fixed part, so the gain per token shrinks as contexts grow (table above).",
+    "- **What batching can gain on this CPU.** A decode call costs a fixed part (every weight read once, ~112 MB) plus a part that grows with rows × padded past length: attention reads every row's cache (in the generator's plain form, keys as the A operand of `K · qᵀ` and values per query head, neither packed by MLAS). The engine fetches only each layer's new key/value slice and keeps the cache in its own buffers (docs/engine.md). Batching amortizes only the fixed part, so the gain per token shrinks as contexts grow (table above).",
   );
   if (!targets.continuousAtLeast4xSequential) {
     lines.push(
@@ -29,7 +29,7 @@ export function renderNote(targets: Targets): string {
   }
   if (!targets.newcomerWithinOneStep) {
     lines.push(
-      "- **Newcomers.** Some requests waited longer than one step. Besides a full batch or the KV cap, a step that grows the lane's capacity (one 64-slot block: the whole lane re-laid out in place, ~100 ms at 30 rows, or copied into a new buffer when the slot headroom is used up) stalls everyone once; buffers are allocated once for the engine's max batch of rows, so adding rows no longer reallocates. Growing slots with more headroom, or per-row block tables, is the next fix (docs/engine.md).",
+      "- **Newcomers.** Some requests waited longer than one step: a full batch or the KV cap makes a newcomer wait for rows to finish, and a step that prefills a burst of prompts (one call each, ~8 ms per prompt) is long for everyone in it. Growing the lane's capacity no longer stalls a step (spread growth, docs/engine.md); a joiner longer than the capacity still re-lays the lane out once.",
     );
   }
   if (lines.length === 1) lines.push('- All targets met in this run.');
