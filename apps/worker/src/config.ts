@@ -34,11 +34,11 @@ export const workerEnvSchema = z.object({
    */
   CONTINUATION_MODE: z.enum(['replay', 'prefill']).default('replay'),
   /**
-   * How the KV cache grows: `spread` prepares the larger layout over the steps before it is needed
-   * (no step waits for a whole-cache copy; up to twice the KV memory), `in-place` moves it in one step.
-   * @defaultValue spread
+   * How the KV cache grows: `in-place` moves it in the step that needs room (one latency spike per
+   * growth); `spread` prepares the larger layout over the steps before (no such spike; up to twice the
+   * KV memory and a little throughput, more on memory-bound models). @defaultValue in-place
    */
-  KV_GROWTH: z.enum(['spread', 'in-place']).default('spread'),
+  KV_GROWTH: z.enum(['spread', 'in-place']).default('in-place'),
   /** Jobs taken from the queue at once. @defaultValue MAX_BATCH_SIZE */
   WORKER_CONCURRENCY: int(1).optional(),
   /** This worker's id in the registry. @defaultValue host-pid-random */

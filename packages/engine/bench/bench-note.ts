@@ -29,7 +29,7 @@ export function renderNote(targets: Targets): string {
   }
   if (!targets.newcomerWithinOneStep) {
     lines.push(
-      "- **Newcomers.** Some requests waited longer than one step: a full batch or the KV cap makes a newcomer wait for rows to finish, and a step that prefills a burst of prompts (one call each, ~8 ms per prompt) is long for everyone in it. Growing the lane's capacity no longer stalls a step (spread growth, docs/engine.md); a joiner longer than the capacity still re-lays the lane out once.",
+      "- **Newcomers.** Some requests waited longer than one step: a full batch or the KV cap makes a newcomer wait for rows to finish, and a step that prefills a burst of prompts (one call each, ~8 ms per prompt) is long for everyone in it. A step that grows the lane's capacity re-lays the whole lane out (in place, the default: tens of ms at 32 rows) and so delays everyone once; `KV_GROWTH=spread` prepares it over the steps before (docs/engine.md).",
     );
   }
   if (lines.length === 1) lines.push('- All targets met in this run.');

@@ -51,7 +51,7 @@ async function main(port: MessagePort, { options }: EngineThreadData): Promise<v
       laneCost: await estimateLaneCost(model, session),
       exactLengthBatches: model.io.usesGroupQueryAttention,
       continuationMode: options.continuationMode ?? 'replay',
-      kvGrowth: options.kvGrowth ?? 'spread',
+      kvGrowth: options.kvGrowth ?? 'in-place',
     };
     core = new EngineCore(session, model, limits);
     post({

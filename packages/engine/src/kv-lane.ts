@@ -22,7 +22,7 @@ const GROWTH = 1.25;
  *
  * Growing moves every row (each row's slots start at row × capacity): done in the one step that
  * needs it, that is a whole-cache copy holding up every row (30–80 ms at 32 rows × 576 slots of the
- * bench model, page faults included). With `growth: 'spread'` (the default) the next layout is built
+ * bench model, page faults included). With `growth: 'spread'` the next layout is built
  * in a second buffer set from the step after a growth on: each step copies an even share of what is
  * left (one layer's key or value of a row at a time) over the steps left before the next growth, rows
  * already copied also get each step's new slices there, and the two sets swap when the growth is due.
@@ -49,7 +49,7 @@ export class LaneKv {
    */
   #next: { capacity: number; units: number } | undefined;
 
-  constructor(shape: KvShape, maxRows = Infinity, growth: KvGrowth = 'spread') {
+  constructor(shape: KvShape, maxRows = Infinity, growth: KvGrowth = 'in-place') {
     this.shape = shape;
     this.maxRows = maxRows;
     this.growth = growth;

@@ -30,12 +30,14 @@ export interface EngineOptions {
    */
   continuationMode?: ContinuationMode;
   /**
-   * How the decode rows' KV cache grows (engine-owned cache only): `spread` — the next, larger layout
-   * is copied into a second buffer set, a share per step, before it is needed, so no step waits for a
-   * whole-cache copy (costs up to twice the KV memory); `in-place` — the whole cache is moved in the
-   * step that needs the room (one latency spike per growth, 30–80 ms at 32 rows × 576 slots of the
-   * bench model).
-   * @defaultValue 'spread'
+   * How the decode rows' KV cache grows (engine-owned cache only): `in-place` — the whole cache is
+   * moved in the step that needs the room (one latency spike per growth, 30–90 ms at 32 rows × 576
+   * slots of the bench model); `spread` — the next, larger layout is copied into a second buffer set,
+   * a share per step, before it is needed, so no step waits for a whole-cache copy. Spread costs up to
+   * twice the KV memory and some throughput: measured, it lowered the bench model's 32 × 768 ITL p99
+   * at the same tokens/s, but cost the SmolLM2-shaped model 4–12 % of its tokens/s with no ITL gain
+   * (docs/engine.md).
+   * @defaultValue 'in-place'
    */
   kvGrowth?: KvGrowth;
 }
