@@ -119,6 +119,7 @@ export class EngineCore {
    */
   async step(early?: (events: StepOutput['events']) => void): Promise<StepOutput> {
     const startedAt = now();
+    const relayoutsBefore = this.#relayouts();
     for (const key of this.#aborts) {
       const group = this.#groups.get(key);
       if (group !== undefined) this.#endGroup(group, 'abort');
@@ -184,6 +185,7 @@ export class EngineCore {
         maxCachedTokens: this.#limits.maxCachedTokens,
         promptTokens,
         generationTokens,
+        kvRelayouts: this.#relayouts() - relayoutsBefore,
       };
     }
     return output;
@@ -475,6 +477,13 @@ export class EngineCore {
     }
     this.#lanes = lane.rows.length > 0 ? [lane] : [];
     if (lane.rows.length === 0) this.#idleLane = lane;
+  }
+
+  /** Whole-lane copies the engine-owned lanes have made so far. */
+  #relayouts(): number {
+    let count = 0;
+    for (const lane of new Set([...this.#lanes, this.#idleLane])) if (lane?.batch instanceof LaneKv) count += lane.batch.relayouts;
+    return count;
   }
 
   /** The most slots any of these rows' caches can need. */

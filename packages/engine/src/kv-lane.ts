@@ -39,7 +39,7 @@ export class LaneKv {
   /** The most rows the lane will hold (row headroom is never allocated past it). */
   readonly maxRows: number;
   readonly growth: KvGrowth;
-  /** Whole-lane re-layouts done within one step (growing without a prepared layout, or shrinking). */
+  /** Whole-lane copies done within one step (a re-layout to grow without a prepared layout or to shrink, or a reallocation). */
   relayouts = 0;
   /** The second buffer set, where the next growth's layout is prepared (same length as the first). */
   #spare: KvData[] | undefined;
@@ -264,6 +264,7 @@ export class LaneKv {
     // still fits, instead of reallocating (copying the whole cache into fresh pages) when it grows.
     const roomSlots = Number.isFinite(limit) ? Math.ceil((Math.max(capacity, limit) * GROWTH) / KV_BLOCK) * KV_BLOCK : capacity + KV_BLOCK;
     const size = roomRows * this.#rowSize(roomSlots);
+    if (this.rows > 0) this.relayouts++;
     const { numKvHeads: heads, headDim } = this.shape;
     const old = this.capacity;
     this.#buffers = this.#buffers.map((input) => {

@@ -159,6 +159,12 @@ export interface StepStats {
   promptTokens: number;
   generationTokens: number;
   /**
+   * Whole-cache copies made inside this step (the decode lane's capacity changed in place, or its
+   * buffers were reallocated): every running row waited for each. With `kvGrowth: 'spread'` growth
+   * makes none; joiners longer than the capacity and shrinking still do.
+   */
+  kvRelayouts: number;
+  /**
    * The engine thread's largest event-loop delay since the previous step (ms). A model run blocks
    * that thread, so it tracks the step time; it is how long an abort or a newcomer can wait there.
    */

@@ -35,6 +35,8 @@ export interface EngineStepStats {
   promptTokens: number;
   /** Tokens sampled this step. */
   generationTokens: number;
+  /** Whole KV-cache copies made inside this step (every running sequence waited for each). */
+  kvRelayouts?: number;
 }
 
 export type FinishReason = 'stop' | 'length' | 'abort' | 'error';
@@ -134,6 +136,11 @@ export function createWorkerMetrics(registry: Registry = new Registry()): Worker
   const promptTokens = new Counter({
     name: 'sluice_prompt_tokens_total',
     help: 'Prompt tokens prefilled by the engine.',
+    registers,
+  });
+  const kvRelayouts = new Counter({
+    name: 'sluice_kv_cache_relayouts_total',
+    help: 'Whole KV-cache copies made inside an engine step (capacity grown or shrunk in place, or buffers reallocated); every running sequence waited for each.',
     registers,
   });
   const generationTokens = new Counter({
@@ -276,6 +283,7 @@ export function createWorkerMetrics(registry: Registry = new Registry()): Worker
       modelRunTime.observe({ phase: stats.phase }, stats.modelMs / 1000);
       if (stats.promptTokens > 0) promptTokens.inc(stats.promptTokens);
       if (stats.generationTokens > 0) generationTokens.inc(stats.generationTokens);
+      if ((stats.kvRelayouts ?? 0) > 0) kvRelayouts.inc(stats.kvRelayouts);
       requestsRunning.set(stats.running);
       requestsWaiting.set(stats.waiting);
       kvCacheUsage.set(stats.maxCachedTokens > 0 ? stats.cachedTokens / stats.maxCachedTokens : 0);

@@ -90,6 +90,10 @@ describe('createWorkerMetrics', () => {
 
       expect(scraped.value('sluice_prompt_tokens_total')).toBe(55);
       expect(scraped.value('sluice_generation_tokens_total')).toBe(7);
+      expect(scraped.value('sluice_kv_cache_relayouts_total')).toBe(0);
+      metrics.observeStep(step({ kvRelayouts: 2 }));
+      metrics.observeStep(step({ kvRelayouts: 1 }));
+      expect((await scrape()).value('sluice_kv_cache_relayouts_total')).toBe(3);
     });
 
     it('sets running, waiting and KV cache usage from the latest step', async () => {
