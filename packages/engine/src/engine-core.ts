@@ -479,11 +479,10 @@ export class EngineCore {
     if (lane.rows.length === 0) this.#idleLane = lane;
   }
 
-  /** Whole-lane copies the engine-owned lanes have made so far. */
+  /** Whole-lane copies the engine-owned lane has made so far (there is at most one: running or idle). */
   #relayouts(): number {
-    let count = 0;
-    for (const lane of new Set([...this.#lanes, this.#idleLane])) if (lane?.batch instanceof LaneKv) count += lane.batch.relayouts;
-    return count;
+    const batch = (this.#lanes[0] ?? this.#idleLane)?.batch;
+    return batch instanceof LaneKv ? batch.relayouts : 0;
   }
 
   /** The most slots any of these rows' caches can need. */

@@ -126,34 +126,23 @@ export class LaneKv {
 
   /** Writes one step's new slices ([rows, heads, 1, headDim] per layer key/value) into each row's next slot. */
   append(newKv: readonly KvData[]): void {
-    const { numKvHeads: heads, headDim } = this.shape;
-    const capacity = this.capacity;
-    this.#buffers.forEach((out, k) => {
-      const input = newKv[k]!;
-      for (let row = 0; row < this.rows; row++) {
-        const slot = this.lengths[row]!;
-        for (let h = 0; h < heads; h++) {
-          const from = (row * heads + h) * headDim;
-          out.set(input.subarray(from, from + headDim), ((row * heads + h) * capacity + slot) * headDim);
-        }
-      }
-    });
+    this.#buffers.forEach((out, k) => this.#writeSlices(out, this.capacity, newKv[k]!, this.rows));
     // Rows already copied into the next layout get their new slices there too.
     const next = this.#next;
-    if (next !== undefined) {
-      this.#spare!.forEach((out, k) => {
-        const input = newKv[k]!;
-        const copied = this.#rowsCopied(k);
-        for (let row = 0; row < copied; row++) {
-          const slot = this.lengths[row]!;
-          for (let h = 0; h < heads; h++) {
-            const from = (row * heads + h) * headDim;
-            out.set(input.subarray(from, from + headDim), ((row * heads + h) * next.capacity + slot) * headDim);
-          }
-        }
-      });
-    }
+    if (next !== undefined) this.#spare!.forEach((out, k) => this.#writeSlices(out, next.capacity, newKv[k]!, this.#rowsCopied(k)));
     for (let row = 0; row < this.rows; row++) this.lengths[row]! += 1;
+  }
+
+  /** One tensor's new slices of rows [0, rows) into slot `length` of a layout at `capacity`. */
+  #writeSlices(out: KvData, capacity: number, input: KvData, rows: number): void {
+    const { numKvHeads: heads, headDim } = this.shape;
+    for (let row = 0; row < rows; row++) {
+      const slot = this.lengths[row]!;
+      for (let h = 0; h < heads; h++) {
+        const from = (row * heads + h) * headDim;
+        out.set(input.subarray(from, from + headDim), ((row * heads + h) * capacity + slot) * headDim);
+      }
+    }
   }
 
   #rowSize(capacity: number): number {
