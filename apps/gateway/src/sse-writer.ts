@@ -70,12 +70,15 @@ export class SseWriter {
   /**
    * Writes whole SSE frames (`data: {json}\n\n`, built by the response format in one piece).
    * @param count how many frames `frames` holds (for the metrics)
+   * @param ascii the caller knows `frames` is all ASCII: it goes out as Latin-1, the same bytes, and
+   *   neither Node's chunked framing nor the byte counter scans it for its UTF-8 length (per token,
+   *   that scan was ~8 % of the gateway's CPU on the write path). Wrong for any other text.
    */
-  frames(frames: string, count = 1): void {
+  frames(frames: string, count = 1, ascii = false): void {
     if (this.ended || frames === '') return;
-    if (!this.res.write(frames)) this.congest();
+    if (!(ascii ? this.res.write(frames, 'latin1') : this.res.write(frames))) this.congest();
     this.wroteSinceTick = true;
-    this.meter('chunk', Buffer.byteLength(frames), count);
+    this.meter('chunk', ascii ? frames.length : Buffer.byteLength(frames), count);
   }
 
   /** Bytes written but not yet handed to the kernel (this response's and its socket's buffers). */

@@ -51,6 +51,25 @@ describe('gateway metrics as the app records them', () => {
     expect((await h.metrics.timeToFirstToken.get()).values.find((v) => v.metricName?.endsWith('_count'))?.value).toBe(1);
   });
 
+  it('counts the bytes of text outside ASCII as written (UTF-8)', async () => {
+    const h = await start();
+    const job = h.nextJob();
+    const reply = post(h, chatBody());
+    await job;
+    h.send([{ type: 'accepted', workerId: 'w1', promptTokens: 3 }]);
+    h.send([
+      { type: 'text-delta', index: 0, text: 'ÿé', tokens: 1 },
+      { type: 'text-delta', index: 0, text: ' plain', tokens: 1 },
+      { type: 'text-delta', index: 0, text: '🙂', tokens: 1 },
+      { type: 'text-end', index: 0, finishReason: 'stop' },
+      { type: 'finish', usage: { promptTokens: 3, completionTokens: 3 } },
+    ]);
+    const body = Buffer.from(await (await reply).arrayBuffer());
+    await settle();
+    expect(body.toString('utf8')).toContain('"content":"ÿé"');
+    expect(await h.value('sluice_gateway_sse_bytes_total')).toBe(body.length);
+  });
+
   it('calls no prom-client method while content is written: tokens, TTFT and ITL are folded in when scraped', async () => {
     const calls = spyOnPromClient();
     try {

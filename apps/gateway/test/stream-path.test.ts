@@ -60,6 +60,26 @@ describe('the SSE stream path', () => {
     expect(chunks[4]).toMatchObject({ choices: [], usage: { prompt_tokens: 3, completion_tokens: 2, total_tokens: 5 } });
   });
 
+  it('writes text as UTF-8 whatever its characters (ASCII frames take a faster path)', async () => {
+    const h = await start();
+    const job = h.nextJob();
+    const reply = post(h, '/v1/chat/completions', chatBody());
+    await job;
+    // Latin-1-range characters are the ones a one-byte encoding would get wrong.
+    const texts = ['plain', 'ÿ', 'é', '🙂', 'tab\t"quote"\\ \u0001', 'mixed ü and ascii'];
+    h.send([{ type: 'accepted', workerId: 'w1', promptTokens: 3 }]);
+    h.send(texts.map((text) => ({ type: 'text-delta' as const, index: 0, text, tokens: 1 })));
+    h.send([
+      { type: 'text-end', index: 0, finishReason: 'stop' },
+      { type: 'finish', usage: { promptTokens: 3, completionTokens: texts.length } },
+    ]);
+    const frames = await readAll(await reply);
+    const contents = frames
+      .slice(1, 1 + texts.length)
+      .map((f) => (JSON.parse(f.replace(/^data: /, '')) as { choices: Array<{ delta: { content: string } }> }).choices[0]!.delta.content);
+    expect(contents).toEqual(texts);
+  });
+
   it('ends the stream with an error frame when a sequence gap cannot be repaired from the token log', async () => {
     const h = await start();
     const job = h.nextJob();

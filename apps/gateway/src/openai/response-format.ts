@@ -1,6 +1,13 @@
 import type { TokenLogprobWire } from '@sluice/protocol';
 import type { Endpoint } from './request-schemas.js';
 
+const NON_ASCII = /[^\x00-\x7f]/;
+
+/** Whether a string is all ASCII (then its JSON is too, and its UTF-8 byte length is its length). */
+export function isAscii(text: string): boolean {
+  return !NON_ASCII.test(text);
+}
+
 /**
  * Builds the OpenAI response JSON of one request: streamed chunks and the complete (non-stream)
  * object. Chunks are assembled from pre-serialized pieces: this runs once per event per stream, the
@@ -59,6 +66,8 @@ export class ResponseFormat {
   readonly id: string;
   readonly created: number;
   private readonly head: string;
+  /** Every chunk's fixed part (id, model, fingerprint) is ASCII: a chunk is when its text is. */
+  readonly asciiHead: boolean;
   private readonly tail: string;
   private readonly deltaPrefixes: string[] = [];
   private readonly deltaSuffix: string;
@@ -81,6 +90,7 @@ export class ResponseFormat {
     // Each chunk is built whole as one SSE frame: `data: {json}\n\n`.
     this.head = `data: {"id":${JSON.stringify(this.id)},"object":"${object}","created":${this.created},"model":${JSON.stringify(model)},${fingerprint}"choices":[`;
     this.tail = includeUsage || options.liveUsage !== undefined ? '],"usage":null}\n\n' : ']}\n\n';
+    this.asciiHead = isAscii(this.head);
     this.deltaSuffix = `${endpoint === 'chat' ? '}' : ''},"logprobs":null,"finish_reason":null}`;
     options.echo?.forEach((text, index) => this.textOffsets.set(index, text.length));
   }

@@ -3,6 +3,7 @@ import { RESPONSE_ALREADY_SENT } from '@hono/node-server/utils/response';
 import type { TokenLogprobWire } from '@sluice/protocol';
 import { fromWireError, GatewayError, toSseErrorFrames } from '../errors.js';
 import type { SessionEvent } from '../request-session.js';
+import { isAscii } from '../openai/response-format.js';
 import { SseWriter, type HeartbeatTicker } from '../sse-writer.js';
 import { errorEnd, errorResponse, Outcome, paramRenamer, type ResponderContext } from './responder-context.js';
 
@@ -206,7 +207,8 @@ export class StreamResponder {
     const interval = this.options.streamIntervalMs;
     const congested = this.writer.congested;
     if (!congested && (interval === 0 || (this.flushTimer === undefined && now - this.lastFlushAt >= interval))) {
-      this.writer.frames(this.idLine() + this.ctx.format.deltaChunk(index, text, logprobs));
+      const ascii = logprobs === undefined && this.ctx.format.asciiHead && isAscii(text);
+      this.writer.frames(this.idLine() + this.ctx.format.deltaChunk(index, text, logprobs), 1, ascii);
       this.ctx.observer.contentWritten(tokens);
       this.lastFlushAt = now;
       return;
