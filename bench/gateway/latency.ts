@@ -4,6 +4,7 @@
  * pub/sub → gateway → client). Times are measured where the caller sees text: the first and each
  * following non-empty text delta (engine) or content chunk (SSE).
  */
+import { randomUUID } from 'node:crypto';
 import { spawn, type ChildProcess } from 'node:child_process';
 import { createServer } from 'node:net';
 import { fileURLToPath } from 'node:url';
@@ -28,6 +29,14 @@ export interface LatencyWorkload {
 export interface LatencySamples {
   ttftMs: number[];
   itlMs: number[];
+  /** Through the gateway: when the client sent each request and read its first text (epoch ms), by request id. */
+  clients?: ClientTiming[];
+}
+
+export interface ClientTiming {
+  requestId: string;
+  sentAt: number;
+  firstReadAt: number;
 }
 
 export interface LatencySummary {
@@ -134,17 +143,18 @@ interface WorkerTiming {
 
 /** Spans before the first token, in order, per request (ms); they add up to the gateway's TTFT. */
 export const TTFT_SPANS = [
-  ['receive → prompt ready', 'gateway: body read, validated, tokenized'],
+  ['client send → gateway receive', 'client: `fetch` sends the request; gateway: HTTP parse, middleware, routing'],
+  ['→ prompt ready', 'gateway: body read, validated, tokenized'],
   ['→ worker pickup', 'gateway writes meta + BullMQ add, worker wakes and moves the job to active'],
-  ['→ job checks done', 'worker: job parsed, cancel marker + meta read (one round trip)'],
-  ['→ engine submit', 'worker: sampling options, engine.submit (posts to the engine thread)'],
+  ['→ engine submit', "worker: job parsed, the checks' read sent, sampling options, engine.submit (posts to the engine thread)"],
   ['→ first token on the engine thread', 'engine: thread hop, wait for the step, prefill + sample'],
   ['→ step on the worker host', 'engine thread → host message (structured clone), router gets the step'],
-  ['→ pipeline answered', 'worker: entries serialized, one pipeline (log append + publish), Redis replies'],
+  ['→ pipeline answered', 'worker: (the checks, if still out), entries serialized, one pipeline (log append + publish), Redis replies'],
   ['→ written to the client', 'pub/sub delivery, gateway decode, dispatch, chunk formatting, write'],
+  ['→ read by the client', 'loopback, `fetch` body stream, the client finds the text in the SSE frame'],
 ] as const;
 
-function spansOf(g: GatewayTiming, w: WorkerTiming): number[] | undefined {
+function spansOf(g: GatewayTiming, w: WorkerTiming, c: ClientTiming): number[] | undefined {
   if (
     g.firstTokenMs === undefined ||
     w.checkedMs === undefined ||
@@ -153,18 +163,19 @@ function spansOf(g: GatewayTiming, w: WorkerTiming): number[] | undefined {
     w.publishedMs === undefined
   )
     return undefined;
-  // One timeline in ms after the gateway received the request (both processes read the same clock).
+  // One timeline in ms after the gateway received the request (all three processes read the same clock).
   const pickup = w.pickedUpAt - g.receivedAt;
   const points = [
+    c.sentAt - g.receivedAt,
     0,
     g.preparedMs,
     pickup,
-    pickup + w.checkedMs,
     pickup + w.submittedMs,
     pickup + w.submittedMs + w.engineFirstTokenMs,
     pickup + w.firstStepMs,
     pickup + w.publishedMs,
     g.firstTokenMs,
+    c.firstReadAt - g.receivedAt,
   ];
   return points.slice(1).map((at, i) => at - points[i]!);
 }
@@ -176,6 +187,10 @@ export interface TtftBreakdown {
   gatewayEnqueueMs: number;
   /** Of `→ first token on the engine thread`: submit → the step that took the request was scheduled, median ms. */
   engineQueueMs: number;
+  /** The job's checks (cancel marker + meta, one round trip, overlapping the engine): answered this long after pickup, median ms. */
+  checksMs: number;
+  /** Requests whose first token waited for the checks, and by how long (median ms among them). */
+  checksHeldBack: { requests: number; medianMs: number };
   requests: number;
 }
 
@@ -192,7 +207,7 @@ export interface Deployment {
   /** Forgets the log lines seen so far (a warm-up). */
   clearTimings(): void;
   /** The TTFT breakdown of the requests finished since the last clear. */
-  ttftBreakdown(): TtftBreakdown;
+  ttftBreakdown(clients: readonly ClientTiming[]): TtftBreakdown;
   stop(): Promise<void>;
 }
 
@@ -208,10 +223,14 @@ export async function deploy(workload: LatencyWorkload): Promise<Deployment> {
   const workerPort = await freePort();
   const gatewayLines = new Map<string, GatewayTiming>();
   const workerLines = new Map<string, WorkerTiming>();
+  /** Client's request id (X-Request-Id) → the gateway's job id. */
+  const jobIds = new Map<string, string>();
   const collect = (into: Map<string, unknown>) => (line: string) => {
     if (!line.includes('"request finished"') || !line.includes('"timing"')) return;
-    const parsed = JSON.parse(line) as { jobId?: string; timing?: unknown };
-    if (parsed.jobId !== undefined && parsed.timing !== undefined) into.set(parsed.jobId, parsed.timing);
+    const parsed = JSON.parse(line) as { requestId?: string; jobId?: string; timing?: unknown };
+    if (parsed.jobId === undefined || parsed.timing === undefined) return;
+    into.set(parsed.jobId, parsed.timing);
+    if (into === gatewayLines && parsed.requestId !== undefined) jobIds.set(parsed.requestId, parsed.jobId);
   };
   const worker = start(
     process.execPath,
@@ -256,19 +275,26 @@ export async function deploy(workload: LatencyWorkload): Promise<Deployment> {
     clearTimings: () => {
       gatewayLines.clear();
       workerLines.clear();
+      jobIds.clear();
     },
-    ttftBreakdown: () => {
+    ttftBreakdown: (clients) => {
       const rows: number[][] = [];
       const enqueue: number[] = [];
       const engineQueue: number[] = [];
-      for (const [jobId, g] of gatewayLines) {
-        const w = workerLines.get(jobId);
-        if (w === undefined) continue;
-        const spans = spansOf(g, w);
+      const checks: number[] = [];
+      const heldBack: number[] = [];
+      for (const c of clients) {
+        const jobId = jobIds.get(c.requestId);
+        const g = jobId === undefined ? undefined : gatewayLines.get(jobId);
+        const w = jobId === undefined ? undefined : workerLines.get(jobId);
+        if (g === undefined || w === undefined) continue;
+        const spans = spansOf(g, w, c);
         if (spans === undefined) continue;
         rows.push(spans);
         if (g.enqueuedMs !== undefined) enqueue.push(g.enqueuedMs - g.preparedMs);
         engineQueue.push(w.engineQueueMs);
+        if (w.checkedMs !== undefined) checks.push(w.checkedMs);
+        if (w.checkedMs !== undefined && w.firstStepMs !== undefined && w.checkedMs > w.firstStepMs) heldBack.push(w.checkedMs - w.firstStepMs);
       }
       return {
         medianMs: TTFT_SPANS.map((_, i) =>
@@ -281,6 +307,8 @@ export async function deploy(workload: LatencyWorkload): Promise<Deployment> {
         ),
         gatewayEnqueueMs: round(percentile(enqueue, 50)),
         engineQueueMs: round(percentile(engineQueue, 50)),
+        checksMs: round(percentile(checks, 50)),
+        checksHeldBack: { requests: heldBack.length, medianMs: heldBack.length === 0 ? 0 : round(percentile(heldBack, 50)) },
         requests: rows.length,
       };
     },
@@ -297,10 +325,11 @@ export async function throughGateway(url: string, workload: LatencyWorkload, sam
   await Promise.all(
     prompts(workload.concurrency).map(async (prompt, i) => {
       await sleep(i * workload.staggerMs);
+      const requestId = `bench-${randomUUID()}`;
       const start = performance.now();
       const res = await fetch(`${url}/v1/completions`, {
         method: 'POST',
-        headers: { 'Content-Type': 'application/json' },
+        headers: { 'Content-Type': 'application/json', 'X-Request-Id': requestId },
         body: JSON.stringify({
           model: workload.preset,
           prompt,
@@ -324,6 +353,9 @@ export async function throughGateway(url: string, workload: LatencyWorkload, sam
         }
       }
       record(samples, start, times);
+      if (times.length > 0) {
+        samples.clients?.push({ requestId, sentAt: performance.timeOrigin + start, firstReadAt: performance.timeOrigin + times[0]! });
+      }
     }),
   );
 }

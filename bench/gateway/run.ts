@@ -93,7 +93,7 @@ async function latency(workload: LatencyWorkload, latencyRounds: number) {
   const engine = await inProcessEngine(workload);
   const deployment = await deploy(workload);
   const local: LatencySamples = { ttftMs: [], itlMs: [] };
-  const remote: LatencySamples = { ttftMs: [], itlMs: [] };
+  const remote: LatencySamples = { ttftMs: [], itlMs: [], clients: [] };
   let breakdown: TtftBreakdown | undefined;
   try {
     // Warm-up (JIT, first onnxruntime runs), not recorded.
@@ -108,7 +108,7 @@ async function latency(workload: LatencyWorkload, latencyRounds: number) {
       log(`latency round ${i + 1}/${latencyRounds} done`);
     }
     await new Promise((resolve) => setTimeout(resolve, 200));
-    breakdown = deployment.ttftBreakdown();
+    breakdown = deployment.ttftBreakdown(remote.clients ?? []);
   } finally {
     await engine.close();
     await deployment.stop();
@@ -135,11 +135,11 @@ async function latency(workload: LatencyWorkload, latencyRounds: number) {
 function breakdownTable(b: TtftBreakdown | undefined): string {
   if (b === undefined || b.requests === 0) return '(no TTFT breakdown: the request log lines were not seen)';
   return [
-    '| span (in order; they add up to the TTFT the gateway sees) | median ms | what runs |',
+    '| span (in order; they add up to the TTFT the client sees) | median ms | what runs |',
     '|---|---:|---|',
     ...TTFT_SPANS.map(([name, what], i) => `| ${name} | ${b.medianMs[i]} | ${what} |`),
     '',
-    `Medians over ${b.requests} requests, each span on its own (so the medians need not add up exactly). Of the pickup span, the gateway waited ${b.gatewayEnqueueMs} ms for the meta write and BullMQ's add; of the engine span, ${b.engineQueueMs} ms went from submit to the step that took the request. From the \`timing\` field of the gateway's and the worker's \`request finished\` log lines (joined by \`jobId\`; both processes read the same clock).`,
+    `Medians over ${b.requests} requests, each span on its own (so the medians need not add up exactly). Of the pickup span, the gateway waited ${b.gatewayEnqueueMs} ms for the meta write and BullMQ's add; of the engine span, ${b.engineQueueMs} ms went from submit to the step that took the request. The job's checks (cancel marker + meta, one round trip) run beside the engine: answered ${b.checksMs} ms after pickup (median); they held the first token back in ${b.checksHeldBack.requests} of ${b.requests} requests${b.checksHeldBack.requests === 0 ? '' : ` (median ${b.checksHeldBack.medianMs} ms)`}. From the \`timing\` field of the gateway's and the worker's \`request finished\` log lines and the client's own times (joined by request id; the three processes read the same clock).`,
   ].join('\n');
 }
 

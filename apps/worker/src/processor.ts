@@ -13,6 +13,9 @@ type FinishEvent = Extract<EngineEvent, { type: 'finish' }>;
 /** The reason a forced shutdown passes to `abort()`: the client gets `worker_shutdown` instead of silence. */
 export const SHUTDOWN_REASON = 'worker_shutdown';
 
+/** The reason a job whose checks failed after the engine took it passes to `abort()` (see `start`). */
+export const SKIPPED_REASON = 'skipped';
+
 /** The reason a drain passes to `abort()` at its bound: the request moves to another worker ({@link RequestHandover}). */
 export const HANDOVER_REASON = 'worker_draining';
 
@@ -214,8 +217,8 @@ export class JobProcessor {
 
     logger.debug({ pickupMs: Date.now() - job.enqueuedAt }, 'job started');
     // The cancel marker (a client that left while the job waited), the request's meta (its route,
-    // its attempt) and, for a continuation, its log are read while the prompt is prepared, and
-    // checked before the engine sees the request.
+    // its attempt) and, for a continuation, its log are read while the prompt is prepared (and, for a
+    // first attempt, while the engine starts on it), and checked before anything of it is written.
     const reads = redis.multi().exists(names.cancelMarkerKey(job.requestId)).hgetall(names.metaKey(job.requestId));
     if (job.continuation !== undefined) reads.xrange(names.logKey(job.requestId), '-', '+');
     const state = reads.exec();
@@ -250,14 +253,56 @@ export class JobProcessor {
       );
     }
 
-    const replies = ((await state) ?? []) as Array<[unknown, unknown]>;
+    // zod's optional fields may hold `undefined`; the engine's options must not.
+    const sampling = Object.fromEntries(
+      Object.entries({ ...job.sampling, maxTokens }).filter(([, value]) => value !== undefined),
+    ) as SamplingParams;
+    // Every sampled request runs with a seed, so that a continuation elsewhere draws the same numbers.
+    const seed = sampling.seed ?? randomInt(2 ** 31);
+
+    // A first attempt starts in the engine now, while the checks' round trip is out (TTFT): what the
+    // engine makes waits behind the router's gate until they pass, and is dropped if they do not.
+    const early = bullAttempt === 1 && job.continuation === undefined && !signal.aborted;
+    let submitError: Error | undefined;
+    if (early) {
+      router.hold(route);
+      try {
+        engine.submit({ id: job.requestId, promptTokenIds, sampling: { ...sampling, seed } }, signal);
+      } catch (error) {
+        // Never reached the engine: no event will come.
+        route.gate = undefined;
+        submitError = error instanceof Error ? error : new Error(String(error));
+      }
+      timing.submittedAt = epochMs();
+    }
+    const started = early && submitError === undefined;
+    const skip = (why?: string) => {
+      if (!started) return this.skip(logger, why);
+      // The engine has it: stop it; its finish (dropped by the gate like everything else) settles the job.
+      router.drop(route);
+      route.abort(SKIPPED_REASON);
+      this.skip(logger, why);
+      return { parts: 1, priorTokens: 0 };
+    };
+
+    let replies: Array<[unknown, unknown]>;
+    try {
+      replies = (await state) ?? [];
+    } catch (error) {
+      // The checks could not be read: the job fails (`internal`), and the engine must not go on with it.
+      if (started) {
+        router.drop(route);
+        route.abort(SKIPPED_REASON);
+      }
+      throw error;
+    }
     timing.checkedAt = epochMs();
     const cancelled = replies[0]?.[1] === 1;
     const meta = decodeRequestMeta((replies[1]?.[1] as Record<string, string> | undefined) ?? {});
-    if (cancelled || signal.aborted) return this.skip(logger);
+    if (cancelled || signal.aborted) return skip();
     if (meta !== undefined && meta.attempt > route.attempt) {
       // A newer attempt (a continuation elsewhere) owns the request: this job was superseded.
-      return this.skip(logger, 'superseded');
+      return skip('superseded');
     }
     // A BullMQ retry: the job's worker died (its lock expired). One that no worker accepted streamed
     // nothing and simply runs; one that streamed must not start again from token 0.
@@ -283,16 +328,22 @@ export class JobProcessor {
       route.channel = meta.channel === '' ? null : meta.channel;
       // Its client left while it waited: it runs only for what is left of its grace.
       if (route.channel === null) {
-        if (meta.graceMs - (Date.now() - (meta.detachedAt ?? 0)) <= 0) return this.skip(logger);
+        if (meta.graceMs - (Date.now() - (meta.detachedAt ?? 0)) <= 0) return skip();
         router.detach(route.requestId, null, meta.detachedAt);
       }
     }
 
-    // zod's optional fields may hold `undefined`; the engine's options must not.
-    const sampling = Object.fromEntries(
-      Object.entries({ ...job.sampling, maxTokens }).filter(([, value]) => value !== undefined),
-    ) as SamplingParams;
     const accepted = { type: 'accepted' as const, workerId: this.deps.workerId, promptTokens: promptTokenIds.length };
+    if (early) {
+      if (submitError !== undefined) {
+        if (isEngineError(submitError)) return this.reject(route, toWireError(submitError.code, submitError.message), logger);
+        throw submitError;
+      }
+      router.push(route, { ...accepted, seed });
+      this.running(route, signal);
+      router.release(route);
+      return { parts: 1, priorTokens: 0 };
+    }
 
     if (job.continuation !== undefined) {
       if (meta === undefined) return this.skip(logger, 'log lost');
@@ -327,8 +378,6 @@ export class JobProcessor {
       return { parts: open.length, priorTokens };
     }
 
-    // Every sampled request runs with a seed, so that a continuation elsewhere draws the same numbers.
-    const seed = sampling.seed ?? randomInt(2 ** 31);
     try {
       engine.submit({ id: job.requestId, promptTokenIds, sampling: { ...sampling, seed } }, signal);
     } catch (error) {
@@ -370,6 +419,8 @@ export class JobProcessor {
 
   /** The engine's finish event: metrics, the log line, and the request's last entry. */
   private finish(route: Route, event: FinishEvent, signal: AbortSignal, logger: Logger, timing: ProcessTiming): void {
+    // Stopped by its checks after the engine took it: counted and logged as skipped, nothing to write.
+    if (route.gate === 'dropping') return;
     this.counters.running--;
     if (route.cancelledAt !== undefined) {
       this.counters.lastCancel = { requestId: route.requestId, ms: Math.round(performance.now() - route.cancelledAt) };

@@ -52,6 +52,12 @@ export interface Route {
   cancelledAt?: number;
   /** Epoch ms (performance.timeOrigin + now) of the steps before the first token (the TTFT breakdown in the log). */
   timing?: RouteTiming;
+  /**
+   * The engine started on the request while the job's checks were still out ({@link StepRouter.hold}):
+   * its events wait here in order until the checks pass, or are dropped (all but the finish that
+   * settles the job) when they fail.
+   */
+  gate?: { held: EngineEvent[] } | 'dropping' | undefined;
 }
 
 /** When the first token reached the router, and when the pipeline carrying it was answered by Redis. */
@@ -135,6 +141,10 @@ export class StepRouter {
     for (const [requestId, event] of events) {
       const route = this.#routes.get(requestId);
       if (route === undefined || route.ended) continue;
+      if (route.gate !== undefined) {
+        this.#gated(route, route.gate, event);
+        continue;
+      }
       try {
         this.#route(route, event);
       } catch (error) {
@@ -146,6 +156,47 @@ export class StepRouter {
     // next turn, so that a burst of them shares one pipeline.
     if (this.#scheduled) this.#flush();
   };
+
+  /** The route's engine events wait until {@link release} or {@link drop}: its job's checks are still out. */
+  hold(route: Route): void {
+    route.gate = { held: [] };
+  }
+
+  /**
+   * The checks passed: the events held meanwhile are routed now, after what the caller pushed (its
+   * `accepted`), and leave in one pipeline at once.
+   */
+  release(route: Route): void {
+    const gate = route.gate;
+    route.gate = undefined;
+    if (gate === undefined || gate === 'dropping') return;
+    for (const event of gate.held) {
+      if (route.ended) break;
+      try {
+        this.#route(route, event);
+      } catch (error) {
+        this.logger.error({ err: error, requestId: route.requestId }, 'routing an engine event failed');
+      }
+    }
+    if (this.#scheduled) this.#flush();
+  }
+
+  /** The checks failed: nothing the engine made for the request is written; its finish still settles the job. */
+  drop(route: Route): void {
+    const gate = route.gate;
+    route.gate = 'dropping';
+    if (gate !== undefined && gate !== 'dropping') for (const event of gate.held) this.#gated(route, 'dropping', event);
+  }
+
+  #gated(route: Route, gate: NonNullable<Route['gate']>, event: EngineEvent): void {
+    if (gate === 'dropping') {
+      if (event.type === 'finish') route.onFinish(event);
+      return;
+    }
+    gate.held.push(event);
+    // The TTFT breakdown's "step on the worker host" is when the step got here, not when it is released.
+    if (event.type === 'text-delta' && event.text !== '' && route.timing !== undefined) route.timing.firstStepAt ??= epochMs();
+  }
 
   /** Numbers an entry and queues it for this step's pipeline. */
   push(route: Route, draft: EntryDraft): void {

@@ -49,7 +49,13 @@ async function harness(connection: Redis = redis) {
     router.onEvents(events);
     await router.drained();
   };
-  return { processor, router, submitted, finished, lines, step, close: () => subscriber.quit() };
+  /**
+   * Waits until `count` jobs passed their checks (accepted, running). The engine gets a first attempt
+   * before its checks answer, so a submit alone does not say the job was accepted.
+   */
+  const accepted = (count: number) =>
+    waitFor(`${count} accepted`, () => (processor.counters.running === count && submitted.length >= count ? true : undefined));
+  return { processor, router, submitted, finished, lines, step, accepted, close: () => subscriber.quit() };
 }
 
 let jobCount = 0;
@@ -110,7 +116,7 @@ describe('the worker routes each engine step as a whole', () => {
     const j = job('gw-a');
     await writeMeta(j);
     const done = h.processor.process(j, 1);
-    await waitFor('submitted', () => (h.submitted.length === 1 ? true : undefined));
+    await h.accepted(1);
     await h.step([
       [j.requestId, { type: 'text-delta', index: 0, tokenIds: [10], text: 'a' }],
       // Two tokens that are parts of one character: no text yet.
@@ -145,13 +151,13 @@ describe('the worker routes each engine step as a whole', () => {
     await h.close();
   });
 
-  it("logs the worker's side of the TTFT breakdown with the request: pickup, checks, submit, first step, pipeline answered, in order", async () => {
+  it("logs the worker's side of the TTFT breakdown with the request: pickup, submit and checks, first step, pipeline answered", async () => {
     const h = await harness();
     const live = await listen('gw-t');
     const j = job('gw-t');
     await writeMeta(j);
     const done = h.processor.process(j, 1);
-    await waitFor('submitted', () => (h.submitted.length === 1 ? true : undefined));
+    await h.accepted(1);
     await h.step([[j.requestId, { type: 'text-delta', index: 0, tokenIds: [1], text: 'x' }]]);
     await h.step([
       [j.requestId, { type: 'text-end', index: 0, finishReason: 'length' }],
@@ -161,9 +167,11 @@ describe('the worker routes each engine step as a whole', () => {
     const line = h.lines.find((l) => l['msg'] === 'request finished' && l['jobId'] === j.requestId);
     const t = line?.['timing'] as Record<string, number>;
     expect(Math.abs(t['pickedUpAt']! - Date.now())).toBeLessThan(60_000);
-    expect(0).toBeLessThanOrEqual(t['checkedMs']!);
-    expect(t['checkedMs']).toBeLessThanOrEqual(t['submittedMs']!);
+    // The engine gets a first attempt before the checks answer; the first step is written once both are in.
+    expect(0).toBeLessThanOrEqual(t['submittedMs']!);
+    expect(t['submittedMs']).toBeLessThanOrEqual(t['checkedMs']!);
     expect(t['submittedMs']).toBeLessThanOrEqual(t['firstStepMs']!);
+    expect(t['checkedMs']).toBeLessThanOrEqual(t['publishedMs']!);
     expect(t['firstStepMs']).toBeLessThanOrEqual(t['publishedMs']!);
     expect(t['engineFirstTokenMs']).toBe(1);
     await live.close();
@@ -176,7 +184,7 @@ describe('the worker routes each engine step as a whole', () => {
     const b = await listen('gw-two');
     const jobs = [job('gw-one'), job('gw-one'), job('gw-two')];
     const runs = jobs.map((j) => h.processor.process(j, 1));
-    await waitFor('submitted', () => (h.submitted.length === 3 ? true : undefined));
+    await h.accepted(3);
     await h.step(jobs.map((j) => [j.requestId, { type: 'text-delta', index: 0, tokenIds: [1], text: 'x' }]));
     await h.step(
       jobs.flatMap((j): Array<[string, EngineEvent]> => [
@@ -220,7 +228,7 @@ describe('the worker routes each engine step as a whole', () => {
     const b = await listen('gw-p2');
     const jobs = [job('gw-p1'), job('gw-p1'), job('gw-p2')];
     const runs = jobs.map((j) => h.processor.process(j, 1));
-    await waitFor('submitted', () => (h.submitted.length === 3 ? true : undefined));
+    await h.accepted(3);
     await h.router.drained();
     const steps: Array<Array<[string, EngineEvent]>> = [
       jobs.map((j) => [j.requestId, { type: 'text-delta', index: 0, tokenIds: [1], text: 'x' }]),
@@ -251,6 +259,83 @@ describe('the worker routes each engine step as a whole', () => {
   });
 });
 
+describe('a first attempt starts in the engine while its checks are out', () => {
+  it('writes what the engine made before the checks answered only after them, accepted first, in one pipeline', async () => {
+    const h = await harness();
+    const live = await listen('gw-early');
+    const j = job('gw-early');
+    await writeMeta(j);
+    const done = h.processor.process(j, 1);
+    // Submitted synchronously, before the checks' round trip can have answered.
+    expect(h.submitted.map((s) => s.request.id)).toEqual([j.requestId]);
+    h.router.onEvents([
+      [j.requestId, { type: 'scheduled' }],
+      [j.requestId, { type: 'text-delta', index: 0, tokenIds: [5], text: 'early' }],
+    ]);
+    expect(h.processor.counters.running).toBe(0);
+    await h.accepted(1);
+    await h.router.drained();
+    await h.step([
+      [j.requestId, { type: 'text-end', index: 0, finishReason: 'length' }],
+      [j.requestId, finish(1)],
+    ]);
+    await done;
+    const log = await logOf(j.requestId);
+    expect(log.map((e) => [e.seq, e.type])).toEqual([
+      [0, 'accepted'],
+      [1, 'scheduled'],
+      [2, 'text-delta'],
+      [3, 'text-end'],
+      [4, 'finish'],
+    ]);
+    await waitFor('live messages', () => (live.messages.length === 2 ? true : undefined));
+    expect(live.messages[0]!.map((e) => e.type)).toEqual(['accepted', 'scheduled', 'text-delta']);
+    expect(h.finished).toEqual([{ finishReason: 'length', completionTokens: 1 }]);
+    await live.close();
+    await h.close();
+  });
+
+  it('stops the engine and writes nothing when the checks fail (a cancel marker), counting a skip', async () => {
+    const h = await harness();
+    const live = await listen('gw-skip');
+    const j = job('gw-skip');
+    await writeMeta(j);
+    await redis.set(names.cancelMarkerKey(j.requestId), 'client_closed');
+    const done = h.processor.process(j, 1);
+    const signal = h.submitted[0]!.signal!;
+    h.router.onEvents([[j.requestId, { type: 'text-delta', index: 0, tokenIds: [5], text: 'early' }]]);
+    await waitFor('stopped', () => (signal.aborted ? true : undefined));
+    expect(signal.reason).toBe('skipped');
+    // The engine's finish after the abort settles the job.
+    await h.step([
+      [j.requestId, { type: 'text-end', index: 0, finishReason: 'abort' }],
+      [j.requestId, finish(1)],
+    ]);
+    await done;
+    expect(await logOf(j.requestId)).toEqual([]);
+    expect(live.messages).toEqual([]);
+    expect(h.finished).toEqual([]);
+    expect(h.processor.counters).toMatchObject({ running: 0, skipped: 1, processed: 1 });
+    await live.close();
+    await h.close();
+  });
+
+  it('stops the engine when the request was superseded while it waited (a newer attempt in its meta)', async () => {
+    const h = await harness();
+    const j = job('gw-sup');
+    await writeMeta(j, { attempt: '2' });
+    const done = h.processor.process(j, 1);
+    const signal = h.submitted[0]!.signal!;
+    await waitFor('stopped', () => (signal.aborted ? true : undefined));
+    expect(signal.reason).toBe('skipped');
+    await h.step([[j.requestId, finish(0)]]);
+    await done;
+    expect(await logOf(j.requestId)).toEqual([]);
+    expect(h.processor.counters.skipped).toBe(1);
+    await h.close();
+  });
+});
+
 describe('the worker keeps each request route', () => {
   it('stops a request fenced out by a newer attempt', async () => {
     const h = await harness();
@@ -258,7 +343,7 @@ describe('the worker keeps each request route', () => {
     const j = job('gw-f');
     await writeMeta(j);
     const done = h.processor.process(j, 1);
-    await waitFor('submitted', () => (h.submitted.length === 1 ? true : undefined));
+    await h.accepted(1);
     await redis.hset(names.metaKey(j.requestId), 'attempt', '2');
     await h.step([[j.requestId, { type: 'text-delta', index: 0, tokenIds: [1], text: 'x' }]]);
     const signal = h.submitted[0]!.signal!;
@@ -279,7 +364,7 @@ describe('the worker keeps each request route', () => {
     const h = await harness();
     const j = job('gw-dead');
     const done = h.processor.process(j, 1);
-    await waitFor('submitted', () => (h.submitted.length === 1 ? true : undefined));
+    await h.accepted(1);
     const signal = h.submitted[0]!.signal!;
     await waitFor('cancelled', () => (signal.aborted ? true : undefined));
     expect(signal.reason).toBe('client_closed');
@@ -298,7 +383,7 @@ describe('the worker keeps each request route', () => {
     const j = job('gw-g', { resumeGraceMs: 300 });
     const k = job('gw-g', { resumeGraceMs: 300 });
     const runs = [h.processor.process(j, 1), h.processor.process(k, 1)];
-    await waitFor('submitted', () => (h.submitted.length === 2 ? true : undefined));
+    await h.accepted(2);
     const [sj, sk] = h.submitted.map((s) => s.signal!);
     h.router.detach(j.requestId, 'gw-g');
     h.router.detach(k.requestId, 'gw-g');

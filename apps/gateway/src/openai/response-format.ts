@@ -1,7 +1,7 @@
 import type { TokenLogprobWire } from '@sluice/protocol';
 import type { Endpoint } from './request-schemas.js';
 
-const NON_ASCII = /[^\x00-\x7f]/;
+const NON_ASCII = /[\u0080-\uffff]/;
 
 /** Whether a string is all ASCII (then its JSON is too, and its UTF-8 byte length is its length). */
 export function isAscii(text: string): boolean {
