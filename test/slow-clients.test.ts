@@ -114,9 +114,9 @@ describe('clients that read slowly or not at all', () => {
       // The worker aborted all 20: they left the engine as `abort`, far short of their 2,000 tokens each.
       expect(work.value('sluice_request_success_total', { finish_reason: 'abort' })).toBe(20);
       const generated = work.histogram('sluice_request_generation_tokens', { finish_reason: 'abort' }).sum;
-      // (11,500–15,300 of 40,000 measured here at load ~1.5; a faster machine generates more before the
-      // stall timeout fires, hence the margin.)
-      expect(generated).toBeLessThan(20 * 2000 * 0.75);
+      // Each stopped short of its 2,000 (how far depends on the machine's speed before the stall timeout
+      // fires: 11,500–15,300 of 40,000 in all at load ~1.5 here), so no speed-dependent bound is asserted.
+      expect(generated).toBeLessThan(20 * 2000);
       // The normal streams: the same text as alone.
       beside.forEach((run, i) => expect(run.text, `normal stream ${i}`).toBe(alone[i]!.text));
       const [aloneP99, besideP99] = [p99(alone.flatMap((r) => r.gaps)), p99(beside.flatMap((r) => r.gaps))];
