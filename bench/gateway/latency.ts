@@ -185,6 +185,8 @@ export interface TtftBreakdown {
   medianMs: number[];
   /** Of `→ worker pickup`: the time the gateway waited for the meta write and BullMQ's add, median ms. */
   gatewayEnqueueMs: number;
+  /** From the gateway's add answered to the worker's pickup (an idle worker taking a new job), median ms. */
+  addToPickupMs: number;
   /** Of `→ first token on the engine thread`: submit → the step that took the request was scheduled, median ms. */
   engineQueueMs: number;
   /** The job's checks (cancel marker + meta, one round trip, overlapping the engine): answered this long after pickup, median ms. */
@@ -280,6 +282,7 @@ export async function deploy(workload: LatencyWorkload): Promise<Deployment> {
     ttftBreakdown: (clients) => {
       const rows: number[][] = [];
       const enqueue: number[] = [];
+      const addToPickup: number[] = [];
       const engineQueue: number[] = [];
       const checks: number[] = [];
       const heldBack: number[] = [];
@@ -291,7 +294,10 @@ export async function deploy(workload: LatencyWorkload): Promise<Deployment> {
         const spans = spansOf(g, w, c);
         if (spans === undefined) continue;
         rows.push(spans);
-        if (g.enqueuedMs !== undefined) enqueue.push(g.enqueuedMs - g.preparedMs);
+        if (g.enqueuedMs !== undefined) {
+          enqueue.push(g.enqueuedMs - g.preparedMs);
+          addToPickup.push(w.pickedUpAt - g.receivedAt - g.enqueuedMs);
+        }
         engineQueue.push(w.engineQueueMs);
         if (w.checkedMs !== undefined) checks.push(w.checkedMs);
         if (w.checkedMs !== undefined && w.firstStepMs !== undefined && w.checkedMs > w.firstStepMs) heldBack.push(w.checkedMs - w.firstStepMs);
@@ -306,6 +312,7 @@ export async function deploy(workload: LatencyWorkload): Promise<Deployment> {
           ),
         ),
         gatewayEnqueueMs: round(percentile(enqueue, 50)),
+        addToPickupMs: round(percentile(addToPickup, 50)),
         engineQueueMs: round(percentile(engineQueue, 50)),
         checksMs: round(percentile(checks, 50)),
         checksHeldBack: { requests: heldBack.length, medianMs: heldBack.length === 0 ? 0 : round(percentile(heldBack, 50)) },
