@@ -2,9 +2,7 @@ import type { Queue } from 'bullmq';
 import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
 import {
-  APPEND_LOG_SCRIPT,
   attemptJobId,
-  MIGRATE_SCRIPT,
   encodeControlMessage,
   encodeGatewayMessage,
   type GatewayEntry,
@@ -12,7 +10,9 @@ import {
   encodeRequestMeta,
   decodeRequestMeta,
   GENERATE_JOB,
-  ROUTE_SCRIPT,
+  RequestScripts,
+  continuationJob,
+  continuationJobOptions,
   type CancelReason,
   type GenerateJob,
   type RedisNames,
@@ -64,11 +64,12 @@ export type MigrationResult =
  * round trip.
  */
 export class RedisJobQueue implements JobSubmitter, WorkCanceller {
+  private readonly scripts: RequestScripts;
   private pending: Array<{ requestId: string; reason: CancelReason; ttlMs: number; wasQueued: boolean }> = [];
 
   constructor(
     private readonly queue: Queue,
-    private readonly redis: Redis & { routeRequest?: (meta: string, channel: string, from: string, now: number) => Promise<number> },
+    private readonly redis: Redis,
     private readonly names: RedisNames,
     /** This gateway's channel: its cancels and detaches apply only while a request still routes here. */
     private readonly channel: string,
@@ -78,9 +79,7 @@ export class RedisJobQueue implements JobSubmitter, WorkCanceller {
     private readonly maxMigrations: number,
     private readonly logger: Logger,
   ) {
-    redis.defineCommand('routeRequest', { numberOfKeys: 1, lua: ROUTE_SCRIPT });
-    redis.defineCommand('migrateRequest', { numberOfKeys: 1, lua: MIGRATE_SCRIPT });
-    redis.defineCommand('appendLog', { numberOfKeys: 2, lua: APPEND_LOG_SCRIPT });
+    this.scripts = new RequestScripts(redis, names);
   }
 
   async submit(job: GenerateJob, format: StreamFormat, owner = ''): Promise<void> {
@@ -155,7 +154,8 @@ export class RedisJobQueue implements JobSubmitter, WorkCanceller {
     const requestId = session.requestId;
     const now = Date.now();
     // The meta tells a worker that takes the job later; the message tells the worker running it.
-    (this.redis.routeRequest?.(this.names.metaKey(requestId), '', this.channel, now) ?? Promise.resolve(0))
+    this.scripts
+      .route(requestId, '', this.channel, now)
       .then(() =>
         this.redis.publish(
           this.names.controlChannel,
@@ -171,31 +171,14 @@ export class RedisJobQueue implements JobSubmitter, WorkCanceller {
    */
   /** @param channel where its live entries go next: this gateway's, or '' to keep a detached request detached */
   async migrate(requestId: string, attempt: number, lostWorkerId: string, channel = this.channel): Promise<MigrationResult> {
-    const redis = this.redis as Redis & { migrateRequest(...args: Array<string | number>): Promise<[number, number]> };
-    const [code, current] = await redis.migrateRequest(
-      this.names.metaKey(requestId),
-      attempt,
-      lostWorkerId,
-      this.maxMigrations,
-      channel,
-      Date.now(),
-    );
+    const [code, current] = await this.scripts.migrate(requestId, attempt, lostWorkerId, this.maxMigrations, channel);
     if (code === 0) return { outcome: 'moved', attempt: current };
     if (code !== 1) return { outcome: code === 2 ? 'exhausted' : 'gone' };
     // The lost attempt's job is still in BullMQ (active, its lock held by the dead worker): its data
     // is the request's.
     const previous = await this.queue.getJob(attemptJobId(requestId, attempt));
     if (previous === undefined) return { outcome: 'gone' };
-    const data = previous.data as GenerateJob;
-    // A detached request keeps its job's last channel: the worker reads the meta (no channel) and runs it detached.
-    const job: GenerateJob = { ...data, channel: channel === '' ? data.channel : channel, continuation: { attempt: current } };
-    await this.queue.add(GENERATE_JOB, job, {
-      jobId: attemptJobId(requestId, current),
-      lifo: true,
-      removeOnComplete: true,
-      removeOnFail: true,
-      attempts: 1,
-    });
+    await this.queue.add(GENERATE_JOB, continuationJob(previous.data as GenerateJob, current, channel), continuationJobOptions(requestId, current));
     return { outcome: 'migrated', attempt: current };
   }
 
@@ -231,7 +214,7 @@ export class RedisJobQueue implements JobSubmitter, WorkCanceller {
    * route is recorded, so a log read started afterwards misses nothing this gateway will not get live.
    */
   async attach(requestId: string): Promise<void> {
-    await this.redis.routeRequest?.(this.names.metaKey(requestId), this.channel, '', Date.now());
+    await this.scripts.route(requestId, this.channel, '');
     await this.redis.publish(this.names.controlChannel, encodeControlMessage({ type: 'route', requestId, channel: this.channel }));
   }
 
@@ -252,8 +235,8 @@ export class RedisJobQueue implements JobSubmitter, WorkCanceller {
       entries.push({ requestId, seq: entries.length, type: 'text-end', index, finishReason: 'abort' });
     entries.push({ requestId, seq: entries.length, type: 'finish', usage: { promptTokens: 0, completionTokens: 0 } });
     const pairs = entries.flatMap((entry) => [String(entry.seq), JSON.stringify(entry)]);
-    const pipeline = this.redis.pipeline() as ReturnType<Redis['pipeline']> & { appendLog(...args: Array<string | number>): unknown };
-    pipeline.appendLog(this.names.metaKey(requestId), this.names.logKey(requestId), meta.attempt, 100, this.retentionMs, '', ...pairs);
+    const pipeline = this.redis.pipeline();
+    this.scripts.appendLog(pipeline, { requestId, attempt: meta.attempt, maxEntries: 100, ttlMs: this.retentionMs, workerId: '', pairs });
     if (meta.channel !== '') pipeline.publish(meta.channel, encodeGatewayMessage({ workerId: '', entries }));
     await pipeline.exec();
   }

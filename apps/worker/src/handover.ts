@@ -1,6 +1,6 @@
 import type { Queue } from 'bullmq';
 import type { Redis } from 'ioredis';
-import { attemptJobId, GENERATE_JOB, MIGRATE_SCRIPT, type GenerateJob, type RedisNames } from '@sluice/protocol';
+import { continuationJob, continuationJobOptions, GENERATE_JOB, RequestScripts, type GenerateJob, type RedisNames } from '@sluice/protocol';
 
 /**
  * A planned move is not a fault: a drain does not count against the gateways' MAX_MIGRATIONS (that
@@ -16,16 +16,15 @@ const NO_BOUND = 1_000_000;
  * (no gateway streams them now) move too, and stay detached.
  */
 export class RequestHandover {
-  readonly #redis: Redis & { migrateRequest?: (...args: Array<string | number>) => Promise<[number, number]> };
+  readonly #scripts: RequestScripts;
 
   constructor(
     redis: Redis,
     private readonly queue: Queue,
-    private readonly names: RedisNames,
+    names: RedisNames,
     private readonly workerId: string,
   ) {
-    this.#redis = redis;
-    redis.defineCommand('migrateRequest', { numberOfKeys: 1, lua: MIGRATE_SCRIPT });
+    this.#scripts = new RequestScripts(redis, names);
   }
 
   /**
@@ -44,18 +43,9 @@ export class RequestHandover {
     from = this.workerId,
     bound = NO_BOUND,
   ): Promise<{ moved: boolean; attempt: number }> {
-    const [code, current] = await this.#redis.migrateRequest!(this.names.metaKey(job.requestId), attempt, from, bound, channel, Date.now());
+    const [code, current] = await this.#scripts.migrate(job.requestId, attempt, from, bound, channel);
     if (code !== 1) return { moved: false, attempt: current };
-    // A detached request keeps its job's channel: the next worker reads the meta (no channel) and runs it detached.
-    const next: GenerateJob = { ...job, channel: channel === '' ? job.channel : channel, continuation: { attempt: current } };
-    await this.queue.add(GENERATE_JOB, next, {
-      jobId: attemptJobId(job.requestId, current),
-      // A stream already under way goes before new requests.
-      lifo: true,
-      removeOnComplete: true,
-      removeOnFail: true,
-      attempts: 1,
-    });
+    await this.queue.add(GENERATE_JOB, continuationJob(job, current, channel), continuationJobOptions(job.requestId, current));
     return { moved: true, attempt: current };
   }
 }

@@ -1,7 +1,7 @@
 import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
 import type { EngineEvent, StepEvent, TokenLogprob } from '@sluice/engine';
-import { APPEND_LOG_SCRIPT, type GatewayEntryDraft, type RedisNames, type TokenLogprobWire } from '@sluice/protocol';
+import { RequestScripts, type GatewayEntryDraft, type RedisNames, type TokenLogprobWire } from '@sluice/protocol';
 
 /** The abort reason of a request whose entries could not be written (Redis unreachable). */
 export const REDIS_UNAVAILABLE = 'redis_unavailable';
@@ -88,7 +88,8 @@ interface PendingAppend {
  */
 export class StepRouter {
   readonly #routes = new Map<string, Route>();
-  readonly #redis: Redis & { appendLog?: (...args: Array<string | number>) => Promise<number> };
+  readonly #redis: Redis;
+  readonly #scripts: RequestScripts;
   #logs = new Map<string, PendingAppend>();
   #channels = new Map<string, string[]>();
   #scheduled = false;
@@ -101,7 +102,7 @@ export class StepRouter {
     private readonly logger: Logger,
   ) {
     this.#redis = redis;
-    redis.defineCommand('appendLog', { numberOfKeys: 2, lua: APPEND_LOG_SCRIPT });
+    this.#scripts = new RequestScripts(redis, options.names);
   }
 
   open(
@@ -313,8 +314,8 @@ export class StepRouter {
     this.#logs = new Map();
     this.#channels = new Map();
     if (logs.size === 0 && channels.size === 0) return;
-    const { names, retentionMs, maxLogEntries, workerId } = this.options;
-    const pipeline = this.#redis.pipeline() as ReturnType<Redis['pipeline']> & { appendLog(...args: Array<string | number>): unknown };
+    const { retentionMs, maxLogEntries, workerId } = this.options;
+    const pipeline = this.#redis.pipeline();
     const now = Date.now();
     const appended: Route[] = [];
     let firsts: RouteTiming[] | undefined;
@@ -322,7 +323,7 @@ export class StepRouter {
       if (route.timing?.firstStepAt !== undefined && route.timing.publishedAt === undefined) (firsts ??= []).push(route.timing);
       // The TTL starts when the request ends; until then it only bounds a request nobody finishes.
       const ttlMs = route.ended || final ? retentionMs : Math.max(0, route.deadlineAt - now) + retentionMs;
-      pipeline.appendLog(names.metaKey(requestId), names.logKey(requestId), route.attempt, maxLogEntries, ttlMs, accepting, ...pairs);
+      this.#scripts.appendLog(pipeline, { requestId, attempt: route.attempt, maxEntries: maxLogEntries, ttlMs, workerId: accepting, pairs });
       appended.push(route);
     }
     const published: string[] = [];

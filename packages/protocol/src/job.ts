@@ -1,4 +1,5 @@
 import { z } from 'zod';
+import { attemptJobId } from './names.js';
 
 /** What a client-supplied `X-Request-Id` may be (else the gateway makes its own). */
 export const REQUEST_ID_PATTERN = /^[\w.-]{1,128}$/;
@@ -78,4 +79,19 @@ export type GenerateJob = z.infer<typeof generateJobSchema>;
 
 export function parseGenerateJob(data: unknown): GenerateJob {
   return generateJobSchema.parse(data);
+}
+
+/**
+ * The job that carries a request on after its attempt ended elsewhere (a lost worker, a drain): the
+ * same request, marked as attempt `attempt`, whose worker reads what was written from the token log.
+ * @param channel where live entries go now; '' keeps the job's channel (a detached request: the next
+ *   worker reads the meta, which has none, and runs it detached)
+ */
+export function continuationJob(job: GenerateJob, attempt: number, channel: string): GenerateJob {
+  return { ...job, channel: channel === '' ? job.channel : channel, continuation: { attempt } };
+}
+
+/** BullMQ options of a continuation job: its attempt's own id, and ahead of new requests (a stream is under way). */
+export function continuationJobOptions(requestId: string, attempt: number) {
+  return { jobId: attemptJobId(requestId, attempt), lifo: true, removeOnComplete: true, removeOnFail: true, attempts: 1 } as const;
 }

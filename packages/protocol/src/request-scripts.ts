@@ -1,0 +1,82 @@
+import type { ChainableCommander, Redis } from 'ioredis';
+import type { RedisNames } from './names.js';
+import { APPEND_LOG_SCRIPT, MIGRATE_SCRIPT, ROUTE_SCRIPT } from './token-log.js';
+
+/** One append to a request's token log ({@link APPEND_LOG_SCRIPT}). */
+export interface LogAppend {
+  requestId: string;
+  /** The writer's attempt: an append of any other than the meta's is fenced out. */
+  attempt: number;
+  /** Approximate cap on the log's entries (XADD MAXLEN ~). */
+  maxEntries: number;
+  /** The log's (and meta's) TTL from now. */
+  ttlMs: number;
+  /** Written as the meta's worker ('' leaves it). */
+  workerId: string;
+  /** seq, json, seq, json, ... */
+  pairs: readonly string[];
+}
+
+/** The outcome of {@link MIGRATE_SCRIPT}: `[code, attempt]` as the script documents it. */
+export type MigrateReply = [code: number, attempt: number];
+
+/** On a pipeline, a command queues and returns the pipeline. */
+interface QueuedAppend {
+  appendLog(meta: string, log: string, ...args: Array<string | number>): ChainableCommander;
+}
+
+interface ScriptCommands {
+  appendLog(meta: string, log: string, ...args: Array<string | number>): Promise<number>;
+  routeRequest(meta: string, channel: string, from: string, now: number): Promise<number>;
+  migrateRequest(meta: string, ...args: Array<string | number>): Promise<MigrateReply>;
+}
+
+/**
+ * The token log's Lua scripts as typed calls, for every process that writes a request's log or route
+ * (workers append and hand over; gateways append a cancel's entries, move routes and migrate): one
+ * place that defines them on a connection and spells their arguments.
+ */
+export class RequestScripts {
+  readonly #redis: Redis & ScriptCommands;
+
+  constructor(
+    redis: Redis,
+    private readonly names: RedisNames,
+  ) {
+    // ioredis sends EVALSHA, and EVAL once when Redis does not know the script yet.
+    redis.defineCommand('appendLog', { numberOfKeys: 2, lua: APPEND_LOG_SCRIPT });
+    redis.defineCommand('routeRequest', { numberOfKeys: 1, lua: ROUTE_SCRIPT });
+    redis.defineCommand('migrateRequest', { numberOfKeys: 1, lua: MIGRATE_SCRIPT });
+    this.#redis = redis as Redis & ScriptCommands;
+  }
+
+  /** Queues an append on a pipeline (or MULTI) of the same connection; its reply is 1, or 0 when fenced out. */
+  appendLog(pipeline: ChainableCommander, append: LogAppend): void {
+    const { requestId, attempt, maxEntries, ttlMs, workerId, pairs } = append;
+    (pipeline as ChainableCommander & QueuedAppend).appendLog(
+      this.names.metaKey(requestId),
+      this.names.logKey(requestId),
+      attempt,
+      maxEntries,
+      ttlMs,
+      workerId,
+      ...pairs,
+    );
+  }
+
+  /**
+   * Moves the request's live route ({@link ROUTE_SCRIPT}): to `channel` ('' detaches), only while it is
+   * `from` ('' = whatever it is). Resolves 1 when moved, 0 when the meta is gone or the route had moved.
+   */
+  route(requestId: string, channel: string, from: string, now = Date.now()): Promise<number> {
+    return this.#redis.routeRequest(this.names.metaKey(requestId), channel, from, now);
+  }
+
+  /**
+   * Moves the request to a new attempt ({@link MIGRATE_SCRIPT}), fencing out `attempt`, the one of
+   * worker `from`; at most `bound` attempts; live entries go to `channel` ('' keeps it detached).
+   */
+  migrate(requestId: string, attempt: number, from: string, bound: number, channel: string, now = Date.now()): Promise<MigrateReply> {
+    return this.#redis.migrateRequest(this.names.metaKey(requestId), attempt, from, bound, channel, now);
+  }
+}
