@@ -269,8 +269,8 @@ export class JobProcessor {
       try {
         engine.submit({ id: job.requestId, promptTokenIds, sampling: { ...sampling, seed } }, signal);
       } catch (error) {
-        // Never reached the engine: no event will come.
-        route.gate = undefined;
+        // Never reached the engine: no event will come, nothing is held.
+        router.release(route);
         submitError = error instanceof Error ? error : new Error(String(error));
       }
       timing.submittedAt = epochMs();

@@ -23,7 +23,7 @@ afterAll(async () => {
 });
 
 /** A processor and router on the real Redis around an engine the test drives step by step. */
-async function harness(connection: Redis = redis) {
+async function harness(connection: Redis = redis, refuse?: (request: GenerateRequest) => Error | undefined) {
   const submitted: Array<{ request: GenerateRequest; signal: AbortSignal | undefined }> = [];
   const router = new StepRouter(connection, { workerId: 'w1', names, retentionMs: 60_000, maxLogEntries: 1000 }, pino({ level: 'silent' }));
   const subscriber = server.client();
@@ -33,7 +33,11 @@ async function harness(connection: Redis = redis) {
   const processor = new JobProcessor({
     engine: {
       info: { modelId: 'm', maxContextLength: 100, maxBatchSize: 4, executionProvider: 'cpu' },
-      submit: (request, signal) => void submitted.push({ request, signal }),
+      submit: (request, signal) => {
+        const refusal = refuse?.(request);
+        if (refusal !== undefined) throw refusal;
+        submitted.push({ request, signal });
+      },
     },
     router,
     controls,
@@ -317,6 +321,20 @@ describe('a first attempt starts in the engine while its checks are out', () => 
     expect(h.finished).toEqual([]);
     expect(h.processor.counters).toMatchObject({ running: 0, skipped: 1, processed: 1 });
     await live.close();
+    await h.close();
+  });
+
+  it("answers an engine's refusal with a rejection naming the field, after the checks", async () => {
+    const refusal = Object.assign(new Error('Request x: topP must be in (0, 1]'), { name: 'EngineError', code: 'invalid_request' });
+    const h = await harness(redis, () => refusal);
+    const j = job('gw-refused');
+    await writeMeta(j);
+    await h.processor.process(j, 1);
+    await h.router.drained();
+    expect((await logOf(j.requestId)).map((e) => (e.type === 'rejected' ? [e.type, e.error.param] : [e.type]))).toEqual([
+      ['rejected', 'top_p'],
+    ]);
+    expect(h.processor.counters).toMatchObject({ running: 0, processed: 1 });
     await h.close();
   });
 
