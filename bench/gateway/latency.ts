@@ -300,7 +300,8 @@ export async function deploy(workload: LatencyWorkload): Promise<Deployment> {
         }
         engineQueue.push(w.engineQueueMs);
         if (w.checkedMs !== undefined) checks.push(w.checkedMs);
-        if (w.checkedMs !== undefined && w.firstStepMs !== undefined && w.checkedMs > w.firstStepMs) heldBack.push(w.checkedMs - w.firstStepMs);
+        if (w.checkedMs !== undefined && w.firstStepMs !== undefined && w.checkedMs > w.firstStepMs)
+          heldBack.push(w.checkedMs - w.firstStepMs);
       }
       return {
         medianMs: TTFT_SPANS.map((_, i) =>

@@ -178,7 +178,11 @@ export class RedisJobQueue implements JobSubmitter, WorkCanceller {
     // is the request's.
     const previous = await this.queue.getJob(attemptJobId(requestId, attempt));
     if (previous === undefined) return { outcome: 'gone' };
-    await this.queue.add(GENERATE_JOB, continuationJob(previous.data as GenerateJob, current, channel), continuationJobOptions(requestId, current));
+    await this.queue.add(
+      GENERATE_JOB,
+      continuationJob(previous.data as GenerateJob, current, channel),
+      continuationJobOptions(requestId, current),
+    );
     return { outcome: 'migrated', attempt: current };
   }
 

@@ -323,7 +323,14 @@ export class StepRouter {
       if (route.timing?.firstStepAt !== undefined && route.timing.publishedAt === undefined) (firsts ??= []).push(route.timing);
       // The TTL starts when the request ends; until then it only bounds a request nobody finishes.
       const ttlMs = route.ended || final ? retentionMs : Math.max(0, route.deadlineAt - now) + retentionMs;
-      this.#scripts.appendLog(pipeline, { requestId, attempt: route.attempt, maxEntries: maxLogEntries, ttlMs, workerId: accepting, pairs });
+      this.#scripts.appendLog(pipeline, {
+        requestId,
+        attempt: route.attempt,
+        maxEntries: maxLogEntries,
+        ttlMs,
+        workerId: accepting,
+        pairs,
+      });
       appended.push(route);
     }
     const published: string[] = [];
