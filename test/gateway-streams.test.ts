@@ -69,6 +69,8 @@ describe('streams through gateway, Redis and worker', () => {
     for (const c of cases) {
       const res = await postRaw(`${gateway.url}${path(c.endpoint)}`, c.body);
       expect(res.status).toBe(200);
+      // Where its time went, as the gateway saw it: admitted, queued until a worker accepted, generated.
+      expect(res.headers.get('server-timing')).toMatch(/^admit;dur=[\d.]+, queue;dur=[\d.]+, generate;dur=[\d.]+$/);
       const json = res.json as {
         object: string;
         choices: Array<{ message?: { role: string; content: string }; text?: string; finish_reason: string }>;
@@ -106,6 +108,8 @@ describe('streams through gateway, Redis and worker', () => {
         expect(res.headers.get('content-type')).toMatch(/^text\/event-stream/);
         expect(res.headers.get('cache-control')).toBe('no-cache');
         expect(res.headers.get('x-accel-buffering')).toBe('no');
+        // `queue` only when a worker accepted it within HEADERS_WAIT_MS (the headers go out then, or at its end).
+        expect(res.headers.get('server-timing')).toMatch(/^admit;dur=[\d.]+(, queue;dur=[\d.]+)?$/);
         const checked = checkChunkSequence(res.items, c.endpoint, includeUsage);
         if (includeUsage) expect(checked.usage?.completion_tokens).toBeGreaterThan(0);
         return { caseIndex, text: checked.text };

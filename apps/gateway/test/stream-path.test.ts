@@ -80,6 +80,51 @@ describe('the SSE stream path', () => {
     expect(contents).toEqual(texts);
   });
 
+  it("tells where the request's time went in a Server-Timing header: admit and queue on a stream, generate too on a complete reply", async () => {
+    const h = await start();
+    const dur = (header: string | null, name: string) => Number(new RegExp(`(?:^|, )${name};dur=([\\d.]+)`).exec(header ?? '')?.[1]);
+    let job = h.nextJob();
+    const stream = post(h, '/v1/chat/completions', chatBody());
+    await job;
+    await new Promise((resolve) => setTimeout(resolve, 30));
+    h.send([{ type: 'accepted', workerId: 'w1', promptTokens: 3 }]);
+    const streamed = await stream;
+    const streamTiming = streamed.headers.get('server-timing');
+    expect(streamTiming).toMatch(/^admit;dur=[\d.]+, queue;dur=[\d.]+$/);
+    // The queue span holds the 30 ms the test kept the worker's accept back.
+    expect(dur(streamTiming, 'queue')).toBeGreaterThanOrEqual(25);
+    h.send([
+      { type: 'text-end', index: 0, finishReason: 'stop' },
+      { type: 'finish', usage: { promptTokens: 3, completionTokens: 0 } },
+    ]);
+    await streamed.text();
+
+    job = h.nextJob();
+    const complete = post(h, '/v1/chat/completions', chatBody({ stream: false }));
+    await job;
+    h.send([{ type: 'accepted', workerId: 'w1', promptTokens: 3 }]);
+    await new Promise((resolve) => setTimeout(resolve, 30));
+    h.send([
+      { type: 'text-delta', index: 0, text: 'hi', tokens: 1 },
+      { type: 'text-end', index: 0, finishReason: 'stop' },
+      { type: 'finish', usage: { promptTokens: 3, completionTokens: 1 } },
+    ]);
+    const timing = (await complete).headers.get('server-timing');
+    expect(timing).toMatch(/^admit;dur=[\d.]+, queue;dur=[\d.]+, generate;dur=[\d.]+$/);
+    expect(dur(timing, 'generate')).toBeGreaterThanOrEqual(25);
+  });
+
+  it('sends only the admit span on a stream whose headers go out before a worker accepts', async () => {
+    const h = await start({ HEADERS_WAIT_MS: '0' });
+    const job = h.nextJob();
+    const reply = post(h, '/v1/chat/completions', chatBody());
+    await job;
+    const res = await reply;
+    expect(res.headers.get('server-timing')).toMatch(/^admit;dur=[\d.]+$/);
+    h.send([{ type: 'error', error: { code: 'internal', message: 'x', param: null } }]);
+    await res.text();
+  });
+
   it('ends the stream with an error frame when a sequence gap cannot be repaired from the token log', async () => {
     const h = await start();
     const job = h.nextJob();

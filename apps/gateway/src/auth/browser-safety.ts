@@ -6,9 +6,10 @@ type SecureHeadersOptions = NonNullable<Parameters<typeof secureHeaders>[0]>;
 import type { AppEnv } from '../app.js';
 import { GatewayError } from '../errors.js';
 
-/** Headers a browser page may read from a cross-origin reply (the rate limits, the request id). */
+/** Headers a browser page may read from a cross-origin reply (the rate limits, the request id, its timing). */
 const EXPOSED_HEADERS = [
   'x-request-id',
+  'server-timing',
   'retry-after',
   'x-ratelimit-limit-requests',
   'x-ratelimit-remaining-requests',

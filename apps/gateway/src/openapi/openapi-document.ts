@@ -86,6 +86,15 @@ const requestIdHeader = z.object({
     .meta({ description: "The request's id: the client's `X-Request-Id` when it is a sane id, else the gateway's own." }),
 });
 
+const generateHeaders = requestIdHeader.extend({
+  'Server-Timing': z.string().meta({
+    description:
+      "Where the request's time went before the answer, ms: `admit` (body read, validated, tokenized), `queue` (until a " +
+      'worker accepted it), and on a complete reply `generate` (until the answer was whole). A stream sends its headers ' +
+      'before its answer: `admit` only, or `admit` and `queue` when a worker accepted it within HEADERS_WAIT_MS.',
+  }),
+});
+
 function sse(chunk: string, what: string) {
   return {
     schema: {
@@ -114,7 +123,7 @@ function generation(kind: 'chat' | 'completion'): ZodOpenApiOperationObject {
         description: chat
           ? 'The completion, or its stream of chunks (`stream: true`).'
           : 'The completion, or its stream of chunks (`stream: true`).',
-        headers: requestIdHeader,
+        headers: generateHeaders,
         content: {
           'application/json': { schema: chat ? chatCompletionSchema : completionSchema },
           'text/event-stream': sse(chat ? 'ChatCompletionChunk' : 'CompletionChunk', 'A stream outlives its client for `resume_grace_ms`.'),

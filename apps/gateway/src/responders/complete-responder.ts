@@ -38,7 +38,10 @@ export class CompleteResponder {
       case 'accepted':
         this.outcome.promptTokens = event.promptTokens;
         // A continuation after a lost worker: the request was accepted long ago.
-        if (event.continued !== true) this.ctx.observer.accepted();
+        if (event.continued !== true) {
+          this.ctx.timing?.accepted();
+          this.ctx.observer.accepted();
+        }
         return;
       case 'scheduled':
         this.ctx.observer.scheduled();
@@ -66,7 +69,11 @@ export class CompleteResponder {
         this.resolveReply(
           new Response(JSON.stringify(body), {
             status: 200,
-            headers: { 'Content-Type': 'application/json', 'X-Request-Id': this.ctx.requestId },
+            headers: {
+              'Content-Type': 'application/json',
+              'X-Request-Id': this.ctx.requestId,
+              ...(this.ctx.timing === undefined ? {} : { 'Server-Timing': this.ctx.timing.header(performance.now()) }),
+            },
           }),
         );
         this.outcome.report(this.finishReason === 'abort' ? { outcome: 'cancelled' } : { outcome: this.finishReason }, 200);

@@ -2,6 +2,7 @@ import type { GatewayHooks, RequestEnd, RequestObserver } from '../hooks.js';
 import { errorHeaders, type GatewayError, toErrorBody } from '../errors.js';
 import type { ParsedRequest } from '../openai/request-schemas.js';
 import type { ResponseFormat } from '../openai/response-format.js';
+import type { RequestTiming } from './request-timing.js';
 
 /** What both responders (SSE and complete JSON) know about their request. */
 export interface ResponderContext {
@@ -14,6 +15,8 @@ export interface ResponderContext {
   retryAfterS: number;
   hooks: GatewayHooks;
   observer: RequestObserver;
+  /** The spans the reply's `Server-Timing` header reports (none on a resumed stream). */
+  timing?: RequestTiming;
 }
 
 /** Names the logical field of a worker's error (`prompt`, `max_tokens`) as this endpoint calls it. */

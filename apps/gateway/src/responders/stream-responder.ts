@@ -112,6 +112,7 @@ export class StreamResponder {
           this.writer.frames(this.idLine() + ': continued\n\n', 0);
           return;
         }
+        this.ctx.timing?.accepted();
         this.ctx.observer.accepted();
         if (this.phase === 'pending') this.commit();
         let roles = '';
@@ -182,7 +183,8 @@ export class StreamResponder {
     if (this.phase !== 'pending') return;
     clearTimeout(this.headersTimer);
     this.phase = 'streaming';
-    this.writer.start({ 'X-Request-Id': this.ctx.requestId });
+    const timing = this.ctx.timing;
+    this.writer.start({ 'X-Request-Id': this.ctx.requestId, ...(timing === undefined ? {} : { 'Server-Timing': timing.header() }) });
     this.resolveReply(RESPONSE_ALREADY_SENT);
   }
 

@@ -15,6 +15,7 @@ import { systemFingerprint } from '../version.js';
 import { CompleteResponder } from '../responders/complete-responder.js';
 import type { ResponderContext } from '../responders/responder-context.js';
 import { StreamResponder } from '../responders/stream-responder.js';
+import { RequestTiming } from '../responders/request-timing.js';
 
 import type { AppEnv } from '../app.js';
 import { noObserver } from '../responders/responder-context.js';
@@ -72,6 +73,7 @@ export function generateHandler(deps: AppDeps, endpoint: Endpoint) {
       retryAfterS: config.retryAfterS,
       hooks,
       observer,
+      timing: new RequestTiming(receivedAtMono, performance.now()),
     };
     const res = c.env.outgoing;
     const responder = request.stream
