@@ -183,6 +183,8 @@ function spansOf(g: GatewayTiming, w: WorkerTiming, c: ClientTiming): number[] |
 export interface TtftBreakdown {
   /** Per span, in TTFT_SPANS order: the median over requests, ms. */
   medianMs: number[];
+  /** Per span: the 90th percentile over requests, ms (which spans make the TTFT's tail). */
+  p90Ms: number[];
   /** Of `→ worker pickup`: the time the gateway waited for the meta write and BullMQ's add, median ms. */
   gatewayEnqueueMs: number;
   /** From the gateway's add answered to the worker's pickup (an idle worker taking a new job), median ms. */
@@ -309,6 +311,14 @@ export async function deploy(workload: LatencyWorkload): Promise<Deployment> {
             percentile(
               rows.map((r) => r[i]!),
               50,
+            ),
+          ),
+        ),
+        p90Ms: TTFT_SPANS.map((_, i) =>
+          round(
+            percentile(
+              rows.map((r) => r[i]!),
+              90,
             ),
           ),
         ),

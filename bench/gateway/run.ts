@@ -135,11 +135,11 @@ async function latency(workload: LatencyWorkload, latencyRounds: number) {
 function breakdownTable(b: TtftBreakdown | undefined): string {
   if (b === undefined || b.requests === 0) return '(no TTFT breakdown: the request log lines were not seen)';
   return [
-    '| span (in order; they add up to the TTFT the client sees) | median ms | what runs |',
-    '|---|---:|---|',
-    ...TTFT_SPANS.map(([name, what], i) => `| ${name} | ${b.medianMs[i]} | ${what} |`),
+    '| span (in order; they add up to the TTFT the client sees) | median ms | p90 ms | what runs |',
+    '|---|---:|---:|---|',
+    ...TTFT_SPANS.map(([name, what], i) => `| ${name} | ${b.medianMs[i]} | ${b.p90Ms[i]} | ${what} |`),
     '',
-    `Medians over ${b.requests} requests, each span on its own (so the medians need not add up exactly). Of the pickup span, the gateway waited ${b.gatewayEnqueueMs} ms for the meta write and BullMQ's add, and the worker (idle or between steps) had the job ${b.addToPickupMs} ms after that add was answered; of the engine span, ${b.engineQueueMs} ms went from submit to the step that took the request. The job's checks (cancel marker + meta, one round trip) run beside the engine: answered ${b.checksMs} ms after pickup (median); they held the first token back in ${b.checksHeldBack.requests} of ${b.requests} requests${b.checksHeldBack.requests === 0 ? '' : ` (median ${b.checksHeldBack.medianMs} ms)`}. From the \`timing\` field of the gateway's and the worker's \`request finished\` log lines and the client's own times (joined by request id; the three processes read the same clock).`,
+    `Medians and 90th percentiles over ${b.requests} requests, each span on its own (so they need not add up exactly). Of the pickup span, the gateway waited ${b.gatewayEnqueueMs} ms for the meta write and BullMQ's add, and the worker (idle or between steps) had the job ${b.addToPickupMs} ms after that add was answered; of the engine span, ${b.engineQueueMs} ms went from submit to the step that took the request. The job's checks (cancel marker + meta, one round trip) run beside the engine: answered ${b.checksMs} ms after pickup (median); they held the first token back in ${b.checksHeldBack.requests} of ${b.requests} requests${b.checksHeldBack.requests === 0 ? '' : ` (median ${b.checksHeldBack.medianMs} ms)`}. From the \`timing\` field of the gateway's and the worker's \`request finished\` log lines and the client's own times (joined by request id; the three processes read the same clock).`,
   ].join('\n');
 }
 
