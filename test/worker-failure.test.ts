@@ -52,7 +52,13 @@ describe('worker and gateway lifecycle', () => {
 
     // BullMQ recovers the dead worker's jobs (stalled) and hands them to a live worker, which must not
     // start those answers again from token 0: a newer attempt owns them.
-    await waitFor('the stalled jobs skipped', async () => ((await heir.health()).skipped >= 3 ? true : undefined), 15_000);
+    // (30 s: a fresh-clone CI run once timed out at 15 s here under the whole suite's load; on failure
+    // the heir's counters and every process's output say why.)
+    try {
+      await waitFor('the stalled jobs skipped', async () => ((await heir.health()).skipped >= 3 ? true : undefined), 30_000);
+    } catch (error) {
+      throw new Error(`${String(error)}\nheir: ${JSON.stringify(await heir.health())}\n${cluster.logs().slice(-20_000)}`);
+    }
   });
 
   it('on SIGTERM a worker finishes its running sequences, then exits 0; gateways stop counting it at once', async () => {
