@@ -279,8 +279,7 @@ export class JobProcessor {
     const skip = (why?: string) => {
       if (!started) return this.skip(logger, why);
       // The engine has it: stop it; its finish (dropped by the gate like everything else) settles the job.
-      router.drop(route);
-      route.abort(SKIPPED_REASON);
+      router.drop(route, SKIPPED_REASON);
       this.skip(logger, why);
       return { parts: 1, priorTokens: 0 };
     };
@@ -290,10 +289,7 @@ export class JobProcessor {
       replies = (await state) ?? [];
     } catch (error) {
       // The checks could not be read: the job fails (`internal`), and the engine must not go on with it.
-      if (started) {
-        router.drop(route);
-        route.abort(SKIPPED_REASON);
-      }
+      if (started) router.drop(route, SKIPPED_REASON);
       throw error;
     }
     timing.checkedAt = epochMs();

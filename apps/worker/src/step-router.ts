@@ -182,10 +182,14 @@ export class StepRouter {
     if (this.#scheduled) this.#flush();
   }
 
-  /** The checks failed: nothing the engine made for the request is written; its finish still settles the job. */
-  drop(route: Route): void {
+  /**
+   * The checks failed: the request is stopped (`reason`) and nothing the engine made for it is written;
+   * its finish still settles the job.
+   */
+  drop(route: Route, reason: string): void {
     const gate = route.gate;
     route.gate = 'dropping';
+    route.abort(reason);
     if (gate !== undefined && gate !== 'dropping') for (const event of gate.held) this.#gated(route, 'dropping', event);
   }
 
