@@ -1,6 +1,7 @@
 import { readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { Tokenizer } from '@huggingface/tokenizers';
+import onnxProto from 'onnx-proto';
 import type * as ort from 'onnxruntime-node';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { LlamaReference, type ReferenceKvCache } from '../src/reference/llama-reference.js';
@@ -179,5 +180,22 @@ describe('the tiny ONNX graph', () => {
     expect(
       maxAbsDiff(row(withGap.logits.data as Float32Array, ids.length, 0, ids.length - 1), row(ref.logits, ids.length, 0, ids.length - 1)),
     ).toBeLessThan(TOLERANCE);
+  });
+});
+
+describe("the plain form's attention", () => {
+  it("writes each layer's scores as query · keysᵀ that only a Concat reads (no scale onnxruntime could fold into the product)", async () => {
+    // A scale next to the MatMul becomes FusedMatMul's alpha, and MLAS then packs the keys instead of
+    // running its one-row kernel over them in place (docs/engine.md: ~25 % of a batch-32 step at 768 slots).
+    const { onnx } = onnxProto;
+    const graph = onnx.ModelProto.decode(await readFile(join(await ensureBuiltinModel('tiny'), 'onnx', 'model.onnx'))).graph!;
+    const producer = new Map(graph.node!.flatMap((node) => node.output!.map((name) => [name, node] as const)));
+    const readers = (name: string) => graph.node!.filter((node) => node.input!.includes(name));
+    const scoreProducts = graph.node!.filter((node) => {
+      const keys = producer.get(node.input![1]!);
+      return node.opType === 'MatMul' && keys?.opType === 'Transpose' && keys.attribute![0]!.ints!.map(Number).join() === '0,1,2,4,3';
+    });
+    expect(scoreProducts).toHaveLength(2 * reference.config.numLayers); // the past's and the new slots' scores
+    for (const product of scoreProducts) expect(readers(product.output![0]!).map((node) => node.opType)).toEqual(['Concat']);
   });
 });

@@ -13,7 +13,7 @@ import { buildTokenizerFiles, SPECIAL_IDS, SPECIAL_TOKENS } from './tokenizer-fi
  * tokenizer, corpus, configs): {@link ensureBuiltinModel} regenerates directories stamped with
  * another version.
  */
-export const GENERATOR_VERSION = 6;
+export const GENERATOR_VERSION = 7;
 
 /** Seed of the built-in models. */
 export const DEFAULT_SEED = 42;

@@ -78,9 +78,9 @@ export function buildLlamaGraph(
 
   // Grouped-query attention runs per KV head, the cache never expanded or copied per query head, and
   // written so that onnxruntime's GEMM reads the cache in place instead of packing it first
-  // (docs/engine.md): scores as keys · queryᵀ (the keys are the A operand), values as one
-  // matrix-vector product per query head (the values broadcast as [batch, kv_heads, 1, slots, head_dim]
-  // over the rep heads of their group).
+  // (docs/engine.md): scores and values as one matrix-vector product per query head in a decode step
+  // (the keys and values broadcast as [batch, kv_heads, 1, slots, head_dim] over the rep heads of
+  // their group).
   const rep = h / kvh;
 
   // Additive attention mask [batch, 1, 1, sequence, total], shared by all layers and heads.
@@ -102,8 +102,6 @@ export function buildLlamaGraph(
   const allowed = g.op('And', [keyAllowed, causal]); // [B, 1, 1, S, T]: broadcast over heads
   const additiveMask = g.op('Where', [allowed, g.float32([0], []), g.float32([MASK_VALUE], [])]);
   const zero1d = g.int64([0]);
-  // [B, kvh, T, rep·S] → [B, kvh, T, rep, S] (S given: T may be 0, which leaves -1 undefined).
-  const scoresShape = g.op('Concat', [g.int64([0, 0, 0, rep]), g.op('Unsqueeze', [sequence, g.int64([0])])], { axis: { int: 0 } });
   const past1d = g.op('Unsqueeze', [pastLength, g.int64([0])]);
   const total1d = g.op('Unsqueeze', [total, g.int64([0])]);
   // GroupQueryAttention's per-row real lengths: mask sum − 1 (its `seqlens_k`), and the batch's total.
@@ -197,17 +195,17 @@ export function buildLlamaGraph(
 
       // Attention over the past and the new slots separately (never over present.*): the scores
       // are joined before the softmax, the weighted sums added after it.
-      // [B, kvh, hd, rep·S]: the group's query rows as columns.
-      const groupQueryColumns = g.op('Transpose', [g.op('Reshape', [query, g.int64([0, kvh, -1, hd])])], { perm: { ints: [0, 1, 3, 2] } });
+      // [B, kvh, rep, S, hd]: each KV head's group of query heads (a view of [B, h, S, hd]).
+      const groupQueries = g.op('Reshape', [query, g.int64([0, kvh, rep, -1, hd])]);
       const perGroup = (t: string): string => g.op('Unsqueeze', [t, g.int64([2])]); // [B, kvh, 1, T, hd]
-      const scale = g.float32([1 / Math.sqrt(hd)], []);
-      // keys · queryᵀ reads each key row once, in place ([B, kvh, T, rep·S]), then the small result
-      // is turned to [B, kvh, rep, S, T].
+      // query · keysᵀ per query head: onnxruntime fuses the Transpose into its MatMul, and a decode
+      // step (S = 1, alpha 1) is MLAS's one-row kernel over the keys as they lie, no packing. The
+      // scale comes after the Concat: next to the MatMul it would be folded into alpha, which sends
+      // MLAS back to its packing path (docs/engine.md).
       const scoresOver = (keys: string): string =>
-        g.op('Transpose', [g.op('Reshape', [g.op('Mul', [g.op('MatMul', [keys, groupQueryColumns]), scale]), scoresShape])], {
-          perm: { ints: [0, 1, 3, 4, 2] },
-        });
-      const scores = g.op('Concat', [scoresOver(layerPast.key), scoresOver(key)], { axis: { int: -1 } }); // [B, kvh, rep, S, T]
+        g.op('MatMul', [groupQueries, g.op('Transpose', [perGroup(keys)], { perm: { ints: [0, 1, 2, 4, 3] } })]); // [B, kvh, rep, S, T]
+      const scale = g.float32([1 / Math.sqrt(hd)], []);
+      const scores = g.op('Mul', [g.op('Concat', [scoresOver(layerPast.key), scoresOver(key)], { axis: { int: -1 } }), scale]);
       const probs = g.op('Softmax', [g.op('Add', [scores, additiveMask])], { axis: { int: -1 } });
       const minusOne = g.int64([-1]);
       const probsPast = g.op('Slice', [probs, zero1d, past1d, minusOne]);
