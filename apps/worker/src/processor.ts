@@ -262,18 +262,23 @@ export class JobProcessor {
 
     // A first attempt starts in the engine now, while the checks' round trip is out (TTFT): what the
     // engine makes waits behind the router's gate until they pass, and is dropped if they do not.
+    /** Submits a request that starts from its first token; what the engine refused, if it did. */
+    const submitFromStart = (): Error | undefined => {
+      try {
+        engine.submit({ id: job.requestId, promptTokenIds, sampling: { ...sampling, seed } }, signal);
+        timing.submittedAt = epochMs();
+        return undefined;
+      } catch (error) {
+        return error instanceof Error ? error : new Error(String(error));
+      }
+    };
     const early = bullAttempt === 1 && job.continuation === undefined && !signal.aborted;
     let submitError: Error | undefined;
     if (early) {
       router.hold(route);
-      try {
-        engine.submit({ id: job.requestId, promptTokenIds, sampling: { ...sampling, seed } }, signal);
-      } catch (error) {
-        // Never reached the engine: no event will come, nothing is held.
-        router.release(route);
-        submitError = error instanceof Error ? error : new Error(String(error));
-      }
-      timing.submittedAt = epochMs();
+      submitError = submitFromStart();
+      // Never reached the engine: no event will come, nothing is held.
+      if (submitError !== undefined) router.release(route);
     }
     const started = early && submitError === undefined;
     const skip = (why?: string) => {
@@ -330,17 +335,6 @@ export class JobProcessor {
     }
 
     const accepted = { type: 'accepted' as const, workerId: this.deps.workerId, promptTokens: promptTokenIds.length };
-    if (early) {
-      if (submitError !== undefined) {
-        if (isEngineError(submitError)) return this.reject(route, toWireError(submitError.code, submitError.message), logger);
-        throw submitError;
-      }
-      router.push(route, { ...accepted, seed });
-      this.running(route, signal);
-      router.release(route);
-      return { parts: 1, priorTokens: 0 };
-    }
-
     if (job.continuation !== undefined) {
       if (meta === undefined) return this.skip(logger, 'log lost');
       const log = readLog(replies[2]?.[1] as Array<[string, string[]]> | undefined, sampling.n ?? 1);
@@ -374,15 +368,16 @@ export class JobProcessor {
       return { parts: open.length, priorTokens };
     }
 
-    try {
-      engine.submit({ id: job.requestId, promptTokenIds, sampling: { ...sampling, seed } }, signal);
-    } catch (error) {
-      if (isEngineError(error)) return this.reject(route, toWireError(error.code, error.message), logger);
-      throw error;
+    // A first attempt was submitted early (above); any other (a BullMQ retry) is submitted now.
+    const refused = early ? submitError : submitFromStart();
+    if (refused !== undefined) {
+      if (isEngineError(refused)) return this.reject(route, toWireError(refused.code, refused.message), logger);
+      throw refused;
     }
-    timing.submittedAt = epochMs();
     router.push(route, { ...accepted, seed });
     this.running(route, signal);
+    // Held events (an early start) follow the `accepted`, in the same pipeline.
+    router.release(route);
     return { parts: 1, priorTokens: 0 };
   }
 

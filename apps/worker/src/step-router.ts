@@ -142,15 +142,8 @@ export class StepRouter {
     for (const [requestId, event] of events) {
       const route = this.#routes.get(requestId);
       if (route === undefined || route.ended) continue;
-      if (route.gate !== undefined) {
-        this.#gated(route, route.gate, event);
-        continue;
-      }
-      try {
-        this.#route(route, event);
-      } catch (error) {
-        this.logger.error({ err: error, requestId }, 'routing an engine event failed');
-      }
+      if (route.gate !== undefined) this.#gated(route, route.gate, event);
+      else this.#routeLogged(route, event);
     }
     // The step is whole once routed: it leaves now, not an event-loop turn later (that turn sat in
     // every token's latency). Entries pushed outside a step (accepted, errors) still wait for the
@@ -173,13 +166,18 @@ export class StepRouter {
     if (gate === undefined || gate === 'dropping') return;
     for (const event of gate.held) {
       if (route.ended) break;
-      try {
-        this.#route(route, event);
-      } catch (error) {
-        this.logger.error({ err: error, requestId: route.requestId }, 'routing an engine event failed');
-      }
+      this.#routeLogged(route, event);
     }
     if (this.#scheduled) this.#flush();
+  }
+
+  /** Routes one event; a failure is logged and leaves the other requests of the step unharmed. */
+  #routeLogged(route: Route, event: EngineEvent): void {
+    try {
+      this.#route(route, event);
+    } catch (error) {
+      this.logger.error({ err: error, requestId: route.requestId }, 'routing an engine event failed');
+    }
   }
 
   /**
