@@ -117,6 +117,19 @@ describe('ensureBuiltinModel', () => {
     expect((await readdir(root)).filter((name) => name.startsWith('.'))).toEqual([]);
   });
 
+  it('lets many concurrent callers replace one stale model without taking it for a foreign one', async () => {
+    // Callers that look while another renames a directory in or out must look again, not fail.
+    for (let round = 0; round < 3; round++) {
+      const root = join(scratch, `stale-race-${round}`);
+      await mkdir(join(root, 'tiny'), { recursive: true });
+      await writeFile(join(root, 'tiny', GENERATOR_STAMP_FILE), '{"version":0}\n');
+      const dirs = await Promise.all(Array.from({ length: 6 }, () => ensureBuiltinModel('tiny', root)));
+      expect(new Set(dirs)).toEqual(new Set([join(root, 'tiny')]));
+      expect(await hashTree(join(root, 'tiny'))).toEqual(await hashTree(join(scratch, 'a')));
+      expect((await readdir(root)).filter((name) => name.startsWith('.'))).toEqual([]);
+    }
+  });
+
   it('puts models under SLUICE_MODELS_DIR when it is set, else under <repo>/models', () => {
     const saved = process.env.SLUICE_MODELS_DIR;
     try {

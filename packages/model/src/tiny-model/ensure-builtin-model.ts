@@ -1,6 +1,7 @@
 import { randomBytes } from 'node:crypto';
 import { existsSync, readFileSync } from 'node:fs';
-import { mkdir, readFile, rename, rm } from 'node:fs/promises';
+import type { Stats } from 'node:fs';
+import { mkdir, readFile, rename, rm, stat } from 'node:fs/promises';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import type { TinyModelPreset } from '../types.js';
@@ -35,12 +36,24 @@ function findRepoRoot(): string {
   return resolve(here, '..', '..', '..', '..');
 }
 
-async function isCurrent(dir: string, preset: TinyModelPreset): Promise<boolean> {
-  try {
-    return (await readFile(join(dir, GENERATOR_STAMP_FILE), 'utf8')) === generatorStamp(preset);
-  } catch {
-    return false;
+type Found = 'current' | 'stale' | 'absent' | 'moving';
+
+/**
+ * What is at `dir` now. A directory that exists without a stamp is foreign (an error) only when the
+ * same directory (same inode) was there before and after the stamp was looked for: other callers
+ * rename whole directories in and out, so between two separate checks the path can change hands,
+ * and that is reported as `moving` (look again), never as foreign or stale.
+ */
+async function inspect(dir: string, preset: TinyModelPreset): Promise<Found> {
+  const before = await statOrNull(dir);
+  if (before === null) return 'absent';
+  const stamp = await readOrNull(join(dir, GENERATOR_STAMP_FILE));
+  if (stamp !== null) return stamp === generatorStamp(preset) ? 'current' : 'stale';
+  const after = await statOrNull(dir);
+  if (after !== null && after.ino === before.ino && after.dev === before.dev) {
+    throw new Error(`refusing to replace ${dir}: it has no ${GENERATOR_STAMP_FILE}, so the built-in generator did not write it`);
   }
+  return 'moving';
 }
 
 /**
@@ -54,8 +67,7 @@ async function isCurrent(dir: string, preset: TinyModelPreset): Promise<boolean>
  */
 export async function ensureBuiltinModel(preset: TinyModelPreset = 'tiny', root = defaultModelsRoot()): Promise<string> {
   const dir = join(root, preset);
-  if (await isCurrent(dir, preset)) return dir;
-  assertGenerated(dir);
+  if ((await inspect(dir, preset)) === 'current') return dir;
 
   await mkdir(root, { recursive: true });
   const unique = `${process.pid}-${randomBytes(4).toString('hex')}`;
@@ -63,25 +75,28 @@ export async function ensureBuiltinModel(preset: TinyModelPreset = 'tiny', root 
   try {
     await generateTinyModel({ preset, outDir: tmp });
     for (let attempt = 0; ; attempt++) {
-      if (await isCurrent(dir, preset)) return dir; // another process finished first
-      if (existsSync(dir)) {
-        assertGenerated(dir);
-        // A stale model (older generator): move it aside, then delete it.
+      if (attempt > MAX_ATTEMPTS)
+        throw new Error(`could not put the built-in model at ${dir}: it kept changing under ${MAX_ATTEMPTS} attempts`);
+      const found = await inspect(dir, preset);
+      if (found === 'current') return dir; // another process finished first
+      if (found === 'moving') continue;
+      if (found === 'stale') {
+        // An older generator's model: move it aside, then delete it.
         const stale = join(root, `.${preset}.stale-${unique}-${attempt}`);
         try {
           await rename(dir, stale);
-          await rm(stale, { recursive: true, force: true });
         } catch (error) {
-          if (!isRaceError(error) || attempt > 5) throw error;
-          continue;
+          if (isRaceError(error)) continue;
+          throw error;
         }
+        await rm(stale, { recursive: true, force: true });
       }
       try {
         await rename(tmp, dir);
         return dir;
       } catch (error) {
-        // Someone else renamed their copy into place between our check and our rename.
-        if (!isRaceError(error) || attempt > 5) throw error;
+        // Someone else renamed their copy into place between our look and our rename.
+        if (!isRaceError(error)) throw error;
       }
     }
   } finally {
@@ -89,11 +104,29 @@ export async function ensureBuiltinModel(preset: TinyModelPreset = 'tiny', root 
   }
 }
 
-/** Never delete what the generator did not write (a user's own model, say). */
-function assertGenerated(dir: string): void {
-  if (existsSync(dir) && !existsSync(join(dir, GENERATOR_STAMP_FILE))) {
-    throw new Error(`refusing to replace ${dir}: it has no ${GENERATOR_STAMP_FILE}, so the built-in generator did not write it`);
+const MAX_ATTEMPTS = 20;
+
+async function statOrNull(path: string): Promise<Stats | null> {
+  try {
+    return await stat(path);
+  } catch (error) {
+    if (isMissing(error)) return null;
+    throw error;
   }
+}
+
+async function readOrNull(path: string): Promise<string | null> {
+  try {
+    return await readFile(path, 'utf8');
+  } catch (error) {
+    if (isMissing(error)) return null;
+    throw error;
+  }
+}
+
+function isMissing(error: unknown): boolean {
+  const code = (error as NodeJS.ErrnoException | undefined)?.code;
+  return code === 'ENOENT' || code === 'ENOTDIR';
 }
 
 function isRaceError(error: unknown): boolean {
