@@ -40,6 +40,15 @@ export const workerEnvSchema = z.object({
    * @defaultValue in-place
    */
   KV_GROWTH: z.enum(['spread', 'in-place']).default('in-place'),
+  /**
+   * Reserve the KV cache at start: MAX_CACHED_TOKENS slots written before the worker takes jobs, so
+   * the first burst does not fault its cache in during its steps. Holds that memory from the start
+   * (set MAX_CACHED_TOKENS to what the machine can hold). @defaultValue false
+   */
+  KV_PREALLOCATE: z
+    .enum(['true', 'false', '1', '0'])
+    .default('false')
+    .transform((v) => v === 'true' || v === '1'),
   /** Jobs taken from the queue at once. @defaultValue MAX_BATCH_SIZE */
   WORKER_CONCURRENCY: int(1).optional(),
   /** This worker's id in the registry. @defaultValue host-pid-random */
@@ -84,6 +93,7 @@ export interface WorkerConfig {
   intraOpThreads: number;
   continuationMode: 'replay' | 'prefill';
   kvGrowth: 'spread' | 'in-place';
+  kvPreallocate: boolean;
   interOpThreads: number;
   concurrency: number;
   workerId: string;
@@ -128,6 +138,7 @@ export function loadWorkerConfig(env: NodeJS.ProcessEnv = process.env): WorkerCo
     interOpThreads: e.INTER_OP_THREADS,
     continuationMode: e.CONTINUATION_MODE,
     kvGrowth: e.KV_GROWTH,
+    kvPreallocate: e.KV_PREALLOCATE,
     concurrency: e.WORKER_CONCURRENCY ?? e.MAX_BATCH_SIZE,
     workerId: e.WORKER_ID ?? `${hostname().replace(/[^\w.-]/g, '-')}-${process.pid}-${randomBytes(3).toString('hex')}`,
     heartbeatMs: e.WORKER_HEARTBEAT_MS,

@@ -32,6 +32,7 @@ async function main(): Promise<void> {
       interOpThreads: config.interOpThreads,
       continuationMode: config.continuationMode,
       kvGrowth: config.kvGrowth,
+      kvPreallocate: config.kvPreallocate,
     });
     const modelId = config.modelId ?? model.id;
     worker = await startWorker(config, {

@@ -15,6 +15,12 @@ describe('worker configuration', () => {
     expect(loadWorkerConfig({ MAX_BATCH_SIZE: '12' })).toMatchObject({ maxBatchSize: 12, concurrency: 12, modelDir: undefined });
   });
 
+  it('reserves the KV cache at start only when KV_PREALLOCATE says so', () => {
+    expect(loadWorkerConfig({}).kvPreallocate).toBe(false);
+    expect(loadWorkerConfig({ KV_PREALLOCATE: '1' }).kvPreallocate).toBe(true);
+    expect(() => loadWorkerConfig({ KV_PREALLOCATE: 'yes' })).toThrow(/KV_PREALLOCATE/);
+  });
+
   it('names the invalid variable', () => {
     expect(() => loadWorkerConfig({ MAX_BATCH_SIZE: '0' })).toThrow(/MAX_BATCH_SIZE/);
     expect(() => loadWorkerConfig({ EXECUTION_PROVIDER: 'tpu' })).toThrow(/EXECUTION_PROVIDER/);

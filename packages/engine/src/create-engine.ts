@@ -62,6 +62,9 @@ function checkOptions(options: EngineOptions): void {
   if (options.kvGrowth !== undefined && !['spread', 'in-place'].includes(options.kvGrowth)) {
     throw new EngineError('invalid_request', `EngineOptions.kvGrowth must be spread or in-place, got ${String(options.kvGrowth)}.`);
   }
+  if (options.kvPreallocate !== undefined && typeof options.kvPreallocate !== 'boolean') {
+    throw new EngineError('invalid_request', `EngineOptions.kvPreallocate must be a boolean, got ${String(options.kvPreallocate)}.`);
+  }
   const provider = options.executionProvider ?? 'cpu';
   if (!['cpu', 'cuda', 'webgpu'].includes(provider)) {
     throw new EngineError('invalid_request', `EngineOptions.executionProvider must be cpu, cuda or webgpu, got ${String(provider)}.`);

@@ -26,6 +26,8 @@ export interface EngineCoreOptions extends SchedulerLimits {
   continuationMode: ContinuationMode;
   /** See {@link EngineOptions.kvGrowth}. */
   kvGrowth: KvGrowth;
+  /** See {@link EngineOptions.kvPreallocate}. */
+  kvPreallocate?: boolean;
 }
 
 export interface StepOutput {
@@ -76,6 +78,11 @@ export class EngineCore {
     this.#padTokenId = model.generation.padTokenId ?? model.generation.eosTokenIds[0] ?? 0;
     this.#laneCost = limits.laneCost;
     this.#exactLengthBatches = limits.exactLengthBatches;
+    if (limits.kvPreallocate === true && session.outputsNewKv) {
+      const lane = this.#newLane();
+      (lane.batch as LaneKv).preallocate(model.generation.maxContextLength, limits.maxCachedTokens);
+      this.#idleLane = lane;
+    }
   }
 
   /** True when there is nothing to run. */
@@ -455,8 +462,7 @@ export class EngineCore {
    * copy-out gone a padded slot costs little, so one lane is kept.)
    */
   #repackOwned(joining: ReadonlyArray<{ sequence: Sequence; source: KvRowSource }>, isLive: (sequence: Sequence) => boolean): void {
-    const lane = this.#lanes[0] ??
-      this.#idleLane ?? { rows: [], batch: new LaneKv(this.#session.io.kv, this.#limits.maxBatchSize, this.#limits.kvGrowth) };
+    const lane = this.#lanes[0] ?? this.#idleLane ?? this.#newLane();
     this.#idleLane = undefined;
     const kv = lane.batch;
     if (!(kv instanceof LaneKv) || this.#lanes.length > 1) throw new EngineError('internal', 'Expected one engine-owned lane.');
@@ -486,6 +492,10 @@ export class EngineCore {
   }
 
   /** The most slots any of these rows' caches can need. */
+  #newLane(): Lane {
+    return { rows: [], batch: new LaneKv(this.#session.io.kv, this.#limits.maxBatchSize, this.#limits.kvGrowth) };
+  }
+
   #laneLimit(rows: readonly Sequence[]): number {
     let limit = 0;
     for (const sequence of rows) limit = Math.max(limit, this.#reservation(sequence));

@@ -52,6 +52,7 @@ async function main(port: MessagePort, { options }: EngineThreadData): Promise<v
       exactLengthBatches: model.io.usesGroupQueryAttention,
       continuationMode: options.continuationMode ?? 'replay',
       kvGrowth: options.kvGrowth ?? 'in-place',
+      kvPreallocate: options.kvPreallocate ?? false,
     };
     core = new EngineCore(session, model, limits);
     post({

@@ -40,6 +40,16 @@ export interface EngineOptions {
    * @defaultValue 'in-place'
    */
   kvGrowth?: KvGrowth;
+  /**
+   * Reserve the KV cache at start (engine-owned cache only): allocate the decode lane's buffers for
+   * `maxBatchSize` rows of the context length and write the first `maxCachedTokens` slots, so the
+   * first burst after start does not fault its cache in step by step (measured: the first decode
+   * step of 32 new rows of the bench model 205 ms, its first growth 119 ms, vs ~20 ms warm). The
+   * price is that memory held from the start: `maxCachedTokens` × the model's KV bytes per slot
+   * (twice that with `kvGrowth: 'spread'`), as llama.cpp and vLLM reserve theirs.
+   * @defaultValue false
+   */
+  kvPreallocate?: boolean;
 }
 
 export type ContinuationMode = 'replay' | 'prefill';

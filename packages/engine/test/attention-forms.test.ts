@@ -49,9 +49,14 @@ describe.each(ATTENTION_FORMS)('the %s attention form', (form: AttentionForm) =>
     expect(output.newKv[0]!.length).toBe(session.io.kv.numKvHeads * 5 * session.io.kv.headDim);
   });
 
-  it.each(['spread', 'in-place'] as const)(
-    'gives every request the raw greedy loop’s tokens as rows join, leave and grow past several capacity blocks (%s growth)',
-    async (kvGrowth) => {
+  it.each([
+    ['spread', false],
+    ['in-place', false],
+    ['in-place', true],
+    ['spread', true],
+  ] as const)(
+    'gives every request the raw greedy loop’s tokens as rows join, leave and grow past several capacity blocks (%s growth, cache preallocated: %s)',
+    async (kvGrowth, kvPreallocate) => {
       // Chunked prefill (24-token budget) beside decoding rows; rows of very different lengths share
       // the lane; the longest grows past 5 blocks.
       const core = new EngineCore(session, model, {
@@ -62,6 +67,7 @@ describe.each(ATTENTION_FORMS)('the %s attention form', (form: AttentionForm) =>
         exactLengthBatches: false,
         continuationMode: 'replay',
         kvGrowth,
+        kvPreallocate,
       });
       const cases = [
         { prompt: 5, maxTokens: 5 * KV_BLOCK + 10 },

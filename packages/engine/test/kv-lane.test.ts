@@ -96,6 +96,43 @@ describe('LaneKv', () => {
     expect(rowOf(lane, 0)).toEqual({ slots: expected(300, 5), restZero: true });
   });
 
+  it('preallocated: rows join and grow to their reservation without a reallocation, on pages already faulted in', () => {
+    const big: KvShape = { numLayers: 2, numKvHeads: 2, headDim: 64, dtype: 'float32' };
+    const rows = 16;
+    const limit = 600;
+    const source = (length: number) =>
+      new KvBatch(
+        big,
+        Array.from({ length: 4 }, () => new Float32Array(2 * length * 64).fill(1)),
+        [length],
+        length,
+      ).rowSource(0);
+    const slices = Array.from({ length: 4 }, () => new Float32Array(rows * 2 * 64).fill(2));
+    // Page faults while 16 rows join and grow a slot per step from 20 to 600 slots (~20 MB of cache).
+    const faultsWhileServing = (lane: LaneKv): number => {
+      const before = process.resourceUsage().minorPageFault;
+      for (let row = 0; row < rows; row++) lane.addRow(source(20), limit);
+      const buffer = lane.data[0]!.buffer;
+      for (let length = 20; length < limit; length++) {
+        lane.reserveNext(limit);
+        lane.append(slices);
+      }
+      expect(lane.data[0]!.buffer).toBe(buffer); // never reallocated
+      expect(lane.lengths).toEqual(Array.from({ length: rows }, () => limit));
+      expect(lane.data[3]![lane.capacity * 64 - 1]).toBe(2);
+      return process.resourceUsage().minorPageFault - before;
+    };
+    const cold = faultsWhileServing(new LaneKv(big, rows, 'in-place'));
+    const warm = new LaneKv(big, rows, 'in-place');
+    // The context allows 2048 slots a row; the KV cap, rows × limit slots, is what gets written.
+    warm.preallocate(2048, rows * limit);
+    expect(warm.capacity).toBe(0);
+    const preallocated = faultsWhileServing(warm);
+    console.log(`minor page faults serving 16 rows: ${cold} on a fresh lane, ${preallocated} preallocated`);
+    expect(cold).toBeGreaterThan(2000);
+    expect(preallocated).toBeLessThan(cold / 10);
+  });
+
   it('never sizes the capacity past the rows reservation', () => {
     const lane = new LaneKv(shape);
     lane.addRow(prefilled(1, 10).rowSource(0), 20);
