@@ -134,6 +134,7 @@ export function createFakeEngine(options: FakeEngineOptions): Engine {
       maxContextLength: options.maxContextLength ?? 4096,
       maxBatchSize,
       executionProvider: 'cpu',
+      kvReservedBytes: 0,
     },
     generate(request, signal) {
       const queue = new EventQueue();

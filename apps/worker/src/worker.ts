@@ -180,7 +180,14 @@ export async function startWorker(
   worker.on('error', (err: Error) => logger.warn({ err: err.message }, 'bullmq worker error'));
   await worker.waitUntilReady();
   logger.info(
-    { workerId: config.workerId, modelId, maxBatchSize: engine.info.maxBatchSize, concurrency: config.concurrency, healthPort },
+    {
+      workerId: config.workerId,
+      modelId,
+      maxBatchSize: engine.info.maxBatchSize,
+      concurrency: config.concurrency,
+      kvReservedMiB: Math.round(engine.info.kvReservedBytes / 2 ** 20),
+      healthPort,
+    },
     'worker ready',
   );
 

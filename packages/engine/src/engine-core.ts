@@ -80,10 +80,13 @@ export class EngineCore {
     this.#exactLengthBatches = limits.exactLengthBatches;
     if (limits.kvPreallocate === true && session.outputsNewKv) {
       const lane = this.#newLane();
-      (lane.batch as LaneKv).preallocate(model.generation.maxContextLength, limits.maxCachedTokens);
+      this.kvReservedBytes = (lane.batch as LaneKv).preallocate(model.generation.maxContextLength, limits.maxCachedTokens);
       this.#idleLane = lane;
     }
   }
+
+  /** Bytes of KV cache reserved and written at start (`kvPreallocate`); 0 without it. */
+  readonly kvReservedBytes: number = 0;
 
   /** True when there is nothing to run. */
   get idle(): boolean {

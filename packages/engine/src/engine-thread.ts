@@ -62,6 +62,7 @@ async function main(port: MessagePort, { options }: EngineThreadData): Promise<v
         maxContextLength,
         maxBatchSize,
         executionProvider: options.executionProvider ?? 'cpu',
+        kvReservedBytes: core.kvReservedBytes,
       },
       vocabSize: session.io.vocabSize ?? model.tokenizer.vocabSize,
       maxCachedTokens: limits.maxCachedTokens,

@@ -68,8 +68,9 @@ export class LaneKv {
    * its buffers' first rows × capacity slots, and capacity never passes the rows' longest
    * reservation, so with `slots` at the engine's KV cap every page a step can touch is warm, and no
    * later row reallocates. With `spread` growth the second set is allocated and written too.
+   * Returns the bytes written.
    */
-  preallocate(limit: number, slots: number): void {
+  preallocate(limit: number, slots: number): number {
     if (this.rows > 0 || !Number.isFinite(this.maxRows)) throw new Error('preallocate needs an empty lane with a row limit');
     const size = this.maxRows * this.#rowSize(this.#roomSlots(limit));
     const touched = Math.min(size, this.#rowSize(slots));
@@ -78,6 +79,8 @@ export class LaneKv {
     this.#spare = this.growth === 'spread' ? warm() : undefined;
     this.#next = undefined;
     this.capacity = 0;
+    const sets = this.#spare === undefined ? 1 : 2;
+    return sets * this.#buffers.length * touched * this.#buffers[0]!.BYTES_PER_ELEMENT;
   }
 
   /** Slots per row a reallocation makes room for: `limit` rounded up by a growth step. */

@@ -42,11 +42,12 @@ export interface EngineOptions {
   kvGrowth?: KvGrowth;
   /**
    * Reserve the KV cache at start (engine-owned cache only): allocate the decode lane's buffers for
-   * `maxBatchSize` rows of the context length and write the first `maxCachedTokens` slots, so the
-   * first burst after start does not fault its cache in step by step (measured: the first decode
-   * step of 32 new rows of the bench model 205 ms, its first growth 119 ms, vs ~20 ms warm). The
-   * price is that memory held from the start: `maxCachedTokens` × the model's KV bytes per slot
-   * (twice that with `kvGrowth: 'spread'`), as llama.cpp and vLLM reserve theirs.
+   * `maxBatchSize` rows of the context length and write their first `maxCachedTokens` slots (all
+   * of them when the lane holds fewer), so the first burst after start does not fault its cache in
+   * step by step (measured: the first decode step of 32 new rows of the bench model 205 ms, its
+   * first growth 119 ms, vs ~20 ms warm). The price is that memory held from the start: up to
+   * `maxCachedTokens` × the model's KV bytes per slot (twice that with `kvGrowth: 'spread'`;
+   * {@link EngineInfo.kvReservedBytes} says how much), as llama.cpp and vLLM reserve theirs.
    * @defaultValue false
    */
   kvPreallocate?: boolean;
@@ -186,6 +187,8 @@ export interface EngineInfo {
   maxContextLength: number;
   maxBatchSize: number;
   executionProvider: ExecutionProvider;
+  /** Bytes of KV cache reserved and written at start ({@link EngineOptions.kvPreallocate}); 0 without it. */
+  kvReservedBytes: number;
 }
 
 export interface Engine {

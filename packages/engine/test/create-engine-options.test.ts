@@ -1,3 +1,4 @@
+import { ensureBuiltinModel, loadModelDir } from '@sluice/model';
 import { describe, expect, it } from 'vitest';
 import { createEngine, type EngineOptions } from '../src/index.js';
 
@@ -9,5 +10,30 @@ describe('createEngine options', () => {
   ])('refuses %o before loading anything, naming the option', async (bad, message) => {
     const options = { modelDir: '/nonexistent', ...bad } as unknown as EngineOptions;
     await expect(createEngine(options)).rejects.toThrow(message);
+  });
+
+  it('with kvPreallocate, reserves maxCachedTokens slots of KV cache at start (twice with spread growth) and says how much', async () => {
+    const modelDir = await ensureBuiltinModel('tiny');
+    const { config } = await loadModelDir(modelDir);
+    const slotBytes = (config.num_hidden_layers as number) * 2 * (config.num_key_value_heads as number) * (config.head_dim as number) * 4;
+    for (const [kvGrowth, sets] of [
+      ['in-place', 1],
+      ['spread', 2],
+    ] as const) {
+      const engine = await createEngine({ modelDir, maxBatchSize: 4, maxCachedTokens: 1000, kvPreallocate: true, kvGrowth });
+      try {
+        expect(engine.info.kvReservedBytes).toBe(sets * 1000 * slotBytes);
+        const stream = engine.generate({
+          id: `reserved-${kvGrowth}`,
+          promptTokenIds: [5, 6, 7],
+          sampling: { maxTokens: 4, ignoreEos: true },
+        });
+        let tokens = 0;
+        for await (const event of stream) if (event.type === 'text-delta') tokens += event.tokenIds.length;
+        expect(tokens).toBe(4);
+      } finally {
+        await engine.close();
+      }
+    }
   });
 });

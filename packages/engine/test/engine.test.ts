@@ -20,7 +20,7 @@ afterAll(async () => {
 
 describe('createEngine on the tiny model', () => {
   it('describes the model it serves', () => {
-    expect(engine.info).toEqual({ modelId: 'tiny', maxContextLength: 2048, maxBatchSize: 8, executionProvider: 'cpu' });
+    expect(engine.info).toEqual({ modelId: 'tiny', maxContextLength: 2048, maxBatchSize: 8, executionProvider: 'cpu', kvReservedBytes: 0 });
   });
 
   it('streams token ids and their text, then ends each choice and finishes with usage and timings', async () => {
