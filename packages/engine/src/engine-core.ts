@@ -494,11 +494,12 @@ export class EngineCore {
     return batch instanceof LaneKv ? batch.relayouts : 0;
   }
 
-  /** The most slots any of these rows' caches can need. */
+  /** An empty engine-owned lane, for up to maxBatchSize rows. */
   #newLane(): Lane {
     return { rows: [], batch: new LaneKv(this.#session.io.kv, this.#limits.maxBatchSize, this.#limits.kvGrowth) };
   }
 
+  /** The most slots any of these rows' caches can need. */
   #laneLimit(rows: readonly Sequence[]): number {
     let limit = 0;
     for (const sequence of rows) limit = Math.max(limit, this.#reservation(sequence));

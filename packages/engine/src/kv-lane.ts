@@ -255,8 +255,8 @@ export class LaneKv {
     // instead of one per block, for at most a quarter more padded slots attended over.
     const target = Math.ceil(Math.max(need, this.capacity * GROWTH) / KV_BLOCK) * KV_BLOCK;
     // When the growth after this one could only reach the reservation, go there now: that last,
-    // short growth would move the whole cache for a few slots (32 rows × 768 → 790 slots: ~100 ms
-    // for 22 slots). Still at most a quarter more padded slots.
+    // short growth would move the whole cache for a few slots (768 → 790 slots for rows reserving
+    // 790). Still at most a quarter more padded slots.
     const reach = target * GROWTH >= limit ? limit : target;
     return Math.max(need, Math.min(reach, limit));
   }
