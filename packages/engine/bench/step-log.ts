@@ -1,6 +1,8 @@
 /**
- * Every slow step of issue 12's 32 × 128 workload, to see what sets the ITL p99.
- * Run: [ROUNDS=3] [OVER_MS=30] [WORKLOADS=32x128] node --import tsx packages/engine/bench/step-log.ts
+ * Every step over OVER_MS of issue 12's workloads (and the first four of each round), with its phase,
+ * rows, model time and re-layouts, to see what sets the ITL p99; engine options from ENGINE_OPTIONS.
+ * Run: [ROUNDS=3] [OVER_MS=30] [WORKLOADS=32x128,32x768] [ENGINE_OPTIONS='{"kvPreallocate":true}']
+ *      node --import tsx packages/engine/bench/step-log.ts
  */
 import { ensureBuiltinModel, loadModelDir } from '@sluice/model';
 import { createEngine } from '../src/index.js';

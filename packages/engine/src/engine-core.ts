@@ -69,6 +69,9 @@ export class EngineCore {
   #joining: Array<{ sequence: Sequence; source: KvRowSource }> = [];
   #events: Array<[number, EngineEvent]> = [];
 
+  /** Bytes of KV cache reserved and written at start (`kvPreallocate`); 0 without it. */
+  readonly kvReservedBytes: number = 0;
+
   constructor(session: OnnxSession, model: ModelDir, limits: EngineCoreOptions) {
     this.#session = session;
     this.#model = model;
@@ -84,9 +87,6 @@ export class EngineCore {
       this.#idleLane = lane;
     }
   }
-
-  /** Bytes of KV cache reserved and written at start (`kvPreallocate`); 0 without it. */
-  readonly kvReservedBytes: number = 0;
 
   /** True when there is nothing to run. */
   get idle(): boolean {

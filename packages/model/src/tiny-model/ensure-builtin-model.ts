@@ -1,6 +1,5 @@
 import { randomBytes } from 'node:crypto';
 import { existsSync, readFileSync } from 'node:fs';
-import type { Stats } from 'node:fs';
 import { mkdir, readFile, rename, rm, stat } from 'node:fs/promises';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -45,11 +44,11 @@ type Found = 'current' | 'stale' | 'absent' | 'moving';
  * and that is reported as `moving` (look again), never as foreign or stale.
  */
 async function inspect(dir: string, preset: TinyModelPreset): Promise<Found> {
-  const before = await statOrNull(dir);
+  const before = await unlessMissing(stat(dir));
   if (before === null) return 'absent';
-  const stamp = await readOrNull(join(dir, GENERATOR_STAMP_FILE));
+  const stamp = await unlessMissing(readFile(join(dir, GENERATOR_STAMP_FILE), 'utf8'));
   if (stamp !== null) return stamp === generatorStamp(preset) ? 'current' : 'stale';
-  const after = await statOrNull(dir);
+  const after = await unlessMissing(stat(dir));
   if (after !== null && after.ino === before.ino && after.dev === before.dev) {
     throw new Error(`refusing to replace ${dir}: it has no ${GENERATOR_STAMP_FILE}, so the built-in generator did not write it`);
   }
@@ -106,18 +105,10 @@ export async function ensureBuiltinModel(preset: TinyModelPreset = 'tiny', root 
 
 const MAX_ATTEMPTS = 20;
 
-async function statOrNull(path: string): Promise<Stats | null> {
+/** What the file operation gives, or null when the path (or a directory on it) does not exist. */
+async function unlessMissing<T>(operation: Promise<T>): Promise<T | null> {
   try {
-    return await stat(path);
-  } catch (error) {
-    if (isMissing(error)) return null;
-    throw error;
-  }
-}
-
-async function readOrNull(path: string): Promise<string | null> {
-  try {
-    return await readFile(path, 'utf8');
+    return await operation;
   } catch (error) {
     if (isMissing(error)) return null;
     throw error;
