@@ -172,6 +172,8 @@ export class LiveStream {
   /** The gateway's request id (X-Request-Id), once headers arrived. */
   requestId: string | null = null;
   readonly controller = new AbortController();
+  /** When the request was sent (ms since the epoch). */
+  readonly startedAt = Date.now();
   /** Resolves when the body ended (or the fetch failed / was aborted). */
   readonly ended: Promise<'done' | 'aborted' | 'failed'>;
   /** Resolves with the response status once headers arrive. */

@@ -14,7 +14,8 @@ import { ATTENTION_FORMS, tinyModelDir } from './support/model-forms.js';
 
 interface Case {
   request: GenerateRequest;
-  arrivalMs: number;
+  /** Submitted once the batched engine has run this many steps (see {@link StepClock}). */
+  arrivalStep: number;
   /** Abort after this many tokens. */
   cancelAfter?: number;
 }
@@ -53,10 +54,49 @@ function makeCases(count: number): Case[] {
       });
     }
     if (i % 9 === 4) sampling.logprobs = true;
-    const entry: Case = { request: { id: `case-${i}`, promptTokenIds, sampling }, arrivalMs: Math.floor(rand() * 250) };
+    // The first arrives at once (steps run only while there is work); the rest over about two lifetimes.
+    const arrivalStep = i === 0 ? 0 : Math.floor(rand() * 60);
+    const entry: Case = { request: { id: `case-${i}`, promptTokenIds, sampling }, arrivalStep };
     if (i % 8 === 5) entry.cancelAfter = pick(1, 6);
     return entry;
   });
+}
+
+/**
+ * Arrivals counted in engine steps, not milliseconds, so that the batch fills the same way on a fast
+ * machine as on a slow one. A case waiting for a step the engine will not run (nothing left in flight)
+ * is let in at once.
+ */
+class StepClock {
+  #steps = 0;
+  #inFlight = 0;
+  #waiting: Array<{ step: number; go: () => void }> = [];
+
+  /** Call from the engine's onStep. */
+  tick(): void {
+    this.#steps++;
+    this.#release();
+  }
+
+  /** Runs `body` once `step` steps have run; counts it in flight meanwhile. */
+  async at<T>(step: number, body: () => Promise<T>): Promise<T> {
+    if (step > this.#steps) await new Promise<void>((go) => this.#waiting.push({ step, go }));
+    this.#inFlight++;
+    try {
+      return await body();
+    } finally {
+      if (--this.#inFlight === 0 && this.#waiting.length > 0) {
+        this.#steps = Math.min(...this.#waiting.map((entry) => entry.step));
+        this.#release();
+      }
+    }
+  }
+
+  #release(): void {
+    const ready = this.#waiting.filter((entry) => entry.step <= this.#steps);
+    this.#waiting = this.#waiting.filter((entry) => entry.step > this.#steps);
+    for (const entry of ready) entry.go();
+  }
 }
 
 /** Adds stop strings / stop token ids taken from each request's own free-running output, so they fire. */
@@ -98,15 +138,20 @@ describe.each(ATTENTION_FORMS)('batch invariance, %s attention', (form: Attentio
     for (const { request } of cases) reference.push(await collect(alone.generate(request)));
 
     const steps: StepStats[] = [];
-    const off = batched.onStep((stats) => steps.push(stats));
+    const clock = new StepClock();
+    const off = batched.onStep((stats) => {
+      steps.push(stats);
+      clock.tick();
+    });
     const results = await Promise.all(
-      cases.map(async ({ request, arrivalMs, cancelAfter }) => {
-        await new Promise((resolve) => setTimeout(resolve, arrivalMs));
-        const controller = new AbortController();
-        return collect(batched.generate(request, controller.signal), (count) => {
-          if (count === cancelAfter) controller.abort();
-        });
-      }),
+      cases.map(({ request, arrivalStep, cancelAfter }) =>
+        clock.at(arrivalStep, () => {
+          const controller = new AbortController();
+          return collect(batched.generate(request, controller.signal), (count) => {
+            if (count === cancelAfter) controller.abort();
+          });
+        }),
+      ),
     );
     off();
 
