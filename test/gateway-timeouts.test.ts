@@ -2,7 +2,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Cluster, MODEL } from './support/cluster.js';
 import { sleep, waitFor } from './support/processes.js';
 import type { WorkerProcess } from './support/sluice.js';
-import { startFrozenMidAnswer } from './support/mid-answer.js';
+import { startFrozenMidAnswers } from './support/mid-answer.js';
 import { LiveStream, postRaw, streamError } from './support/sse.js';
 
 const long = (prompt: string) => ({ model: MODEL, prompt, max_tokens: 1800, ignore_eos: true, temperature: 0, stream: true });
@@ -43,9 +43,12 @@ describe('timeouts end the stream with a clear error and cancel the work', () =>
   const frozenMidAnswer = async (start: () => LiveStream, chunks: number) => {
     const redis = cluster.redis.client();
     try {
-      return await startFrozenMidAnswer(worker, redis, start, (stream) =>
-        stream.until(`${chunks} content chunks`, () => stream.contentChunks >= chunks),
-      );
+      const { streams, frozenAt } = await startFrozenMidAnswers([worker], redis, {
+        start: () => [start()],
+        progress: (stream) => stream.until(`${chunks} content chunks`, () => stream.contentChunks >= chunks),
+        maxTokens: long('').max_tokens,
+      });
+      return { stream: streams[0]!, frozenAt };
     } finally {
       redis.disconnect();
     }

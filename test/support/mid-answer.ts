@@ -1,10 +1,10 @@
 /**
- * Freezing a worker while a stream is still being decoded, whatever the machine's speed. The tiny
+ * Freezing workers while streams are still being decoded, whatever the machine's speed. The tiny
  * model decodes even 1,800 tokens in about a second, so a test process starved of CPU for that long
- * (the suite runs files in parallel on 2 cores) can look at a "long" stream after it ended. Redis
- * decides: once the worker is stopped, its request's token log can only grow by writes already on
- * their way, so a log without an end entry means an answer that cannot end while the worker stays
- * frozen.
+ * can look at a "long" stream after it ended. Redis decides: once the workers are stopped (SIGSTOP
+ * stops the engine thread too), a request's token log can only grow by writes already on their way;
+ * a log with no end entry and at most half its tokens means an answer that cannot end while they stay
+ * frozen, and that still has work left when they run again.
  */
 import type { Redis } from 'ioredis';
 import { decodeLogRange, redisNames } from '@sluice/protocol';
@@ -14,42 +14,65 @@ import type { LiveStream } from './sse.js';
 
 /** Entry types after which a request's log holds nothing more to decode. */
 const ENDS = new Set(['text-end', 'finish', 'error', 'rejected']);
-/** Time for writes the worker made before SIGSTOP (in the kernel's buffers, not the process) to land. */
+/** Time for writes the workers made before SIGSTOP (in the kernel's buffers, not the process) to land. */
 const SETTLE_MS = 150;
 const ATTEMPTS = 5;
 
+export interface Frozen {
+  /** When the workers were stopped (ms since the epoch). */
+  frozenAt: number;
+}
+
 /**
- * SIGSTOPs `worker` and, when `stream`'s answer was still unfinished in its token log, says when it
- * stopped the worker (ms since the epoch); when the answer had ended, thaws the worker and says null.
+ * Whether the request's answer is unfinished in its token log with room left: no end entry, and at
+ * most `maxTokens / 2` text deltas (the engine may have run a few steps past what reached the log).
  */
-export async function freezeMidAnswer(worker: WorkerProcess, redis: Redis, stream: LiveStream): Promise<number | null> {
-  if (stream.requestId === null) throw new Error('freezeMidAnswer: the stream has no x-request-id yet');
-  worker.process.signal('SIGSTOP');
+export async function unfinishedInLog(redis: Redis, jobId: string, maxTokens: number): Promise<boolean> {
+  const log = decodeLogRange(await redis.xrange(redisNames().logKey(jobId), '-', '+'));
+  if (log.some((entry) => ENDS.has(entry.type))) return false;
+  return log.filter((entry) => entry.type === 'text-delta').length <= maxTokens / 2;
+}
+
+/**
+ * SIGSTOPs `workers` and, when every one of `streams` (of at most `maxTokens` tokens) is unfinished in
+ * its token log, says when; otherwise thaws the workers and says null.
+ */
+export async function freezeMidAnswers(
+  workers: readonly WorkerProcess[],
+  redis: Redis,
+  streams: readonly LiveStream[],
+  maxTokens: number,
+): Promise<Frozen | null> {
+  for (const worker of workers) worker.process.signal('SIGSTOP');
   const frozenAt = Date.now();
   await sleep(SETTLE_MS);
-  const log = decodeLogRange(await redis.xrange(redisNames().logKey(stream.requestId), '-', '+'));
-  if (!log.some((entry) => ENDS.has(entry.type))) return frozenAt;
-  worker.process.signal('SIGCONT');
+  const unfinished = await Promise.all(streams.map((stream) => unfinishedInLog(redis, stream.jobId, maxTokens)));
+  if (unfinished.every(Boolean)) return { frozenAt };
+  for (const worker of workers) worker.process.signal('SIGCONT');
   return null;
 }
 
 /**
- * Starts streams with `start` until one is frozen mid-answer after `progress` (at most 5; one that
- * ended first is dropped) and returns it, with when `worker` was stopped: the caller sends SIGCONT.
+ * Starts streams with `start` (given the attempt, from 1) until, after `progress`, the workers are
+ * frozen with every one of them mid-answer (at most 5 tries; streams of a failed try are aborted), and
+ * returns them with the workers stopped: the caller sends SIGCONT.
  */
-export async function startFrozenMidAnswer(
-  worker: WorkerProcess,
+export async function startFrozenMidAnswers(
+  workers: readonly WorkerProcess[],
   redis: Redis,
-  start: () => LiveStream,
-  progress: (stream: LiveStream) => Promise<void>,
-): Promise<{ stream: LiveStream; frozenAt: number }> {
+  options: {
+    start: (attempt: number) => LiveStream[];
+    progress: (stream: LiveStream) => Promise<void>;
+    maxTokens: number;
+  },
+): Promise<Frozen & { streams: LiveStream[] }> {
   for (let attempt = 1; attempt <= ATTEMPTS; attempt++) {
-    const stream = start();
-    await progress(stream);
-    const frozenAt = await freezeMidAnswer(worker, redis, stream);
-    if (frozenAt !== null) return { stream, frozenAt };
-    stream.abort();
-    await stream.ended;
+    const streams = options.start(attempt);
+    await Promise.all(streams.map(options.progress));
+    const frozen = await freezeMidAnswers(workers, redis, streams, options.maxTokens);
+    if (frozen !== null) return { ...frozen, streams };
+    for (const stream of streams) stream.abort();
+    await Promise.all(streams.map((stream) => stream.ended));
   }
-  throw new Error(`every one of ${ATTEMPTS} streams ended before the worker could be frozen mid-answer`);
+  throw new Error(`in each of ${ATTEMPTS} tries a stream ended before the workers could be frozen mid-answer`);
 }

@@ -226,6 +226,19 @@ export class LiveStream {
     return count;
   }
 
+  /**
+   * The gateway's job id: the `{id}` of the chunks' `cmpl-{id}` / `chatcmpl-{id}`, which keys the
+   * request's token log (the x-request-id is the client's own when it sent one, as nginx does).
+   */
+  get jobId(): string {
+    for (const item of this.items) {
+      if (item.kind !== 'data' || item.data === '[DONE]') continue;
+      const id = (JSON.parse(item.data) as { id?: unknown }).id;
+      if (typeof id === 'string') return id.replace(/^(chat)?cmpl-/, '');
+    }
+    throw new Error('the stream has no chunk with an id yet');
+  }
+
   get pings(): number {
     return this.items.filter((item) => item.kind === 'comment' && item.text === 'ping').length;
   }
