@@ -6,6 +6,7 @@ import { Cluster, MODEL } from './support/cluster.js';
 import { startNginx, type NginxServer } from './support/nginx.js';
 import { sleep, waitFor } from './support/processes.js';
 import type { GatewayProcess, WorkerProcess } from './support/sluice.js';
+import { freezeMidAnswers } from './support/mid-answer.js';
 import { readSse } from './support/sse.js';
 
 /**
@@ -15,8 +16,11 @@ import { readSse } from './support/sse.js';
  * connection, a gateway process, the client's own connection.
  */
 
-/** Short enough to test expiry; a running request's log lives until its deadline plus this. */
-const RETENTION_MS = 2_000;
+/**
+ * Short enough to test expiry; a running request's log lives until its deadline plus this. Long
+ * enough for a client's six legs through nginx after its (800-token) stream ended on a loaded machine.
+ */
+const RETENTION_MS = 5_000;
 const WORKER_ENV = {
   WORKER_HEARTBEAT_MS: '250',
   WORKER_TTL_MS: '1500',
@@ -86,6 +90,9 @@ async function read(res: Response, into: Collected, options: { stopAfter?: numbe
     if (!(error instanceof Error)) throw error;
   }
 }
+
+/** The job id of a stream read so far (its chunks' `chatcmpl-{id}`). */
+const jobOf = (out: Collected): { jobId: string } => ({ jobId: out.id!.replace(/^chatcmpl-/, '') });
 
 const empty = (): Collected => ({
   id: undefined,
@@ -226,12 +233,23 @@ describe('durable token streams: nginx → 2 gateways → Redis → 2 workers', 
 
   it("stops the work of a killed gateway's clients that asked for no grace once the gateway is known dead", async () => {
     const victim = await cluster.gateway(GATEWAY_ENV);
-    const outs = Array.from({ length: 4 }, empty);
-    const legs = outs.map(async (out, i) => read(await post(victim.url, body(200 + i, 1500)), out));
-    await waitFor('every stream under way', () => (outs.every((o) => o.text.length > 0) ? true : undefined), 30_000);
+    let outs: Collected[] = [];
+    let legs: Array<Promise<void>> = [];
+    // The kill lands with every stream mid-answer, whatever the machine's speed (see mid-answer.ts).
+    for (let attempt = 0; ; attempt++) {
+      if (attempt === 5) throw new Error('in each of 5 tries a stream ended before the workers could be frozen mid-answer');
+      outs = Array.from({ length: 4 }, empty);
+      const controllers = outs.map(() => new AbortController());
+      legs = outs.map(async (out, i) => read(await post(victim.url, body(200 + 10 * attempt + i, 1500), controllers[i]!.signal), out));
+      await waitFor('every stream under way', () => (outs.every((o) => o.text.length > 0) ? true : undefined), 30_000);
+      if ((await freezeMidAnswers(workers, redis, outs.map(jobOf), 1500)) !== null) break;
+      for (const controller of controllers) controller.abort();
+      await Promise.all(legs);
+    }
     const killedAt = Date.now();
     victim.process.child.kill('SIGKILL');
     await Promise.all(legs);
+    for (const w of workers) w.process.signal('SIGCONT');
     // Workers notice when a publish reaches nobody and the gateway's alive key (3 s TTL) is gone.
     await waitFor(
       'the sequences stopped',
@@ -283,7 +301,8 @@ describe('durable token streams: nginx → 2 gateways → Redis → 2 workers', 
     expect(again.done).toBe(true);
     const tail = empty();
     await read(await fetch(`${gateways[0]!.url}/v1/chat/completions/${first.id}?stream=true&starting_after=${first.lastEventId}`), tail);
-    expect(tail).toMatchObject({ text: '', done: true });
+    // Resumed after its last event: [DONE] at once (it waited ~RETENTION_MS, then failed `stream_interrupted`, until stop 22).
+    expect(tail).toMatchObject({ text: '', done: true, errors: [], events: 1 });
   });
 
   it('carries continuous_usage_stats on across a resume: every resumed chunk has the usage the original had there', async () => {
@@ -337,10 +356,24 @@ describe('durable token streams: nginx → 2 gateways → Redis → 2 workers', 
   });
 
   it('cancels a running stream from the other gateway: it ends with finish_reason abort and [DONE]', async () => {
-    const out = empty();
-    const leg = (async () => read(await post(gateways[0]!.url, body(500, 1500)), out))();
-    await waitFor('under way', () => (out.text.length > 0 ? true : undefined), 30_000);
-    const cancel = await fetch(`${gateways[1]!.url}/v1/chat/completions/${out.id}/cancel`, { method: 'POST' });
+    let out = empty();
+    let leg: Promise<void> = Promise.resolve();
+    // Cancelled while its workers are frozen mid-answer (briefly: within their 1.5 s TTL), whatever the machine's speed.
+    for (let attempt = 0; ; attempt++) {
+      if (attempt === 5) throw new Error('in each of 5 tries the stream ended before the workers could be frozen mid-answer');
+      out = empty();
+      const current = out;
+      leg = (async () => read(await post(gateways[0]!.url, body(500 + attempt, 1500)), current))();
+      await waitFor('under way', () => (current.text.length > 0 ? true : undefined), 30_000);
+      if ((await freezeMidAnswers(workers, redis, [jobOf(out)], 1500)) !== null) break;
+      await leg;
+    }
+    let cancel: Response;
+    try {
+      cancel = await fetch(`${gateways[1]!.url}/v1/chat/completions/${out.id}/cancel`, { method: 'POST' });
+    } finally {
+      for (const w of workers) w.process.signal('SIGCONT');
+    }
     expect(cancel.status).toBe(200);
     await leg;
     expect(out).toMatchObject({ finishReason: 'abort', done: true, errors: [] });

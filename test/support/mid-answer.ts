@@ -34,13 +34,13 @@ export async function unfinishedInLog(redis: Redis, jobId: string, maxTokens: nu
 }
 
 /**
- * SIGSTOPs `workers` and, when every one of `streams` (of at most `maxTokens` tokens) is unfinished in
- * its token log, says when; otherwise thaws the workers and says null.
+ * SIGSTOPs `workers` and, when every one of `streams` (of at most `maxTokens` tokens; anything with the
+ * job id) is unfinished in its token log, says when; otherwise thaws the workers and says null.
  */
 export async function freezeMidAnswers(
   workers: readonly WorkerProcess[],
   redis: Redis,
-  streams: readonly LiveStream[],
+  streams: ReadonlyArray<Pick<LiveStream, 'jobId'>>,
   maxTokens: number,
 ): Promise<Frozen | null> {
   for (const worker of workers) worker.process.signal('SIGSTOP');

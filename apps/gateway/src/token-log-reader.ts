@@ -1,13 +1,5 @@
 import type { Redis } from 'ioredis';
-import {
-  decodeLogRange,
-  decodeRequestMeta,
-  logEntryId,
-  seqOfLogEntryId,
-  type GatewayEntry,
-  type RedisNames,
-  type RequestMeta,
-} from '@sluice/protocol';
+import { decodeLogRange, decodeRequestMeta, logEntryId, type GatewayEntry, type RedisNames, type RequestMeta } from '@sluice/protocol';
 
 export interface LogRead {
   /** Entries from the asked sequence number on, in order. */
@@ -22,8 +14,8 @@ export interface TokenLog {
   read(requestId: string, fromSeq: number, toSeq?: number): Promise<LogRead>;
   /** The request's meta; undefined when unknown or expired. */
   meta(requestId: string): Promise<RequestMeta | undefined>;
-  /** Sequence number of the log's last entry (-1 when it has none yet). */
-  lastSeq(requestId: string): Promise<number>;
+  /** The log's last entry (undefined when it has none yet). */
+  last(requestId: string): Promise<GatewayEntry | undefined>;
 }
 
 export class RedisTokenLog implements TokenLog {
@@ -48,9 +40,7 @@ export class RedisTokenLog implements TokenLog {
     return decodeRequestMeta(await this.redis.hgetall(this.names.metaKey(requestId)));
   }
 
-  async lastSeq(requestId: string): Promise<number> {
-    const last = await this.redis.xrevrange(this.names.logKey(requestId), '+', '-', 'COUNT', 1);
-    const id = last[0]?.[0];
-    return id === undefined ? -1 : seqOfLogEntryId(id);
+  async last(requestId: string): Promise<GatewayEntry | undefined> {
+    return decodeLogRange(await this.redis.xrevrange(this.names.logKey(requestId), '+', '-', 'COUNT', 1))[0];
   }
 }

@@ -17,7 +17,7 @@ function memoryLog() {
       return { entries: (entries ?? []).filter((e) => e.seq >= fromSeq), known: entries !== undefined };
     },
     meta: async () => undefined,
-    lastSeq: async (requestId) => logs.get(requestId)?.at(-1)?.seq ?? -1,
+    last: async (requestId) => logs.get(requestId)?.at(-1),
   };
   return { log, logs, reads: () => reads };
 }

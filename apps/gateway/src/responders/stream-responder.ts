@@ -160,6 +160,18 @@ export class StreamResponder {
     }
   }
 
+  /**
+   * A resumed stream whose cursor is already its request's last event (it finished or failed): the
+   * 200 and `[DONE]`, nothing else. Reports nothing: the request was counted where it ran.
+   */
+  endedAtCursor(): void {
+    if (this.phase !== 'pending') return;
+    this.commit();
+    this.phase = 'done';
+    this.clearTimers();
+    this.writer.done();
+  }
+
   /** The `id:` line of the event that completes the entries handled so far. */
   private idLine(): string {
     return this.seq < 0 ? '' : `id: ${this.seq}\n`;

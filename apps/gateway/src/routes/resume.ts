@@ -8,6 +8,9 @@ import { noObserver, type ResponderContext } from '../responders/responder-conte
 import { StreamResponder } from '../responders/stream-responder.js';
 import { systemFingerprint } from '../version.js';
 
+/** Entries after which a request's log holds nothing more. */
+const ENDINGS: ReadonlySet<GatewayEntry['type']> = new Set(['finish', 'error', 'rejected']);
+
 /** The job id inside a chunk id (`chatcmpl-<id>` / `cmpl-<id>`), or undefined when it is not one of ours. */
 function jobIdOf(endpoint: Endpoint, chunkId: string): string | undefined {
   const prefix = endpoint === 'chat' ? 'chatcmpl-' : 'cmpl-';
@@ -54,8 +57,9 @@ export function resumeHandler(deps: AppDeps, endpoint: Endpoint) {
     }
     const cursor = cursorOf(c);
     if (deps.isDraining()) throw new GatewayError('shutting_down');
-    const [meta, lastSeq] = await Promise.all([log.meta(jobId), log.lastSeq(jobId)]);
+    const [meta, last] = await Promise.all([log.meta(jobId), log.last(jobId)]);
     if (meta === undefined || meta.format.endpoint !== endpoint || !ownedByCaller(c, meta)) throw notFound(chunkId);
+    const lastSeq = last?.seq ?? -1;
     if (cursor > lastSeq) {
       throw new GatewayError('invalid_request', {
         message: `The cursor ${cursor} is past the end of the stream (last event id ${lastSeq}).`,
@@ -104,6 +108,12 @@ export function resumeHandler(deps: AppDeps, endpoint: Endpoint) {
     if (usageBefore !== undefined) {
       responder.usageSoFar(usageBefore);
       responderUsage = () => responder.usage;
+    }
+    if (cursor === lastSeq && last !== undefined && ENDINGS.has(last.type)) {
+      // The client already has the request's last event: nothing is left but to say so.
+      responder.endedAtCursor();
+      hooks.streamResumed?.();
+      return responder.reply;
     }
     const session = sessions.open(jobId, meta.deadlineAt, (event) => responder.handle(event), {
       nextSeq: cursor + 1,

@@ -58,7 +58,7 @@ export async function startAppHarness(env: Record<string, string> = {}, options:
   const jobs: GenerateJob[] = [];
   const cancels: AppHarness['cancels'] = [];
   const jobWaiters: Array<(job: GenerateJob) => void> = [];
-  const log: TokenLog = { read: async () => ({ entries: [], known: false }), meta: async () => undefined, lastSeq: async () => -1 };
+  const log: TokenLog = { read: async () => ({ entries: [], known: false }), meta: async () => undefined, last: async () => undefined };
   const sessions = new SessionManager(
     { queueTimeoutMs: config.queueTimeoutMs, idleTimeoutMs: config.idleTimeoutMs },
     {
