@@ -2,9 +2,12 @@ import OpenAI from 'openai';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Cluster, MODEL } from './support/cluster.js';
 import { startNginx, type NginxServer } from './support/nginx.js';
-import { waitFor } from './support/processes.js';
+import { redisNames } from '@sluice/protocol';
+import { unfinishedInLog } from './support/mid-answer.js';
+import { sleep, waitFor } from './support/processes.js';
 import { scrapePrometheus, type PrometheusMetrics } from './support/prometheus.js';
 import type { GatewayProcess, WorkerProcess } from './support/sluice.js';
+import { LiveStream, streamError } from './support/sse.js';
 
 /**
  * The deployment's topology, natively: nginx (the deployment's proxy settings) in front of 2 gateway
@@ -24,8 +27,8 @@ const PROMPTS = [
   'an empty train station',
 ];
 const CONCURRENT = 100;
-/** Liveness fast enough that a killed worker is noticed within ~1.5 s. */
-const WORKER_ENV = { WORKER_HEARTBEAT_MS: '250', WORKER_TTL_MS: '1500', LOCK_DURATION_MS: '1000', MAX_BATCH_SIZE: '32', LOG_LEVEL: 'info' };
+/** Liveness fast enough that a killed worker is noticed within ~1.5 s; 3 s BullMQ locks (renewed every 1.5 s), so a starved live worker keeps its jobs. */
+const WORKER_ENV = { WORKER_HEARTBEAT_MS: '250', WORKER_TTL_MS: '1500', LOCK_DURATION_MS: '3000', MAX_BATCH_SIZE: '32', LOG_LEVEL: 'info' };
 const GATEWAY_ENV = { REGISTRY_POLL_MS: '200', LOG_LEVEL: 'info' };
 
 const params = (i: number, maxTokens = 12 + (i % 5)) => ({
@@ -206,36 +209,52 @@ describe('scale-out: nginx → 2 gateways → Redis → 2 workers', () => {
 
   it('keeps serving new requests after one of the two workers is killed with SIGKILL mid-run', async () => {
     const [doomed, survivor] = workers as [WorkerProcess, WorkerProcess];
-    // A wave long enough to be mid-run on both workers when one dies.
-    const wave = Array.from({ length: 20 }, (_, i) =>
-      stream(client, params(i, 200)).then(
-        (result) => ({ ok: true as const, result }),
-        (error: unknown) => ({ ok: false as const, error }),
-      ),
-    );
-    await waitFor(
-      'both workers decoding',
-      async () => {
-        const [a, b] = await Promise.all([doomed.health(), survivor.health()]);
-        return a.running > 0 && b.running > 0 ? true : undefined;
-      },
-      10_000,
-    );
+    const [doomedId, survivorId] = await Promise.all([doomed.health(), survivor.health()]).then((h) => h.map((w) => w.workerId));
+    const redis = cluster.redis.client();
+    // A wave mid-run on both workers when one dies, whatever the machine's speed: both are frozen once
+    // every stream is under way, and each must then hold a stream unfinished in its token log (see
+    // mid-answer.ts); else they run on and a new wave tries (5 tries).
+    let wave: LiveStream[] = [];
+    for (let attempt = 0; ; attempt++) {
+      if (attempt === 5) throw new Error('in each of 5 tries a worker had no unfinished stream when both were frozen');
+      wave = Array.from(
+        { length: 20 },
+        (_, i) => new LiveStream(`${nginx.url}/v1/chat/completions`, { ...params(i + 20 * attempt, 200), stream: true }),
+      );
+      await Promise.all(wave.map((s) => s.until('under way', () => s.contentChunks >= 1)));
+      for (const w of workers) w.process.signal('SIGSTOP');
+      await sleep(150);
+      const holders = await Promise.all(
+        wave.map(async (s) =>
+          (await unfinishedInLog(redis, s.jobId, 200)) ? await redis.hget(redisNames().metaKey(s.jobId), 'workerId') : null,
+        ),
+      );
+      if (holders.includes(doomedId!) && holders.includes(survivorId!)) break;
+      for (const w of workers) w.process.signal('SIGCONT');
+      for (const s of wave) s.abort();
+      await Promise.all(wave.map((s) => s.ended));
+    }
+    redis.disconnect();
+    doomed.process.signal('SIGKILL');
+    await doomed.process.exited;
+    survivor.process.signal('SIGCONT');
     const survivorBefore = (await scrapePrometheus(survivor.healthUrl.replace('/healthz', '/metrics'))).value(
       'sluice_request_success_total',
     );
-    doomed.process.signal('SIGKILL');
-    await doomed.process.exited;
 
     // New requests, sent after the kill, all complete with the right text on the survivor.
     const fresh = await Promise.all(Array.from({ length: 10 }, (_, i) => stream(client, params(i))));
     for (const [i, result] of fresh.entries()) expect(result.text, `fresh stream ${i}`).toBe(alone.get(key(i)));
 
     // The wave ends one way or the other: whole answers, or the killed worker's streams fail cleanly.
-    const endings = await Promise.all(wave);
-    const failed = endings.filter((e) => !e.ok);
-    expect(endings.length - failed.length).toBeGreaterThan(0);
-    for (const e of failed) expect(String((e as { error: unknown }).error)).toMatch(/worker/i);
+    expect(await Promise.all(wave.map((s) => s.ended))).toEqual(wave.map(() => 'done'));
+    const failed = wave.map((s) => streamError(s.items)).filter((error) => error !== undefined);
+    expect(wave.length - failed.length).toBeGreaterThan(0);
+    console.log(
+      failed.length,
+      failed.map((e) => e.code),
+    );
+    for (const error of failed) expect(error.message).toMatch(/worker/i);
 
     const served = await scrapePrometheus(survivor.healthUrl.replace('/healthz', '/metrics'));
     // The survivor finished at least the 10 fresh requests (plus whatever of the wave it held).
