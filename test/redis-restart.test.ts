@@ -3,6 +3,7 @@ import { Cluster, MODEL } from './support/cluster.js';
 import { sleep, waitFor } from './support/processes.js';
 import { startRedis, type RedisServer } from './support/redis-server.js';
 import type { GatewayProcess } from './support/sluice.js';
+import { freezeMidAnswers } from './support/mid-answer.js';
 import { LiveStream, postRaw, streamError } from './support/sse.js';
 
 /**
@@ -29,23 +30,40 @@ describe('when Redis is killed and restarted under load', () => {
 
   const body = { model: MODEL, prompt: 'Once upon a time', max_tokens: 1000, ignore_eos: true, temperature: 0, stream: true };
 
+  /**
+   * Eight streams under way, the worker then frozen (SIGSTOP) with the last one unfinished in its token
+   * log (see mid-answer.ts; else they run on and eight new ones try): the caller kills Redis, then thaws it.
+   */
   async function startStreams(): Promise<{ streams: LiveStream[]; ends: Array<Promise<number>> }> {
-    const streams = Array.from({ length: 8 }, () => new LiveStream(`${gateway.url}/v1/completions`, body));
-    for (const stream of streams) {
-      await stream
-        .until('streaming', () => stream.contentChunks > 0)
-        .catch((error: unknown) => {
-          throw new Error(`${String(error)}: ${stream.status} ${JSON.stringify(stream.items.slice(-3))}`);
-        });
+    const worker = cluster.workers[0]!;
+    const redis = (restarted ?? cluster.redis).client();
+    try {
+      for (let attempt = 0; attempt < 5; attempt++) {
+        const streams = Array.from({ length: 8 }, () => new LiveStream(`${gateway.url}/v1/completions`, body));
+        for (const stream of streams) {
+          await stream
+            .until('streaming', () => stream.contentChunks > 0)
+            .catch((error: unknown) => {
+              throw new Error(`${String(error)}: ${stream.status} ${JSON.stringify(stream.items.slice(-3))}`);
+            });
+        }
+        if ((await freezeMidAnswers([worker], redis, [streams.at(-1)!], body.max_tokens)) !== null) {
+          return { streams, ends: streams.map((stream) => stream.ended.then(() => Date.now())) };
+        }
+        for (const stream of streams) stream.abort();
+        await Promise.all(streams.map((stream) => stream.ended));
+      }
+      throw new Error('in each of 5 tries the last stream ended before the worker could be frozen mid-answer');
+    } finally {
+      redis.disconnect();
     }
-    return { streams, ends: streams.map((stream) => stream.ended.then(() => Date.now())) };
   }
 
   /**
    * Each stream ends with [DONE], never silently: with an error frame (the answer cannot be completed)
    * when it was still running at the kill. A stream can finish its 1,000 tokens before the kill when the
    * machine delays the others' start (the tiny model needs ~1.5 s for them): that one ends complete.
-   * At least the last stream to start was still running.
+   * At least the last stream to start was still running (startStreams checked its log).
    */
   function expectEndedByTheOutage(streams: readonly LiveStream[]): void {
     const outcomes = streams.map((stream) => {
@@ -65,11 +83,14 @@ describe('when Redis is killed and restarted under load', () => {
     expect(outcomes.filter((outcome) => outcome !== 'length').length, outcomes.join(' ')).toBeGreaterThan(0);
   }
 
+  /** Kills Redis, then thaws the worker that startStreams froze. */
   async function killRedis(): Promise<number> {
     const current = restarted ?? cluster.redis;
     current.process.signal('SIGKILL');
     await current.process.exited;
-    return Date.now();
+    const killedAt = Date.now();
+    cluster.workers[0]!.process.signal('SIGCONT');
+    return killedAt;
   }
 
   it('ends every in-flight stream, turns ready again, and serves the next request', async () => {
