@@ -1,7 +1,8 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Cluster, MODEL } from './support/cluster.js';
 import { waitFor } from './support/processes.js';
-import type { GatewayProcess } from './support/sluice.js';
+import type { GatewayProcess, WorkerProcess } from './support/sluice.js';
+import { startFrozenMidAnswers } from './support/mid-answer.js';
 import { LiveStream, postRaw } from './support/sse.js';
 
 interface ErrorBody {
@@ -19,14 +20,17 @@ const chat = (extra: Record<string, unknown> = {}) => ({
 describe('refusals before any SSE byte', () => {
   let cluster: Cluster;
   let gateway: GatewayProcess;
+  let worker: WorkerProcess;
 
   beforeAll(async () => {
     cluster = await Cluster.start();
-    await cluster.worker({ MAX_BATCH_SIZE: '1' });
+    // A long TTL: a worker frozen for the queue bound test (SIGSTOP) is not "lost".
+    worker = await cluster.worker({ MAX_BATCH_SIZE: '1', WORKER_TTL_MS: '60000' });
     gateway = await cluster.gateway();
   });
 
   afterAll(async () => {
+    worker?.process.signal('SIGCONT');
     await cluster?.stop();
   });
 
@@ -101,22 +105,34 @@ describe('refusals before any SSE byte', () => {
   it('refuses requests beyond the queue bound with 429 and Retry-After', async () => {
     const bounded = await cluster.gateway({ MAX_QUEUED_REQUESTS: '1', RETRY_AFTER_S: '2', HEADERS_WAIT_MS: '0' });
     const long = { model: MODEL, prompt: 'Once upon a time', max_tokens: 1500, ignore_eos: true, temperature: 0, stream: true };
-    // The worker's one batch slot, then the one queue place.
-    const running = new LiveStream(`${bounded.url}/v1/completions`, long);
-    await running.until('the first stream running', () => running.contentChunks > 0);
+    // The worker's one batch slot, held by a stream frozen mid-answer (see mid-answer.ts): the tiny
+    // model could finish 1,500 tokens before the next request arrives, which would then run, not wait.
+    const redis = cluster.redis.client();
+    const running = await startFrozenMidAnswers([worker], redis, {
+      start: () => [new LiveStream(`${bounded.url}/v1/completions`, long)],
+      progress: (stream) => stream.until('the first stream running', () => stream.contentChunks > 0),
+      maxTokens: long.max_tokens,
+    })
+      .then(({ streams }) => streams[0]!)
+      .finally(() => redis.disconnect());
+    // Then the one queue place.
     const queued = new LiveStream(`${bounded.url}/v1/completions`, long);
-    expect(await queued.headers).toBe(200);
-    const refusedRes = await fetch(`${bounded.url}/v1/chat/completions`, {
-      method: 'POST',
-      headers: { 'Content-Type': 'application/json' },
-      body: JSON.stringify(chat({ stream: true })),
-    });
-    expect(refusedRes.status).toBe(429);
-    expect(refusedRes.headers.get('retry-after')).toBe('2');
-    expect(((await refusedRes.json()) as ErrorBody).error).toMatchObject({ code: 'queue_full', type: 'rate_limit_error' });
-    running.abort();
-    queued.abort();
+    try {
+      expect(await queued.headers).toBe(200);
+      const refusedRes = await fetch(`${bounded.url}/v1/chat/completions`, {
+        method: 'POST',
+        headers: { 'Content-Type': 'application/json' },
+        body: JSON.stringify(chat({ stream: true })),
+      });
+      expect(refusedRes.status).toBe(429);
+      expect(refusedRes.headers.get('retry-after')).toBe('2');
+      expect(((await refusedRes.json()) as ErrorBody).error).toMatchObject({ code: 'queue_full', type: 'rate_limit_error' });
+    } finally {
+      running.abort();
+      queued.abort();
+      worker.process.signal('SIGCONT');
+    }
     await Promise.all([running.ended, queued.ended]);
-    await waitFor('worker idle', async () => ((await cluster.workers[0]!.health()).running === 0 ? true : undefined));
+    await waitFor('worker idle', async () => ((await worker.health()).running === 0 ? true : undefined));
   });
 });

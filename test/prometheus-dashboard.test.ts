@@ -3,9 +3,11 @@ import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { parse, stringify } from 'yaml';
 import { Cluster, MODEL } from './support/cluster.js';
+import { startFrozenMidAnswers } from './support/mid-answer.js';
 import { sleep, waitFor } from './support/processes.js';
 import { hasPrometheus, startPrometheus, type PrometheusServer } from './support/prometheus-server.js';
 import type { GatewayProcess, WorkerProcess } from './support/sluice.js';
+import { LiveStream, streamError } from './support/sse.js';
 
 /**
  * The shipped dashboard and rules, proven on a real Prometheus: the shipped `prometheus.yml` (its
@@ -67,9 +69,11 @@ describe.skipIf(!hasPrometheus())('the Grafana dashboard and the alert rules on 
 
   beforeAll(async () => {
     cluster = await Cluster.start();
-    worker = await cluster.worker();
+    // A long TTL: the worker frozen for the incidents below (SIGSTOP) is not "lost" (Prometheus sees a
+    // stopped worker as down, not the registry: the alert below still fires).
+    worker = await cluster.worker({ WORKER_TTL_MS: '60000' });
     // Small bounds, so the incidents below happen in seconds.
-    gateway = await cluster.gateway({ QUEUE_TIMEOUT_MS: '2000', HEADERS_WAIT_MS: '100', MAX_QUEUED_REQUESTS: '3' });
+    gateway = await cluster.gateway({ QUEUE_TIMEOUT_MS: '5000', HEADERS_WAIT_MS: '100', MAX_QUEUED_REQUESTS: '3' });
     const shipped = parse(readFileSync(deploy('prometheus/prometheus.yml'), 'utf8')) as {
       global: Record<string, string>;
       rule_files: string[];
@@ -103,25 +107,40 @@ describe.skipIf(!hasPrometheus())('the Grafana dashboard and the alert rules on 
 
     await traffic(5_000);
     // Incidents. A stream that a second connection takes over (a resume on the same gateway): the
-    // first one ends with a stream_interrupted error frame.
-    const first = await chat({ stream: true, max_tokens: 400, ignore_eos: true, resume_grace_ms: 10_000 });
-    const reader = first.body!.getReader();
-    const firstChunk = new TextDecoder().decode((await reader.read()).value);
-    const streamId = /"id":"(chatcmpl-[^"]+)"/.exec(firstChunk)![1]!;
-    // The worker frozen: 3 requests fill the queue (MAX_QUEUED_REQUESTS), 2 more get a 429; the 3
-    // time out in the queue: two before their 200 (503), one stream after it (an error frame).
-    worker.process.signal('SIGSTOP');
+    // first one ends with a stream_interrupted error frame. The worker is frozen with the stream
+    // mid-answer (see mid-answer.ts): the tiny model could end it before a starved test takes it over.
+    const redis = cluster.redis.client();
     try {
+      const { streams } = await startFrozenMidAnswers([worker], redis, {
+        start: () => [
+          new LiveStream(`${gateway.url}/v1/chat/completions`, {
+            model: MODEL,
+            messages: [{ role: 'user', content: 'Hello' }],
+            max_tokens: 1800,
+            ignore_eos: true,
+            temperature: 0,
+            stream: true,
+            resume_grace_ms: 10_000,
+          }),
+        ],
+        progress: (stream) => stream.until('a content chunk', () => stream.contentChunks >= 1),
+        maxTokens: 1800,
+      });
+      const first = streams[0]!;
+      // No X-Request-Id sent: the stream's id is the job id.
+      const streamId = `chatcmpl-${first.jobId}`;
       const takeover = await fetch(`${gateway.url}/v1/chat/completions/${streamId}?stream=true`, { headers: { 'Last-Event-ID': '0' } });
-      let rest = '';
-      for (let part = await reader.read(); !part.done; part = await reader.read()) rest += new TextDecoder().decode(part.value);
-      expect(rest).toContain('stream_interrupted');
+      expect(await first.ended).toBe('done');
+      expect(streamError(first.items)).toMatchObject({ code: 'stream_interrupted' });
       await fetch(`${gateway.url}/v1/chat/completions/${streamId}/cancel`, { method: 'POST' });
       // Drained in the background: how the cancelled stream ends does not matter here.
       void takeover.text().catch(() => '');
 
+      // The worker still frozen: 3 requests fill the queue (MAX_QUEUED_REQUESTS), 2 more get a 429; the
+      // 3 time out in the queue: two before their 200 (503), one stream after it (an error frame).
       const queued = [chat(), chat(), chat({ stream: true })].map((p) => p.then(async (r) => ({ status: r.status, body: await r.text() })));
-      await sleep(300);
+      // All 3 counted as queued: each session opens before its job is enqueued, and no worker takes one.
+      await waitFor('3 jobs waiting in Redis', async () => ((await redis.llen('sluice:bull:generate:wait')) === 3 ? true : undefined));
       const refused = await Promise.all([chat(), chat()]);
       expect(refused.map((r) => r.status)).toEqual([429, 429]);
       const timedOut = await Promise.all(queued);
@@ -129,6 +148,7 @@ describe.skipIf(!hasPrometheus())('the Grafana dashboard and the alert rules on 
       expect(timedOut[2]!.body).toContain('queue_timeout');
     } finally {
       worker.process.signal('SIGCONT');
+      redis.disconnect();
     }
     await traffic(5_000);
   }, 120_000);

@@ -1,5 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { decodeWorkerRecord, GENERATE_QUEUE, redisNames } from '@sluice/protocol';
 import { Cluster, MODEL } from './support/cluster.js';
+import { freezeMidAnswers, startFrozenMidAnswers } from './support/mid-answer.js';
 import { waitFor } from './support/processes.js';
 import type { GatewayProcess, WorkerProcess } from './support/sluice.js';
 import { checkChunkSequence, LiveStream, streamError } from './support/sse.js';
@@ -8,23 +10,44 @@ import { scrapePrometheus } from './support/prometheus.js';
 const long = (prompt: string) => ({ model: MODEL, prompt, max_tokens: 1800, ignore_eos: true, temperature: 0, stream: true });
 /**
  * Fast liveness: the gateway sees a dead worker within ~1.5 s; a dead worker's jobs are found stalled
- * within 2 × 3 s. Not shorter locks: BullMQ renews a live worker's locks every half lock; with 1 s locks
- * a fresh-clone CI run under the whole suite's load saw only 2 of the 3 stalled jobs skipped after
- * 30 s (the streams themselves were right). Not proven, the likeliest cause: a live worker's lock
- * expired, so its own stall check handed a running stream on before the kill, and the heir found
- * that newer attempt's job stalled instead (continued, not skipped).
+ * within 2 × 3 s. 3 s locks, not 1 s: BullMQ renews a live worker's locks every half lock, and a
+ * starved machine may not manage that every 0.5 s. (A fresh-clone CI run that saw only 2 of the 3
+ * stalled jobs skipped was first put down to 1 s locks; its heir's counters, processed 7 = 2
+ * continuations + 2 skipped stalled jobs + 3 requests alone, say one of the three streams had ended
+ * before the kill: killMidStream now kills with every stream confirmed mid-answer.)
  */
 const fastWorker = { WORKER_HEARTBEAT_MS: '250', WORKER_TTL_MS: '1500', LOCK_DURATION_MS: '3000', MAX_BATCH_SIZE: '4' };
+/** BullMQ's list of the jobs workers hold now. */
+const ACTIVE_JOBS = `${redisNames().bullPrefix}:${GENERATE_QUEUE}:active`;
+/** A token log's answer is unfinished (no end entry), however many tokens it holds. */
+const ANY_LENGTH = Number.POSITIVE_INFINITY;
 
 /**
  * Three long streams on `doomed`, which is SIGKILLed mid-stream; a worker started afterwards carries
  * them on. Every stream ends normally with the text the same request gets alone. Returns that worker.
  */
 async function killMidStream(cluster: Cluster, gateway: GatewayProcess, doomed: WorkerProcess, label: string): Promise<WorkerProcess> {
-  const request = (i: number) => ({ ...long(`${label} ${i}`), max_tokens: 600 });
-  const streams = [0, 1, 2].map((i) => new LiveStream(`${gateway.url}/v1/completions`, request(i)));
-  await Promise.all(streams.map((s) => s.until('streaming', () => s.contentChunks >= 2)));
-  doomed.process.signal('SIGSTOP');
+  const request = (attempt: number, i: number) => ({ ...long(`${label} ${attempt}.${i}`), max_tokens: 600 });
+  let streams: LiveStream[] = [];
+  let attempt = 0;
+  const redis = cluster.redis.client();
+  try {
+    // The kill lands with every stream mid-answer, whatever the machine's speed: the worker frozen with
+    // each unfinished in its token log (see mid-answer.ts), else new streams (5 tries).
+    for (;;) {
+      if (++attempt > 5) throw new Error('in each of 5 tries a stream ended before the worker could be frozen mid-answer');
+      streams = [0, 1, 2].map((i) => new LiveStream(`${gateway.url}/v1/completions`, request(attempt, i)));
+      await Promise.all(streams.map((s) => s.until('streaming', () => s.contentChunks >= 2)));
+      if ((await freezeMidAnswers([doomed], redis, streams, request(attempt, 0).max_tokens)) !== null) break;
+      for (const s of streams) s.abort();
+      await Promise.all(streams.map((s) => s.ended));
+      // Cancelled, and their jobs done on the doomed worker: none is left for the heir to find stalled
+      // (it would count among the skipped ones the tests check).
+      await waitFor('the dropped streams gone from the worker', async () => ((await redis.llen(ACTIVE_JOBS)) === 0 ? true : undefined));
+    }
+  } finally {
+    redis.disconnect();
+  }
   doomed.process.signal('SIGKILL');
   // No worker is left: the streams pause (their continuations wait in the queue) until one starts.
   const heir = await cluster.worker(fastWorker);
@@ -33,7 +56,7 @@ async function killMidStream(cluster: Cluster, gateway: GatewayProcess, doomed: 
   // The same requests alone, uninterrupted, on the heir: the same text.
   for (const [i, t] of texts.entries()) {
     expect(t.finishReason).toBe('length');
-    const alone = new LiveStream(`${gateway.url}/v1/completions`, request(i));
+    const alone = new LiveStream(`${gateway.url}/v1/completions`, request(attempt, i));
     expect(await alone.ended).toBe('done');
     expect(t.text).toBe(checkChunkSequence(alone.items, 'completion', false).text);
   }
@@ -70,19 +93,51 @@ describe('worker and gateway lifecycle', () => {
 
   it('on SIGTERM a worker finishes its running sequences, then exits 0; gateways stop counting it at once', async () => {
     const worker = cluster.workers.at(-1)!;
-    // As long as the tiny model's context allows: the readyz check below must land while it still runs.
-    const stream = new LiveStream(`${gateway.url}/v1/completions`, long('To the end'));
-    await stream.until('streaming', () => stream.contentChunks >= 1);
-    worker.process.signal('SIGTERM');
-    // The draining worker is still alive (its stream goes on) but takes no new job: not ready, no model.
-    await waitFor(
-      'readyz without the draining worker',
-      async () => ((await gateway.get('/readyz')).status === 503 ? true : undefined),
-      3_000,
-      20,
-    );
-    expect(stream.contentChunks).toBeLessThan(1800);
-    expect((await gateway.get('/v1/models')).body).toMatchObject({ data: [] });
+    const workerKey = redisNames().workerKey((await worker.health()).workerId);
+    let stream: LiveStream;
+    const redis = cluster.redis.client();
+    try {
+      // As long as the tiny model's context allows, and frozen mid-answer when told to stop (see
+      // mid-answer.ts): the worker drains from the moment it runs again.
+      stream = (
+        await startFrozenMidAnswers([worker], redis, {
+          start: () => [new LiveStream(`${gateway.url}/v1/completions`, long('To the end'))],
+          progress: (s) => s.until('streaming', () => s.contentChunks >= 1),
+          maxTokens: long('').max_tokens,
+        })
+      ).streams[0]!;
+      worker.process.signal('SIGTERM');
+      worker.process.signal('SIGCONT');
+      // Frozen again (briefly: within its 1.5 s TTL) once its registry record says it drains, with the
+      // stream unfinished: the readyz check below lands while it still runs, whatever the machine's speed.
+      await waitFor(
+        'the worker draining in the registry',
+        async () => {
+          const raw = await redis.get(workerKey);
+          return raw !== null && decodeWorkerRecord(raw)?.draining === true ? true : undefined;
+        },
+        10_000,
+        5,
+      );
+      expect(
+        await freezeMidAnswers([worker], redis, [stream], ANY_LENGTH),
+        'the stream still running once the worker drains',
+      ).not.toBeNull();
+      // The draining worker is still alive (its stream goes on) but takes no new job: not ready, no model.
+      await waitFor(
+        'readyz without the draining worker',
+        async () => ((await gateway.get('/readyz')).status === 503 ? true : undefined),
+        3_000,
+        20,
+      );
+      // Not lost (its record is there): the gateway stopped counting it because it drains.
+      expect(await redis.exists(workerKey)).toBe(1);
+      expect(stream.contentChunks).toBeLessThan(1800);
+      expect((await gateway.get('/v1/models')).body).toMatchObject({ data: [] });
+    } finally {
+      worker.process.signal('SIGCONT');
+      redis.disconnect();
+    }
     expect(await stream.ended).toBe('done');
     expect(checkChunkSequence(stream.items, 'completion', false).finishReason).toBe('length');
     expect(await worker.process.exited).toEqual({ code: 0, signal: null });
@@ -90,28 +145,42 @@ describe('worker and gateway lifecycle', () => {
 
   it('on SIGTERM a gateway turns /readyz to 503, lets streams finish within its bound, ends the rest with an error frame', async () => {
     // A long TTL: the worker is frozen below, and must not look lost before the gateway's drain bound.
-    await cluster.worker({ ...fastWorker, WORKER_TTL_MS: '60000' });
-    const draining = await cluster.gateway({ DRAIN_TIMEOUT_MS: '1500' });
-    const short = new LiveStream(`${draining.url}/v1/completions`, { ...long('Short'), max_tokens: 40 });
-    const endless = new LiveStream(`${draining.url}/v1/completions`, long('Endless'));
-    await Promise.all([short, endless].map((s) => s.until('streaming', () => s.contentChunks >= 1)));
-    draining.process.signal('SIGTERM');
-    await waitFor('readyz 503', async () => ((await draining.get('/readyz')).status === 503 ? true : undefined), 2_000, 10);
-    const refused = await fetch(`${draining.url}/v1/completions`, {
-      method: 'POST',
-      headers: { 'Content-Type': 'application/json' },
-      body: JSON.stringify({ model: MODEL, prompt: 'late', max_tokens: 2 }),
-    });
-    expect(refused.status).toBe(503);
-    expect(await short.ended).toBe('done');
-    expect(checkChunkSequence(short.items, 'completion', false).finishReason).toBe('length');
-    // Frozen, the worker cannot finish the endless stream within the drain bound whatever its speed.
-    const worker = cluster.workers.at(-1)!;
-    worker.process.signal('SIGSTOP');
+    const worker = await cluster.worker({ ...fastWorker, WORKER_TTL_MS: '60000' });
+    // 3 s: the short stream starts on the worker only after the checks that follow the SIGTERM (a loaded
+    // machine's timers and round trips run late).
+    const draining = await cluster.gateway({ DRAIN_TIMEOUT_MS: '3000' });
+    let endless: LiveStream;
+    const redis = cluster.redis.client();
     try {
+      // The endless stream mid-answer, its worker frozen (see mid-answer.ts); the short one, sent
+      // meanwhile, waits in the queue: both are open when the gateway is told to stop.
+      endless = (
+        await startFrozenMidAnswers([worker], redis, {
+          start: () => [new LiveStream(`${draining.url}/v1/completions`, long('Endless'))],
+          progress: (s) => s.until('streaming', () => s.contentChunks >= 1),
+          maxTokens: long('').max_tokens,
+        })
+      ).streams[0]!;
+      const short = new LiveStream(`${draining.url}/v1/completions`, { ...long('Short'), max_tokens: 40 });
+      expect(await short.headers).toBe(200);
+      draining.process.signal('SIGTERM');
+      await waitFor('readyz 503', async () => ((await draining.get('/readyz')).status === 503 ? true : undefined), 2_000, 10);
+      const refused = await fetch(`${draining.url}/v1/completions`, {
+        method: 'POST',
+        headers: { 'Content-Type': 'application/json' },
+        body: JSON.stringify({ model: MODEL, prompt: 'late', max_tokens: 2 }),
+      });
+      expect(refused.status).toBe(503);
+      // The worker runs until the short stream has ended, within the drain bound...
+      worker.process.signal('SIGCONT');
+      expect(await short.ended).toBe('done');
+      expect(checkChunkSequence(short.items, 'completion', false).finishReason).toBe('length');
+      // ...then, frozen with the endless one unfinished, it cannot finish that one within the bound whatever its speed.
+      expect(await freezeMidAnswers([worker], redis, [endless], ANY_LENGTH), 'the endless stream still running').not.toBeNull();
       expect(await endless.ended).toBe('done');
     } finally {
       worker.process.signal('SIGCONT');
+      redis.disconnect();
     }
     expect(streamError(endless.items)).toMatchObject({ code: 'shutting_down' });
     expect(await draining.process.exited).toEqual({ code: 0, signal: null });

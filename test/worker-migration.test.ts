@@ -5,6 +5,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { generateTinyModel } from '@sluice/model';
 import { Cluster, FAKE_ENGINE, MODEL } from './support/cluster.js';
+import { freezeMidAnswers, unfinishedInLog } from './support/mid-answer.js';
 import { sleep, waitFor } from './support/processes.js';
 import { readSse } from './support/sse.js';
 import type { GatewayProcess, WorkerProcess } from './support/sluice.js';
@@ -62,13 +63,14 @@ interface Result {
   error: unknown;
 }
 
-async function run(client: OpenAI, params: Params, onChunk?: () => void): Promise<Result> {
+/** Runs a request with the official client; `onChunk` gets each chunk's id, `signal` makes the client leave. */
+async function run(client: OpenAI, params: Params, onChunk?: (id: string) => void, signal?: AbortSignal): Promise<Result> {
   const result: Result = { choices: [], times: [], error: undefined };
   try {
-    const stream = await client.chat.completions.create(params);
+    const stream = await client.chat.completions.create(params, { signal });
     for await (const chunk of stream) {
       // Any chunk (the role chunk first) says the request is under way on a worker.
-      onChunk?.();
+      onChunk?.(chunk.id);
       for (const c of chunk.choices) {
         const choice = (result.choices[c.index] ??= { text: '', finish: null, tokens: [], logprobs: [] });
         if (c.delta.content) {
@@ -89,25 +91,46 @@ async function run(client: OpenAI, params: Params, onChunk?: () => void): Promis
 }
 
 /**
- * Same text, finish reasons and sampled tokens. Logprobs: bit for bit where the model's numbers do
- * not depend on the batch (GroupQueryAttention form); with the plain form a row's logprobs vary in
- * the last bits with the batch's padded capacity, migration or not, so there within 1e-4.
+ * Same text, finish reasons and sampled tokens. Logprobs within 1e-4: with the plain form a row's
+ * logprobs vary in the last bits with the batch's padded capacity, migration or not. The GQA form's
+ * were bit for bit on the Intel hosts, but on an AMD EPYC host one run in about ten differed by 3e-6
+ * (request 43: -0.8938506 vs -0.8938477; the batch beside a row differs between the reference run and
+ * the faulted one), so neither form is held to the last bit.
  */
-function expectSameAnswer(got: Result, want: Result, where: string, exact = false): void {
+function expectSameAnswer(got: Result, want: Result, where: string): void {
   expect(got.error, where).toBeUndefined();
   expect(
     got.choices.map((c) => [c.text, c.finish, c.tokens]),
     where,
   ).toEqual(want.choices.map((c) => [c.text, c.finish, c.tokens]));
-  if (exact)
-    expect(
-      got.choices.map((c) => c.logprobs),
-      where,
-    ).toEqual(want.choices.map((c) => c.logprobs));
   got.choices.forEach((c, i) =>
     c.logprobs.forEach((lp, j) => expect(Math.abs(lp - want.choices[i]!.logprobs[j]!), where).toBeLessThan(1e-4)),
   );
 }
+
+/** A request running in the background, and a way to leave it like a client. */
+interface Running {
+  /** The gateway's job id (keys its token log), from its chunks' `chatcmpl-{id}`; '' until the first chunk. */
+  readonly jobId: string;
+  readonly result: Promise<Result>;
+  abort(): void;
+}
+
+function startRun(client: OpenAI, params: Params): Running {
+  const controller = new AbortController();
+  let jobId = '';
+  const result = run(client, params, (id) => (jobId ||= id.replace(/^chatcmpl-/, '')), controller.signal);
+  return {
+    get jobId() {
+      return jobId;
+    },
+    result,
+    abort: () => controller.abort(),
+  };
+}
+
+/** A token log's answer is unfinished (no end entry), however many tokens it holds (see mid-answer.ts). */
+const ANY_LENGTH = Number.POSITIVE_INFINITY;
 
 function percentile(values: number[], p: number): number {
   const sorted = [...values].sort((a, b) => a - b);
@@ -122,8 +145,6 @@ describe.each(FAKE_ENGINE ? (['plain'] as const) : (['plain', 'gqa'] as const))(
     let client: OpenAI;
     let workerEnv: Record<string, string> = WORKER_ENV;
     let removeModel = async (): Promise<void> => {};
-    /** The plain form's logprobs depend on the batch in the last bits; the GQA form's do not. */
-    const exact = form === 'gqa';
 
     beforeAll(async () => {
       if (form === 'gqa') {
@@ -159,6 +180,41 @@ describe.each(FAKE_ENGINE ? (['plain'] as const) : (['plain', 'gqa'] as const))(
         .filter((x) => x.running > 0)
         .sort((a, b) => b.running - a.running)
         .map((x) => x.w);
+    }
+
+    const alive = (w: WorkerProcess) => w.process.child.exitCode === null && w.process.child.signalCode === null;
+
+    /**
+     * Starts `requests` and, once every one is under way, freezes the workers `pick` names (SIGSTOP) with
+     * each stream `watch` selects unfinished in its token log, with at most half of its `maxTokens` (see
+     * mid-answer.ts), whatever the machine's speed; else thaws them, lets the streams go (aborted, and
+     * gone from the workers) and starts them again (5 tries). Returns them with those workers frozen.
+     */
+    async function startFrozen(
+      requests: Params[],
+      maxTokens: number,
+      pick: () => Promise<WorkerProcess[]>,
+      watch: (params: Params) => boolean = () => true,
+    ): Promise<{ runs: Running[]; frozen: WorkerProcess[] }> {
+      const redis = cluster.redis.client();
+      try {
+        for (let attempt = 1; attempt <= 5; attempt++) {
+          const runs = requests.map((params) => startRun(client, params));
+          await waitFor('every stream under way', () => (runs.every((r) => r.jobId !== '') ? true : undefined), 60_000);
+          const frozen = await pick();
+          const watched = runs.filter((_, i) => watch(requests[i]!));
+          if ((await freezeMidAnswers(frozen, redis, watched, maxTokens)) !== null) return { runs, frozen };
+          for (const r of runs) r.abort();
+          await Promise.all(runs.map((r) => r.result));
+          await waitFor('the streams let go gone from the workers', async () => {
+            const running = await Promise.all(cluster.workers.filter(alive).map(async (w) => (await w.health()).running));
+            return running.every((n) => n === 0) ? true : undefined;
+          });
+        }
+      } finally {
+        redis.disconnect();
+      }
+      throw new Error('in each of 5 tries a stream ended before the workers could be frozen mid-answer');
     }
 
     /**
@@ -200,7 +256,7 @@ describe.each(FAKE_ENGINE ? (['plain'] as const) : (['plain', 'gqa'] as const))(
             .slice(0, 40)
             .join('\n'),
         );
-      results.forEach((r, i) => expectSameAnswer(r, reference[i]!, `request ${i}`, exact));
+      results.forEach((r, i) => expectSameAnswer(r, reference[i]!, `request ${i}`));
       // The pause the client saw: the longest wait between two content chunks after the kill. (The first
       // chunk after the kill may have been sent before it: the client reads buffered chunks late.)
       const pauses = results.map((r) => {
@@ -227,14 +283,13 @@ describe.each(FAKE_ENGINE ? (['plain'] as const) : (['plain', 'gqa'] as const))(
       'continues on a fresh worker that starts after the kill, and again when that one is killed too',
       async () => {
         await ensureWorkers(2);
-        const requests = mix(16, 1000);
+        const maxTokens = 1000;
+        const requests = mix(16, maxTokens);
         const reference = await Promise.all(requests.map((params) => run(client, params)));
-        const started = requests.map(() => false);
-        const runs = requests.map((params, i) => run(client, params, () => (started[i] = true)));
-        await waitFor('every stream under way', () => (started.every(Boolean) ? true : undefined), 60_000);
-        // Every worker dies, busy or not.
-        const all = cluster.workers.filter((w) => w.process.child.exitCode === null && w.process.child.signalCode === null);
-        for (const w of all) w.process.child.kill('SIGSTOP');
+        // Every worker dies, busy or not, with every stream mid-answer (one with stop strings may end
+        // early on its own).
+        const noStop = (params: Params) => params.stop === undefined;
+        const { runs, frozen: all } = await startFrozen(requests, maxTokens, async () => cluster.workers.filter(alive), noStop);
         for (const w of all) w.process.child.kill('SIGKILL');
         // Nobody is left: the streams wait (migrated into the queue) until a fresh worker starts.
         await sleep(2_000);
@@ -244,10 +299,17 @@ describe.each(FAKE_ENGINE ? (['plain'] as const) : (['plain', 'gqa'] as const))(
           async () => ((await fresh.health()).running > 0 ? true : undefined),
           30_000,
         );
-        fresh.process.child.kill('SIGSTOP');
+        // Killed in turn with those streams still unfinished in their logs, whatever the machine's speed.
+        const redis = cluster.redis.client();
+        try {
+          const watched = runs.filter((_, i) => noStop(requests[i]!));
+          expect(await freezeMidAnswers([fresh], redis, watched, ANY_LENGTH), 'the streams unfinished on the fresh worker').not.toBeNull();
+        } finally {
+          redis.disconnect();
+        }
         const another = await cluster.worker(workerEnv);
         fresh.process.child.kill('SIGKILL');
-        const results = await Promise.all(runs);
+        const results = await Promise.all(runs.map((r) => r.result));
         results.forEach((r, i) => expectSameAnswer(r, reference[i]!, `request ${i}`));
         expect((await another.health()).processed).toBeGreaterThan(0);
       },
@@ -293,33 +355,50 @@ describe.each(FAKE_ENGINE ? (['plain'] as const) : (['plain', 'gqa'] as const))(
           // The SIGTERM case needs a worker with no drain time holding the request: only it runs while the others are frozen.
           const others = cluster.workers.filter((w) => w.process.child.exitCode === null && w.process.child.signalCode === null);
           const drainer = fault === 'SIGTERM' ? await cluster.worker({ ...workerEnv, DRAIN_TIMEOUT_MS: '0' }) : undefined;
-          const params = { ...mix(1, 1200)[0]!, temperature: 0 } as Params;
+          const maxTokens = 1200;
+          const params = { ...mix(1, maxTokens)[0]!, temperature: 0 } as Params;
           const reference = await run(client, params);
           if (drainer !== undefined) for (const w of others) w.process.child.kill('SIGSTOP');
-          const res = await fetch(`${gateway.url}/v1/chat/completions`, {
-            method: 'POST',
-            headers: { 'Content-Type': 'application/json' },
-            body: JSON.stringify({ ...params, resume_grace_ms: 60_000 }),
-          });
+          const workers = cluster.workers.filter(alive);
+          // The workers that may run it: every one, or only the draining one (the others are frozen).
+          const running = drainer === undefined ? workers : [drainer];
           let id = '';
           let lastEventId = '';
           let before = '';
-          const workers = cluster.workers.filter((w) => w.process.child.exitCode === null && w.process.child.signalCode === null);
-          for await (const item of readSse(res.body!)) {
-            if (item.kind !== 'data' || item.data === '[DONE]') continue;
-            const chunk = JSON.parse(item.data) as { id: string; choices: Array<{ delta: { content?: string } }> };
-            id = chunk.id;
-            lastEventId = item.id ?? lastEventId;
-            before += chunk.choices[0]?.delta.content ?? '';
-            if (before.length > 20) {
-              // Mid-answer on any machine: every worker frozen, then the client leaves.
-              for (const w of workers) w.process.child.kill('SIGSTOP');
-              break;
-            }
-          }
-          await res.body?.cancel().catch(() => undefined);
           const redis = cluster.redis.client();
           try {
+            // Mid-answer on any machine: the workers frozen with its answer unfinished in its token log (see
+            // mid-answer.ts), then the client leaves; else it runs on (detached, to its end) and another tries.
+            for (let attempt = 1; ; attempt++) {
+              if (attempt > 5) throw new Error('in each of 5 tries the stream ended before the workers could be frozen mid-answer');
+              const res = await fetch(`${gateway.url}/v1/chat/completions`, {
+                method: 'POST',
+                headers: { 'Content-Type': 'application/json' },
+                body: JSON.stringify({ ...params, resume_grace_ms: 60_000 }),
+              });
+              id = '';
+              lastEventId = '';
+              before = '';
+              let frozen = false;
+              for await (const item of readSse(res.body!)) {
+                if (item.kind !== 'data' || item.data === '[DONE]') continue;
+                const chunk = JSON.parse(item.data) as { id: string; choices: Array<{ delta: { content?: string } }> };
+                id = chunk.id;
+                lastEventId = item.id ?? lastEventId;
+                before += chunk.choices[0]?.delta.content ?? '';
+                if (before.length > 20) {
+                  const jobId = id.slice('chatcmpl-'.length);
+                  frozen = (await freezeMidAnswers(running, redis, [{ jobId }], maxTokens)) !== null;
+                  break;
+                }
+              }
+              await res.body?.cancel().catch(() => undefined);
+              if (frozen) break;
+              const dropped = id.slice('chatcmpl-'.length);
+              await waitFor('the dropped request ended', async () =>
+                (await unfinishedInLog(redis, dropped, ANY_LENGTH)) ? undefined : true,
+              );
+            }
             const jobId = id.slice('chatcmpl-'.length);
             const meta = `sluice:{${jobId}}:meta`;
             await waitFor('the request detached', async () => ((await redis.hget(meta, 'channel')) === '' ? true : undefined));
@@ -386,17 +465,15 @@ describe.each(FAKE_ENGINE ? (['plain'] as const) : (['plain', 'gqa'] as const))(
     it.runIf(form === 'plain')(
       'ends a stream with an explicit error frame when its log is gone (Redis lost its data), without hanging',
       async () => {
-        const requests = mix(4, 1500).map((p) => ({ ...p, n: 1 }));
-        const started = requests.map(() => false);
-        const runs = requests.map((params, i) => run(client, params, () => (started[i] = true)));
-        await waitFor('every stream under way', () => (started.every(Boolean) ? true : undefined), 60_000);
-        const busy = await busyWorkers();
-        for (const w of busy) w.process.child.kill('SIGSTOP');
+        const maxTokens = 1500;
+        const requests = mix(4, maxTokens).map((p) => ({ ...p, n: 1 }));
+        // The log goes with every stream mid-answer, whatever the machine's speed.
+        const { runs, frozen: busy } = await startFrozen(requests, maxTokens, busyWorkers);
         const redis = cluster.redis.client();
         await redis.flushall();
         redis.disconnect();
         for (const w of busy) w.process.child.kill('SIGKILL');
-        const results = await Promise.all(runs);
+        const results = await Promise.all(runs.map((r) => r.result));
         for (const r of results) {
           expect(r.error).toBeDefined();
           expect(String((r.error as Error).message)).toMatch(/stopped/);
