@@ -206,8 +206,9 @@ describe.each(FAKE_ENGINE ? (['plain'] as const) : (['plain', 'gqa'] as const))(
           if ((await freezeMidAnswers(frozen, redis, watched, maxTokens)) !== null) return { runs, frozen };
           for (const r of runs) r.abort();
           await Promise.all(runs.map((r) => r.result));
+          // (Only the picked workers ran them; another may be frozen by the caller.)
           await waitFor('the streams let go gone from the workers', async () => {
-            const running = await Promise.all(cluster.workers.filter(alive).map(async (w) => (await w.health()).running));
+            const running = await Promise.all(frozen.filter(alive).map(async (w) => (await w.health()).running));
             return running.every((n) => n === 0) ? true : undefined;
           });
         }
@@ -218,30 +219,28 @@ describe.each(FAKE_ENGINE ? (['plain'] as const) : (['plain', 'gqa'] as const))(
     }
 
     /**
-     * Starts `requests`, waits until every stream has text, freezes the workers (so the fault lands
-     * mid-stream on any machine), applies `fault`, and collects everything.
+     * Starts `requests` (of `maxTokens` each), freezes the busy workers once every stream has text and
+     * every one without stop strings is unfinished with at most half its tokens (see startFrozen: the
+     * fault lands mid-stream on any machine), applies `fault`, and collects everything.
      */
     async function withFault(
       requests: Params[],
+      maxTokens: number,
       fault: (workers: WorkerProcess[]) => Promise<number>,
     ): Promise<{ results: Result[]; faultAt: number }> {
       await ensureWorkers(2);
-      const started = requests.map(() => false);
-      const runs = requests.map((params, i) => run(client, params, () => (started[i] = true)));
-      await waitFor('every stream under way', () => (started.every(Boolean) ? true : undefined), 60_000);
       // BullMQ may have given every job to one worker: the busiest is the victim, and any other worker
       // (busy or idle) carries on.
-      const workers = await busyWorkers();
-      expect(workers.length).toBeGreaterThanOrEqual(1);
-      for (const w of workers) w.process.child.kill('SIGSTOP');
-      const faultAt = await fault(workers);
-      return { results: await Promise.all(runs), faultAt };
+      const { runs, frozen } = await startFrozen(requests, maxTokens, busyWorkers, (params) => params.stop === undefined);
+      expect(frozen.length).toBeGreaterThanOrEqual(1);
+      const faultAt = await fault(frozen);
+      return { results: await Promise.all(runs.map((r) => r.result)), faultAt };
     }
 
     it('continues 64 streams of a SIGKILLed worker on the other, token-identical (greedy, seeded, n = 2, logprobs, stop)', async () => {
       const requests = mix(64, 500);
       const reference = await Promise.all(requests.map((params) => run(client, params)));
-      const { results, faultAt } = await withFault(requests, async ([victim, survivor]) => {
+      const { results, faultAt } = await withFault(requests, 500, async ([victim, survivor]) => {
         victim!.process.child.kill('SIGKILL');
         const at = Date.now();
         survivor?.process.child.kill('SIGCONT');
@@ -326,18 +325,22 @@ describe.each(FAKE_ENGINE ? (['plain'] as const) : (['plain', 'gqa'] as const))(
         const others = cluster.workers.filter((w) => w.process.child.exitCode === null && w.process.child.signalCode === null);
         const drainer = await cluster.worker({ ...workerEnv, DRAIN_TIMEOUT_MS: '0' });
         for (const w of others) w.process.child.kill('SIGSTOP');
-        const started = requests.map(() => false);
-        const runs = requests.map((params, i) => run(client, params, () => (started[i] = true)));
+        let runs: Running[] = [];
         try {
-          await waitFor('every stream under way on the draining worker', () => (started.every(Boolean) ? true : undefined), 60_000);
-          // Frozen mid-stream, told to stop, then let go: it drains at once and hands every request over.
-          drainer.process.child.kill('SIGSTOP');
+          // Frozen mid-stream (each stream without stop strings unfinished in its log), told to stop,
+          // then let go: it drains at once and hands every request over.
+          ({ runs } = await startFrozen(
+            requests,
+            1000,
+            async () => [drainer],
+            (params) => params.stop === undefined,
+          ));
           drainer.process.child.kill('SIGTERM');
         } finally {
           for (const w of others) w.process.child.kill('SIGCONT');
           drainer.process.child.kill('SIGCONT');
         }
-        const results = await Promise.all(runs);
+        const results = await Promise.all(runs.map((r) => r.result));
         results.forEach((r, i) => expectSameAnswer(r, reference[i]!, `request ${i}`));
         expect(await drainer.process.exited).toEqual({ code: 0, signal: null });
         expect(cluster.logs()).toMatch(/handed over to another worker/);
@@ -443,7 +446,7 @@ describe.each(FAKE_ENGINE ? (['plain'] as const) : (['plain', 'gqa'] as const))(
         const requests = mix(16, 800);
         const reference = await Promise.all(requests.map((params) => run(client, params)));
         let frozen: WorkerProcess | undefined;
-        const { results } = await withFault(requests, async ([victim, survivor]) => {
+        const { results } = await withFault(requests, 800, async ([victim, survivor]) => {
           frozen = victim;
           survivor?.process.child.kill('SIGCONT');
           const at = Date.now();
