@@ -8,6 +8,7 @@ import { Cluster, MODEL } from './support/cluster.js';
 import { startNginx, type NginxServer } from './support/nginx.js';
 import { waitFor } from './support/processes.js';
 import { scrapePrometheus } from './support/prometheus.js';
+import { freezeMidAnswers } from './support/mid-answer.js';
 import { collectSse } from './support/sse.js';
 import type { GatewayProcess, WorkerProcess } from './support/sluice.js';
 
@@ -49,6 +50,33 @@ async function loggedText(baseUrl: string, chunkId: string): Promise<string> {
     .filter((item): item is Extract<typeof item, { kind: 'data' }> => item.kind === 'data' && item.data !== '[DONE]')
     .map((item) => (JSON.parse(item.data) as { choices: Array<{ delta?: { content?: string } }> }).choices[0]?.delta?.content ?? '')
     .join('');
+}
+
+/**
+ * Sends a message with `send` and, once the page shows two tokens, freezes `worker` (SIGSTOP) with the
+ * page's answer unfinished in its token log (see mid-answer.ts), whatever the machine's speed; an
+ * answer that ended first is let finish and the message sent again (5 tries). The caller thaws it.
+ */
+async function freezeWithAnswerUnderWay(
+  page: Page,
+  worker: WorkerProcess,
+  cluster: Cluster,
+  send: () => Promise<void>,
+  maxTokens: number,
+): Promise<void> {
+  const redis = cluster.redis.client();
+  try {
+    for (let attempt = 1; attempt <= 5; attempt++) {
+      await send();
+      await page.waitForFunction("Number(document.querySelector('#tokens').textContent) >= 2", undefined, { timeout: 30_000 });
+      const jobId = ((await page.textContent('#request-id')) ?? '').replace(/^chatcmpl-/, '');
+      if ((await freezeMidAnswers([worker], redis, [{ jobId }], maxTokens)) !== null) return;
+      await page.waitForFunction("document.querySelector('#status').textContent === 'Done.'", undefined, { timeout: 100_000 });
+    }
+  } finally {
+    redis.disconnect();
+  }
+  throw new Error("in each of 5 tries the page's answer ended before the worker could be frozen mid-answer");
 }
 
 describe.skipIf(!existsSync(CHROMIUM))('the playground in headless Chromium', () => {
@@ -139,12 +167,10 @@ describe.skipIf(!existsSync(CHROMIUM))('the playground in headless Chromium', ()
     const before = (await scrapePrometheus(worker.healthUrl.replace('/healthz', '/metrics'))).value('sluice_request_success_total', {
       finish_reason: 'abort',
     });
-    // As long as the context allows, past the end-of-sequence token: the stream is still running at Stop.
+    // As long as the context allows, past the end-of-sequence token, and frozen mid-answer: the worker
+    // cannot finish before Stop is pressed (no race with the machine's speed).
     await setParams({ max_tokens: contextLength - 64, ignoreEos: true });
-    await sendMessage('Count slowly.');
-    await page.waitForFunction("Number(document.querySelector('#tokens').textContent) >= 2", undefined, { timeout: 30_000 });
-    // Frozen, the worker cannot finish before Stop is pressed (no race with the machine's speed).
-    worker.process.signal('SIGSTOP');
+    await freezeWithAnswerUnderWay(page, worker, cluster, () => sendMessage('Count slowly.'), contextLength - 64);
     try {
       await page.click('#stop');
       await page.waitForFunction("document.querySelector('#status').textContent === 'Stopped.'");
@@ -163,14 +189,11 @@ describe.skipIf(!existsSync(CHROMIUM))('the playground in headless Chromium', ()
   });
 
   it('resumes a dropped stream with Last-Event-ID: the answer arrives whole, each token once', async () => {
-    // Long enough that generation is still under way when the worker is frozen below: the tiny model
-    // decodes ~700 tokens/s on an idle machine, the page's poll sees the first tokens within ~0.1 s.
     const maxTokens = RESUME_TOKENS;
     await setParams({ max_tokens: maxTokens, ignoreEos: true });
-    await sendMessage('Tell me a story.');
-    await page.waitForFunction("Number(document.querySelector('#tokens').textContent) >= 2", undefined, { timeout: 30_000 });
-    // The stream breaks off (the page's fetch fails as on a network error) while the request runs on.
-    worker.process.signal('SIGSTOP');
+    // Frozen mid-answer, the stream breaks off (the page's fetch fails as on a network error) while the
+    // request runs on.
+    await freezeWithAnswerUnderWay(page, worker, cluster, () => sendMessage('Tell me a story.'), maxTokens);
     try {
       expect(await page.evaluate('window.sluicePlayground.dropConnection()')).toBe(true);
     } finally {
@@ -214,12 +237,20 @@ describe.skipIf(!existsSync(CHROMIUM))('the playground behind nginx when the gat
     await page.fill('#max_tokens', String(maxTokens));
     await page.fill('#temperature', '0');
     await page.setChecked('#ignore_eos', true);
-    await page.fill('#message', 'Tell me a long story.');
-    await page.press('#message', 'Enter');
-    await page.waitForFunction("Number(document.querySelector('#tokens').textContent) >= 2", undefined, { timeout: 30_000 });
-    // Frozen generation, so the kill lands mid-stream; then the gateway that holds the page's stream
-    // dies: nginx cuts the page's connection, the fetch fails as on any network loss.
-    worker.process.signal('SIGSTOP');
+    // Frozen generation, with the page's answer unfinished, so the kill lands mid-stream; then the
+    // gateway that holds the page's stream dies: nginx cuts the page's connection, the fetch fails as
+    // on any network loss.
+    await freezeWithAnswerUnderWay(
+      page,
+      worker,
+      cluster,
+      async () => {
+        await page.click('#clear');
+        await page.fill('#message', 'Tell me a long story.');
+        await page.press('#message', 'Enter');
+      },
+      maxTokens,
+    );
     try {
       const active = await Promise.all(
         gateways.map(async (g) => (await scrapePrometheus(`${g.url}/metrics`)).value('sluice_gateway_active_streams')),
