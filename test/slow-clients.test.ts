@@ -111,17 +111,22 @@ describe('clients that read slowly or not at all', () => {
       expect(ended.value('sluice_gateway_slow_clients_total', { cause: 'stall' })).toBe(20);
       await waitFor('the worker idle', async () => ((await worker.health()).running === 0 ? true : undefined));
       const work = await scrapePrometheus(`${worker.healthUrl.replace(/\/healthz$/, '')}/metrics`);
-      // The worker aborted all 20: they left the engine as `abort`, far short of their 2,000 tokens each.
-      expect(work.value('sluice_request_success_total', { finish_reason: 'abort' })).toBe(20);
+      // The worker aborted the stuck streams still running when the gateway gave up on them: they left
+      // the engine as `abort`, short of their 2,000 tokens each. How far they got depends on the
+      // machine's speed (11,500–22,100 of 40,000 in all on the hosts so far), so a fast enough machine
+      // may finish some before the stall timeout fires (the normal streams, alone then beside, account
+      // for 16 of the `length` endings): those are counted, and at least one must have been stopped.
+      const aborted = work.value('sluice_request_success_total', { finish_reason: 'abort' });
+      const stuckFinished = work.value('sluice_request_success_total', { finish_reason: 'length' }) - 2 * normal.length;
+      expect(aborted + stuckFinished).toBe(20);
+      expect(aborted).toBeGreaterThan(0);
       const generated = work.histogram('sluice_request_generation_tokens', { finish_reason: 'abort' }).sum;
-      // Each stopped short of its 2,000 (how far depends on the machine's speed before the stall timeout
-      // fires: 11,500–15,300 of 40,000 in all at load ~1.5 here), so no speed-dependent bound is asserted.
-      expect(generated).toBeLessThan(20 * 2000);
+      expect(generated).toBeLessThan(aborted * 2000);
       // The normal streams: the same text as alone.
       beside.forEach((run, i) => expect(run.text, `normal stream ${i}`).toBe(alone[i]!.text));
       const [aloneP99, besideP99] = [p99(alone.flatMap((r) => r.gaps)), p99(beside.flatMap((r) => r.gaps))];
       console.log(
-        `slow clients: 20 stuck streams generated ${generated} of ${20 * 2000} tokens before their work stopped ` +
+        `slow clients: ${aborted} of 20 stuck streams stopped (${stuckFinished} had finished) after ${generated} of ${aborted * 2000} tokens ` +
           `(stall timeout ${STALL_MS} ms); gateway RSS ${Math.round(rssBefore / 1024)} MiB before, ${Math.round(rssDuring / 1024)} MiB ` +
           `with them; 8 normal streams' inter-chunk p99 ${aloneP99} ms alone, ${besideP99} ms beside them`,
       );
