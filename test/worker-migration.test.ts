@@ -219,19 +219,19 @@ describe.each(FAKE_ENGINE ? (['plain'] as const) : (['plain', 'gqa'] as const))(
     }
 
     /**
-     * Starts `requests` (of `maxTokens` each), freezes the busy workers once every stream has text and
-     * every one without stop strings is unfinished with at most half its tokens (see startFrozen: the
-     * fault lands mid-stream on any machine), applies `fault`, and collects everything.
+     * Starts `requests`, freezes the busy workers once every stream has text and every one without stop
+     * strings is unfinished in its log (see startFrozen: the fault lands mid-stream on any machine),
+     * applies `fault`, and collects everything.
      */
     async function withFault(
       requests: Params[],
-      maxTokens: number,
       fault: (workers: WorkerProcess[]) => Promise<number>,
     ): Promise<{ results: Result[]; faultAt: number }> {
       await ensureWorkers(2);
       // BullMQ may have given every job to one worker: the busiest is the victim, and any other worker
-      // (busy or idle) carries on.
-      const { runs, frozen } = await startFrozen(requests, maxTokens, busyWorkers, (params) => params.stop === undefined);
+      // (busy or idle) carries on. However far a stream got: what the victim's engine ran past its log
+      // dies with it (SIGKILL) or is fenced out (a worker that only looked dead).
+      const { runs, frozen } = await startFrozen(requests, ANY_LENGTH, busyWorkers, (params) => params.stop === undefined);
       expect(frozen.length).toBeGreaterThanOrEqual(1);
       const faultAt = await fault(frozen);
       return { results: await Promise.all(runs.map((r) => r.result)), faultAt };
@@ -240,7 +240,7 @@ describe.each(FAKE_ENGINE ? (['plain'] as const) : (['plain', 'gqa'] as const))(
     it('continues 64 streams of a SIGKILLed worker on the other, token-identical (greedy, seeded, n = 2, logprobs, stop)', async () => {
       const requests = mix(64, 500);
       const reference = await Promise.all(requests.map((params) => run(client, params)));
-      const { results, faultAt } = await withFault(requests, 500, async ([victim, survivor]) => {
+      const { results, faultAt } = await withFault(requests, async ([victim, survivor]) => {
         victim!.process.child.kill('SIGKILL');
         const at = Date.now();
         survivor?.process.child.kill('SIGCONT');
@@ -446,7 +446,7 @@ describe.each(FAKE_ENGINE ? (['plain'] as const) : (['plain', 'gqa'] as const))(
         const requests = mix(16, 800);
         const reference = await Promise.all(requests.map((params) => run(client, params)));
         let frozen: WorkerProcess | undefined;
-        const { results } = await withFault(requests, 800, async ([victim, survivor]) => {
+        const { results } = await withFault(requests, async ([victim, survivor]) => {
           frozen = victim;
           survivor?.process.child.kill('SIGCONT');
           const at = Date.now();

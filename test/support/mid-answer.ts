@@ -3,8 +3,8 @@
  * model decodes even 1,800 tokens in about a second, so a test process starved of CPU for that long
  * can look at a "long" stream after it ended. Redis decides: once the workers are stopped (SIGSTOP
  * stops the engine thread too), a request's token log can only grow by writes already on their way;
- * a log with no end entry and at most half its tokens means an answer that cannot end while they stay
- * frozen, and that still has work left when they run again.
+ * a log with no end entry and no choice past half its tokens means an answer that cannot end while
+ * they stay frozen, and that still has work left when they run again.
  */
 import type { Redis } from 'ioredis';
 import { decodeLogRange, redisNames } from '@sluice/protocol';
@@ -24,13 +24,15 @@ export interface Frozen {
 }
 
 /**
- * Whether the request's answer is unfinished in its token log with room left: no end entry, and at
- * most `maxTokens / 2` text deltas (the engine may have run a few steps past what reached the log).
+ * Whether the request's answer is unfinished in its token log with room left: no end entry, and no
+ * choice past `maxTokens / 2` tokens (the engine may have run a few steps past what reached the log).
  */
 export async function unfinishedInLog(redis: Redis, jobId: string, maxTokens: number): Promise<boolean> {
   const log = decodeLogRange(await redis.xrange(redisNames().logKey(jobId), '-', '+'));
   if (log.some((entry) => ENDS.has(entry.type))) return false;
-  return log.filter((entry) => entry.type === 'text-delta').length <= maxTokens / 2;
+  const tokens = new Map<number, number>();
+  for (const entry of log) if (entry.type === 'text-delta') tokens.set(entry.index, (tokens.get(entry.index) ?? 0) + entry.tokens);
+  return Math.max(0, ...tokens.values()) <= maxTokens / 2;
 }
 
 /**
