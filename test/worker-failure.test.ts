@@ -1,3 +1,4 @@
+import type { Redis } from 'ioredis';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { decodeWorkerRecord, GENERATE_QUEUE, redisNames } from '@sluice/protocol';
 import { Cluster, MODEL } from './support/cluster.js';
@@ -21,6 +22,16 @@ const fastWorker = { WORKER_HEARTBEAT_MS: '250', WORKER_TTL_MS: '1500', LOCK_DUR
 const ACTIVE_JOBS = `${redisNames().bullPrefix}:${GENERATE_QUEUE}:active`;
 /** A token log's answer is unfinished (no end entry), however many tokens it holds. */
 const ANY_LENGTH = Number.POSITIVE_INFINITY;
+
+/** One long stream through `gateway`, its worker frozen mid-answer (see mid-answer.ts): the caller thaws it. */
+async function frozenLongStream(worker: WorkerProcess, redis: Redis, gateway: GatewayProcess, prompt: string): Promise<LiveStream> {
+  const { streams } = await startFrozenMidAnswers([worker], redis, {
+    start: () => [new LiveStream(`${gateway.url}/v1/completions`, long(prompt))],
+    progress: (s) => s.until('streaming', () => s.contentChunks >= 1),
+    maxTokens: long('').max_tokens,
+  });
+  return streams[0]!;
+}
 
 /**
  * Three long streams on `doomed`, which is SIGKILLed mid-stream; a worker started afterwards carries
@@ -99,13 +110,7 @@ describe('worker and gateway lifecycle', () => {
     try {
       // As long as the tiny model's context allows, and frozen mid-answer when told to stop (see
       // mid-answer.ts): the worker drains from the moment it runs again.
-      stream = (
-        await startFrozenMidAnswers([worker], redis, {
-          start: () => [new LiveStream(`${gateway.url}/v1/completions`, long('To the end'))],
-          progress: (s) => s.until('streaming', () => s.contentChunks >= 1),
-          maxTokens: long('').max_tokens,
-        })
-      ).streams[0]!;
+      stream = await frozenLongStream(worker, redis, gateway, 'To the end');
       worker.process.signal('SIGTERM');
       worker.process.signal('SIGCONT');
       // Frozen again (briefly: within its 1.5 s TTL) once its registry record says it drains, with the
@@ -154,13 +159,7 @@ describe('worker and gateway lifecycle', () => {
     try {
       // The endless stream mid-answer, its worker frozen (see mid-answer.ts); the short one, sent
       // meanwhile, waits in the queue: both are open when the gateway is told to stop.
-      endless = (
-        await startFrozenMidAnswers([worker], redis, {
-          start: () => [new LiveStream(`${draining.url}/v1/completions`, long('Endless'))],
-          progress: (s) => s.until('streaming', () => s.contentChunks >= 1),
-          maxTokens: long('').max_tokens,
-        })
-      ).streams[0]!;
+      endless = await frozenLongStream(worker, redis, draining, 'Endless');
       const short = new LiveStream(`${draining.url}/v1/completions`, { ...long('Short'), max_tokens: 40 });
       expect(await short.headers).toBe(200);
       draining.process.signal('SIGTERM');
