@@ -179,7 +179,7 @@ describe('createEngine on the tiny model', () => {
     const controller = new AbortController();
     const result = await collect(
       engine.generate(
-        { id: 'abort', promptTokenIds: prompt, sampling: { maxTokens: 500, temperature: 0, ignoreEos: true } },
+        { id: 'abort', promptTokenIds: prompt, sampling: { maxTokens: 1500, temperature: 0, ignoreEos: true } },
         controller.signal,
       ),
       (count) => {
@@ -191,7 +191,7 @@ describe('createEngine on the tiny model', () => {
     // How many steps run between abort() on this thread and the boundary the engine thread sees it at
     // depends on the machine (steps here are sub-millisecond); engine-core.test.ts pins the boundary.
     expect(result.tokens[0]!.length).toBeGreaterThanOrEqual(5);
-    expect(result.tokens[0]!.length).toBeLessThan(500);
+    expect(result.tokens[0]!.length).toBeLessThan(1500);
     expect(result.finish.usage.completionTokens).toBe(result.tokens[0]!.length);
     expect(steps.some((stats) => stats.cachedTokens > 0)).toBe(true);
     // Each step reports the engine thread's event-loop delay (its own histogram, not the host's).
@@ -202,13 +202,16 @@ describe('createEngine on the tiny model', () => {
   it('cancels the request when the reader stops early', async () => {
     const steps: StepStats[] = [];
     const off = engine.onStep((stats) => steps.push(stats));
-    for await (const event of engine.generate({ id: 'break', promptTokenIds: prompt, sampling: { maxTokens: 500, ignoreEos: true } })) {
+    for await (const event of engine.generate({ id: 'break', promptTokenIds: prompt, sampling: { maxTokens: 1500, ignoreEos: true } })) {
       if (event.type === 'text-delta') break;
     }
-    await new Promise((resolve) => setTimeout(resolve, 100));
+    // The engine thread reports the step the sequence left in (polled: a loaded machine delivers it late).
+    for (let waited = 0; steps.at(-1)?.running !== 0 && waited < 10_000; waited += 10) {
+      await new Promise((resolve) => setTimeout(resolve, 10));
+    }
     off();
     expect(steps.at(-1)).toMatchObject({ cachedTokens: 0, running: 0 });
-    expect(steps.reduce((sum, stats) => sum + stats.generationTokens, 0)).toBeLessThan(500);
+    expect(steps.reduce((sum, stats) => sum + stats.generationTokens, 0)).toBeLessThan(1500);
   });
 
   it('ends a request whose signal was already aborted without running it', async () => {
