@@ -7,13 +7,11 @@
  * they stay frozen, and that still has work left when they run again.
  */
 import type { Redis } from 'ioredis';
-import { decodeLogRange, redisNames } from '@sluice/protocol';
+import { decodeLogRange, endsRequest, redisNames } from '@sluice/protocol';
 import { sleep } from './processes.js';
 import type { WorkerProcess } from './sluice.js';
 import type { LiveStream } from './sse.js';
 
-/** Entry types after which a request's log holds nothing more to decode. */
-const ENDS = new Set(['text-end', 'finish', 'error', 'rejected']);
 /** Time for writes the workers made before SIGSTOP (in the kernel's buffers, not the process) to land. */
 const SETTLE_MS = 150;
 const ATTEMPTS = 5;
@@ -29,7 +27,8 @@ export interface Frozen {
  */
 export async function unfinishedInLog(redis: Redis, jobId: string, maxTokens: number): Promise<boolean> {
   const log = decodeLogRange(await redis.xrange(redisNames().logKey(jobId), '-', '+'));
-  if (log.some((entry) => ENDS.has(entry.type))) return false;
+  // A choice's `text-end` counts too: with one choice, nothing is left to decode after it.
+  if (log.some((entry) => endsRequest(entry) || entry.type === 'text-end')) return false;
   const tokens = new Map<number, number>();
   for (const entry of log) if (entry.type === 'text-delta') tokens.set(entry.index, (tokens.get(entry.index) ?? 0) + entry.tokens);
   return Math.max(0, ...tokens.values()) <= maxTokens / 2;

@@ -1,7 +1,7 @@
 import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
 import type { EngineEvent, StepEvent, TokenLogprob } from '@sluice/engine';
-import { RequestScripts, type GatewayEntryDraft, type RedisNames, type TokenLogprobWire } from '@sluice/protocol';
+import { endsRequest, RequestScripts, type GatewayEntryDraft, type RedisNames, type TokenLogprobWire } from '@sluice/protocol';
 
 /** The abort reason of a request whose entries could not be written (Redis unreachable). */
 export const REDIS_UNAVAILABLE = 'redis_unavailable';
@@ -212,12 +212,12 @@ export class StepRouter {
         route,
         pairs: [String(seq), json],
         workerId: draft.type === 'accepted' ? draft.workerId : '',
-        final: isFinal(draft),
+        final: endsRequest(draft),
       });
     } else {
       log.pairs.push(String(seq), json);
       if (draft.type === 'accepted') log.workerId = draft.workerId;
-      if (isFinal(draft)) log.final = true;
+      if (endsRequest(draft)) log.final = true;
     }
     if (route.channel !== null) {
       const entries = this.#channels.get(route.channel);
@@ -398,10 +398,6 @@ export class StepRouter {
       .catch((error: unknown) => this.logger.warn({ err: error, channel }, 'checking a gateway failed'))
       .finally(() => this.#checking.delete(channel));
   }
-}
-
-function isFinal(draft: EntryDraft): boolean {
-  return draft.type === 'finish' || draft.type === 'error' || draft.type === 'rejected';
 }
 
 function epochMs(): number {

@@ -92,6 +92,11 @@ export type GatewayEntry = z.infer<typeof gatewayEntrySchema>;
 /** An entry before the publisher numbers it. */
 export type GatewayEntryDraft = GatewayEntry extends infer E ? (E extends GatewayEntry ? Omit<E, 'seq'> : never) : never;
 
+/** Whether an entry ends its request (`finish`, `error`, `rejected`): nothing follows it in the log. */
+export function endsRequest(entry: Pick<GatewayEntry, 'type'>): boolean {
+  return entry.type === 'finish' || entry.type === 'error' || entry.type === 'rejected';
+}
+
 /**
  * What a worker publishes on a gateway's channel: one message per engine step carrying the entries of
  * all that gateway's requests in the batch.

@@ -1,15 +1,12 @@
 import type { Context } from 'hono';
 import type { AppDeps, AppEnv } from '../app.js';
 import { GatewayError } from '../errors.js';
-import type { GatewayEntry, RequestMeta } from '@sluice/protocol';
+import { endsRequest, type GatewayEntry, type RequestMeta } from '@sluice/protocol';
 import type { Endpoint, ParsedRequest } from '../openai/request-schemas.js';
 import { ResponseFormat } from '../openai/response-format.js';
 import { noObserver, type ResponderContext } from '../responders/responder-context.js';
 import { StreamResponder } from '../responders/stream-responder.js';
 import { systemFingerprint } from '../version.js';
-
-/** Entries after which a request's log holds nothing more. */
-const ENDINGS: ReadonlySet<GatewayEntry['type']> = new Set(['finish', 'error', 'rejected']);
 
 /** The job id inside a chunk id (`chatcmpl-<id>` / `cmpl-<id>`), or undefined when it is not one of ours. */
 function jobIdOf(endpoint: Endpoint, chunkId: string): string | undefined {
@@ -109,7 +106,7 @@ export function resumeHandler(deps: AppDeps, endpoint: Endpoint) {
       responder.usageSoFar(usageBefore);
       responderUsage = () => responder.usage;
     }
-    if (cursor === lastSeq && last !== undefined && ENDINGS.has(last.type)) {
+    if (cursor === lastSeq && last !== undefined && endsRequest(last)) {
       // The client already has the request's last event: nothing is left but to say so.
       responder.endedAtCursor();
       hooks.streamResumed?.();
