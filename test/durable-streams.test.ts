@@ -6,7 +6,7 @@ import { Cluster, MODEL } from './support/cluster.js';
 import { startNginx, type NginxServer } from './support/nginx.js';
 import { sleep, waitFor } from './support/processes.js';
 import type { GatewayProcess, WorkerProcess } from './support/sluice.js';
-import { freezeMidAnswers } from './support/mid-answer.js';
+import { freezeMidAnswers, retryMidAnswer } from './support/mid-answer.js';
 import { readSse } from './support/sse.js';
 
 /**
@@ -233,19 +233,19 @@ describe('durable token streams: nginx → 2 gateways → Redis → 2 workers', 
 
   it("stops the work of a killed gateway's clients that asked for no grace once the gateway is known dead", async () => {
     const victim = await cluster.gateway(GATEWAY_ENV);
-    let outs: Collected[] = [];
-    let legs: Array<Promise<void>> = [];
     // The kill lands with every stream mid-answer, whatever the machine's speed (see mid-answer.ts).
-    for (let attempt = 0; ; attempt++) {
-      if (attempt === 5) throw new Error('in each of 5 tries a stream ended before the workers could be frozen mid-answer');
-      outs = Array.from({ length: 4 }, empty);
+    const { outs, legs } = await retryMidAnswer('a stream', async (attempt) => {
+      const outs = Array.from({ length: 4 }, empty);
       const controllers = outs.map(() => new AbortController());
-      legs = outs.map(async (out, i) => read(await post(victim.url, body(200 + 10 * attempt + i, 1500), controllers[i]!.signal), out));
+      const legs = outs.map(async (out, i) =>
+        read(await post(victim.url, body(200 + 10 * attempt + i, 1500), controllers[i]!.signal), out),
+      );
       await waitFor('every stream under way', () => (outs.every((o) => o.text.length > 0) ? true : undefined), 30_000);
-      if ((await freezeMidAnswers(workers, redis, outs.map(jobOf), 1500)) !== null) break;
+      if ((await freezeMidAnswers(workers, redis, outs.map(jobOf), 1500)) !== null) return { outs, legs };
       for (const controller of controllers) controller.abort();
       await Promise.all(legs);
-    }
+      return undefined;
+    });
     const killedAt = Date.now();
     victim.process.child.kill('SIGKILL');
     await Promise.all(legs);
@@ -356,18 +356,15 @@ describe('durable token streams: nginx → 2 gateways → Redis → 2 workers', 
   });
 
   it('cancels a running stream from the other gateway: it ends with finish_reason abort and [DONE]', async () => {
-    let out = empty();
-    let leg: Promise<void> = Promise.resolve();
     // Cancelled while its workers are frozen mid-answer (briefly: within their 1.5 s TTL), whatever the machine's speed.
-    for (let attempt = 0; ; attempt++) {
-      if (attempt === 5) throw new Error('in each of 5 tries the stream ended before the workers could be frozen mid-answer');
-      out = empty();
-      const current = out;
-      leg = (async () => read(await post(gateways[0]!.url, body(500 + attempt, 1500)), current))();
-      await waitFor('under way', () => (current.text.length > 0 ? true : undefined), 30_000);
-      if ((await freezeMidAnswers(workers, redis, [jobOf(out)], 1500)) !== null) break;
+    const { out, leg } = await retryMidAnswer('the stream', async (attempt) => {
+      const out = empty();
+      const leg = (async () => read(await post(gateways[0]!.url, body(500 + attempt, 1500)), out))();
+      await waitFor('under way', () => (out.text.length > 0 ? true : undefined), 30_000);
+      if ((await freezeMidAnswers(workers, redis, [jobOf(out)], 1500)) !== null) return { out, leg };
       await leg;
-    }
+      return undefined;
+    });
     let cancel: Response;
     try {
       cancel = await fetch(`${gateways[1]!.url}/v1/chat/completions/${out.id}/cancel`, { method: 'POST' });

@@ -8,7 +8,7 @@ import { Cluster, MODEL } from './support/cluster.js';
 import { startNginx, type NginxServer } from './support/nginx.js';
 import { waitFor } from './support/processes.js';
 import { scrapePrometheus } from './support/prometheus.js';
-import { freezeMidAnswers } from './support/mid-answer.js';
+import { freezeMidAnswers, retryMidAnswer } from './support/mid-answer.js';
 import { collectSse } from './support/sse.js';
 import type { GatewayProcess, WorkerProcess } from './support/sluice.js';
 
@@ -66,17 +66,17 @@ async function freezeWithAnswerUnderWay(
 ): Promise<void> {
   const redis = cluster.redis.client();
   try {
-    for (let attempt = 1; attempt <= 5; attempt++) {
+    await retryMidAnswer("the page's answer", async () => {
       await send();
       await page.waitForFunction("Number(document.querySelector('#tokens').textContent) >= 2", undefined, { timeout: 30_000 });
       const jobId = ((await page.textContent('#request-id')) ?? '').replace(/^chatcmpl-/, '');
-      if ((await freezeMidAnswers([worker], redis, [{ jobId }], maxTokens)) !== null) return;
+      if ((await freezeMidAnswers([worker], redis, [{ jobId }], maxTokens)) !== null) return true;
       await page.waitForFunction("document.querySelector('#status').textContent === 'Done.'", undefined, { timeout: 100_000 });
-    }
+      return undefined;
+    });
   } finally {
     redis.disconnect();
   }
-  throw new Error("in each of 5 tries the page's answer ended before the worker could be frozen mid-answer");
 }
 
 describe.skipIf(!existsSync(CHROMIUM))('the playground in headless Chromium', () => {

@@ -3,8 +3,8 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Cluster, MODEL } from './support/cluster.js';
 import { startNginx, type NginxServer } from './support/nginx.js';
 import { redisNames } from '@sluice/protocol';
-import { unfinishedInLog } from './support/mid-answer.js';
-import { sleep, waitFor } from './support/processes.js';
+import { freeze, retryMidAnswer, thaw, unfinishedInLog } from './support/mid-answer.js';
+import { waitFor } from './support/processes.js';
 import { scrapePrometheus, type PrometheusMetrics } from './support/prometheus.js';
 import type { GatewayProcess, WorkerProcess } from './support/sluice.js';
 import { LiveStream, streamError } from './support/sse.js';
@@ -214,26 +214,24 @@ describe('scale-out: nginx → 2 gateways → Redis → 2 workers', () => {
     // A wave mid-run on both workers when one dies, whatever the machine's speed: both are frozen once
     // every stream is under way, and each must then hold a stream unfinished in its token log (see
     // mid-answer.ts); else they run on and a new wave tries (5 tries).
-    let wave: LiveStream[] = [];
-    for (let attempt = 0; ; attempt++) {
-      if (attempt === 5) throw new Error('in each of 5 tries a worker had no unfinished stream when both were frozen');
-      wave = Array.from(
+    const wave = await retryMidAnswer("a worker's last stream", async (attempt) => {
+      const wave = Array.from(
         { length: 20 },
         (_, i) => new LiveStream(`${nginx.url}/v1/chat/completions`, { ...params(i + 20 * attempt, 200), stream: true }),
       );
       await Promise.all(wave.map((s) => s.until('under way', () => s.contentChunks >= 1)));
-      for (const w of workers) w.process.signal('SIGSTOP');
-      await sleep(150);
+      await freeze(workers);
       const holders = await Promise.all(
         wave.map(async (s) =>
           (await unfinishedInLog(redis, s.jobId, 200)) ? await redis.hget(redisNames().metaKey(s.jobId), 'workerId') : null,
         ),
       );
-      if (holders.includes(doomedId!) && holders.includes(survivorId!)) break;
-      for (const w of workers) w.process.signal('SIGCONT');
+      if (holders.includes(doomedId!) && holders.includes(survivorId!)) return wave;
+      thaw(workers);
       for (const s of wave) s.abort();
       await Promise.all(wave.map((s) => s.ended));
-    }
+      return undefined;
+    });
     redis.disconnect();
     doomed.process.signal('SIGKILL');
     await doomed.process.exited;

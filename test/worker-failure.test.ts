@@ -2,7 +2,7 @@ import type { Redis } from 'ioredis';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { decodeWorkerRecord, GENERATE_QUEUE, redisNames } from '@sluice/protocol';
 import { Cluster, MODEL } from './support/cluster.js';
-import { freezeMidAnswers, startFrozenMidAnswers } from './support/mid-answer.js';
+import { freezeMidAnswers, retryMidAnswer, startFrozenMidAnswers } from './support/mid-answer.js';
 import { waitFor } from './support/processes.js';
 import type { GatewayProcess, WorkerProcess } from './support/sluice.js';
 import { checkChunkSequence, LiveStream, streamError } from './support/sse.js';
@@ -39,23 +39,23 @@ async function frozenLongStream(worker: WorkerProcess, redis: Redis, gateway: Ga
  */
 async function killMidStream(cluster: Cluster, gateway: GatewayProcess, doomed: WorkerProcess, label: string): Promise<WorkerProcess> {
   const request = (attempt: number, i: number) => ({ ...long(`${label} ${attempt}.${i}`), max_tokens: 600 });
-  let streams: LiveStream[] = [];
-  let attempt = 0;
   const redis = cluster.redis.client();
+  let attempt: number;
+  let streams: LiveStream[];
   try {
     // The kill lands with every stream mid-answer, whatever the machine's speed: the worker frozen with
     // each unfinished in its token log (see mid-answer.ts), else new streams (5 tries).
-    for (;;) {
-      if (++attempt > 5) throw new Error('in each of 5 tries a stream ended before the worker could be frozen mid-answer');
-      streams = [0, 1, 2].map((i) => new LiveStream(`${gateway.url}/v1/completions`, request(attempt, i)));
+    ({ attempt, streams } = await retryMidAnswer('a stream', async (attempt) => {
+      const streams = [0, 1, 2].map((i) => new LiveStream(`${gateway.url}/v1/completions`, request(attempt, i)));
       await Promise.all(streams.map((s) => s.until('streaming', () => s.contentChunks >= 2)));
-      if ((await freezeMidAnswers([doomed], redis, streams, request(attempt, 0).max_tokens)) !== null) break;
+      if ((await freezeMidAnswers([doomed], redis, streams, request(attempt, 0).max_tokens)) !== null) return { attempt, streams };
       for (const s of streams) s.abort();
       await Promise.all(streams.map((s) => s.ended));
       // Cancelled, and their jobs done on the doomed worker: none is left for the heir to find stalled
       // (it would count among the skipped ones the tests check).
       await waitFor('the dropped streams gone from the worker', async () => ((await redis.llen(ACTIVE_JOBS)) === 0 ? true : undefined));
-    }
+      return undefined;
+    }));
   } finally {
     redis.disconnect();
   }

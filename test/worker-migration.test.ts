@@ -5,7 +5,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { generateTinyModel } from '@sluice/model';
 import { Cluster, FAKE_ENGINE, MODEL } from './support/cluster.js';
-import { freezeMidAnswers, unfinishedInLog } from './support/mid-answer.js';
+import { freezeMidAnswers, retryMidAnswer, unfinishedInLog } from './support/mid-answer.js';
 import { sleep, waitFor } from './support/processes.js';
 import { readSse } from './support/sse.js';
 import type { GatewayProcess, WorkerProcess } from './support/sluice.js';
@@ -198,7 +198,7 @@ describe.each(FAKE_ENGINE ? (['plain'] as const) : (['plain', 'gqa'] as const))(
     ): Promise<{ runs: Running[]; frozen: WorkerProcess[] }> {
       const redis = cluster.redis.client();
       try {
-        for (let attempt = 1; attempt <= 5; attempt++) {
+        return await retryMidAnswer('a stream', async () => {
           const runs = requests.map((params) => startRun(client, params));
           await waitFor('every stream under way', () => (runs.every((r) => r.jobId !== '') ? true : undefined), 60_000);
           const frozen = await pick();
@@ -211,11 +211,11 @@ describe.each(FAKE_ENGINE ? (['plain'] as const) : (['plain', 'gqa'] as const))(
             const running = await Promise.all(frozen.filter(alive).map(async (w) => (await w.health()).running));
             return running.every((n) => n === 0) ? true : undefined;
           });
-        }
+          return undefined;
+        });
       } finally {
         redis.disconnect();
       }
-      throw new Error('in each of 5 tries a stream ended before the workers could be frozen mid-answer');
     }
 
     /**

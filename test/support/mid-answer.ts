@@ -12,7 +12,7 @@ import { sleep } from './processes.js';
 import type { WorkerProcess } from './sluice.js';
 import type { LiveStream } from './sse.js';
 
-/** Time for writes the workers made before SIGSTOP (in the kernel's buffers, not the process) to land. */
+/** Time for writes the workers made before SIGSTOP to land. */
 const SETTLE_MS = 150;
 const ATTEMPTS = 5;
 
@@ -35,7 +35,22 @@ export async function unfinishedInLog(redis: Redis, jobId: string, maxTokens: nu
 }
 
 /**
- * SIGSTOPs `workers` and, when every one of `streams` (of at most `maxTokens` tokens; anything with the
+ * SIGSTOPs `workers` and waits for the writes they made before (in the kernel's buffers, not the
+ * processes) to land in Redis; says when they were stopped (ms since the epoch).
+ */
+export async function freeze(workers: readonly WorkerProcess[]): Promise<number> {
+  for (const worker of workers) worker.process.signal('SIGSTOP');
+  const frozenAt = Date.now();
+  await sleep(SETTLE_MS);
+  return frozenAt;
+}
+
+export function thaw(workers: readonly WorkerProcess[]): void {
+  for (const worker of workers) worker.process.signal('SIGCONT');
+}
+
+/**
+ * Freezes `workers` and, when every one of `streams` (of at most `maxTokens` tokens; anything with the
  * job id) is unfinished in its token log, says when; otherwise thaws the workers and says null.
  */
 export async function freezeMidAnswers(
@@ -44,13 +59,23 @@ export async function freezeMidAnswers(
   streams: ReadonlyArray<Pick<LiveStream, 'jobId'>>,
   maxTokens: number,
 ): Promise<Frozen | null> {
-  for (const worker of workers) worker.process.signal('SIGSTOP');
-  const frozenAt = Date.now();
-  await sleep(SETTLE_MS);
+  const frozenAt = await freeze(workers);
   const unfinished = await Promise.all(streams.map((stream) => unfinishedInLog(redis, stream.jobId, maxTokens)));
   if (unfinished.every(Boolean)) return { frozenAt };
-  for (const worker of workers) worker.process.signal('SIGCONT');
+  thaw(workers);
   return null;
+}
+
+/**
+ * Runs `attempt` (given its number, from 1) until it returns a value, at most 5 times: a try whose
+ * streams ended before the workers could be frozen mid-answer lets them go and returns undefined.
+ */
+export async function retryMidAnswer<T>(what: string, attempt: (n: number) => Promise<T | undefined>): Promise<T> {
+  for (let n = 1; n <= ATTEMPTS; n++) {
+    const done = await attempt(n);
+    if (done !== undefined) return done;
+  }
+  throw new Error(`in each of ${ATTEMPTS} tries ${what} ended before the workers could be frozen mid-answer`);
 }
 
 /**
@@ -67,13 +92,13 @@ export async function startFrozenMidAnswers(
     maxTokens: number;
   },
 ): Promise<Frozen & { streams: LiveStream[] }> {
-  for (let attempt = 1; attempt <= ATTEMPTS; attempt++) {
+  return retryMidAnswer('a stream', async (attempt) => {
     const streams = options.start(attempt);
     await Promise.all(streams.map(options.progress));
     const frozen = await freezeMidAnswers(workers, redis, streams, options.maxTokens);
     if (frozen !== null) return { ...frozen, streams };
     for (const stream of streams) stream.abort();
     await Promise.all(streams.map((stream) => stream.ended));
-  }
-  throw new Error(`in each of ${ATTEMPTS} tries a stream ended before the workers could be frozen mid-answer`);
+    return undefined;
+  });
 }
