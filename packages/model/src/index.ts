@@ -8,3 +8,4 @@ export { TextStreamer, type TextStreamerOptions } from './text-streamer.js';
 export { generateTinyModel, type GenerateTinyModelOptions } from './tiny-model/generate-tiny-model.js';
 export type { AttentionForm } from './tiny-model/llama-graph.js';
 export { ensureBuiltinModel, defaultModelsRoot } from './tiny-model/ensure-builtin-model.js';
+export { writeTinyModelGguf } from './tiny-model/llama-gguf.js';

@@ -1,8 +1,10 @@
 #!/usr/bin/env node
 /**
  * `npm run model:generate -- --preset tiny|bench --out <dir> [--seed <n>] [--attention plain|gqa]`
+ * `npm run model:generate -- --preset tiny|bench --format gguf --out <file.gguf> [--seed <n>]`
  *
- * Writes a built-in random Llama model directory (config, tokenizer, onnx/model.onnx).
+ * Writes a built-in random Llama model directory (config, tokenizer, onnx/model.onnx), or the same
+ * weights and tokenizer as one GGUF file for llama.cpp (the peer of `npm run bench:serve`).
  * Without `--out`, makes sure the default copy (`models/<preset>`, as workers and tests use it) is
  * there and current, generating it only when it is missing or stale (`npm run build` does this).
  */
@@ -11,16 +13,19 @@ import { join, resolve } from 'node:path';
 import { parseArgs } from 'node:util';
 import { buildTinyModelFiles, DEFAULT_SEED, writeTinyModelFiles } from '../tiny-model/generate-tiny-model.js';
 import { ensureBuiltinModel } from '../tiny-model/ensure-builtin-model.js';
+import { writeTinyModelGguf } from '../tiny-model/llama-gguf.js';
 import { isTinyModelPreset, TINY_MODEL_PRESETS } from '../tiny-model/presets.js';
 import type { AttentionForm } from '../tiny-model/llama-graph.js';
 
-const USAGE = `Usage: npm run model:generate -- --preset <${Object.keys(TINY_MODEL_PRESETS).join('|')}> [--out <dir>] [--seed <n>] [--attention plain|gqa]`;
+const USAGE = `Usage: npm run model:generate -- --preset <${Object.keys(TINY_MODEL_PRESETS).join('|')}> [--out <dir>] [--seed <n>] [--attention plain|gqa] [--format onnx|gguf]`;
 
 class UsageError extends Error {}
 
 function parse(
   argv: string[],
-): { preset: keyof typeof TINY_MODEL_PRESETS; out: string | undefined; seed: number; attention: AttentionForm } | 'help' {
+):
+  | { preset: keyof typeof TINY_MODEL_PRESETS; out: string | undefined; seed: number; attention: AttentionForm; format: 'onnx' | 'gguf' }
+  | 'help' {
   let values;
   try {
     ({ values } = parseArgs({
@@ -30,6 +35,7 @@ function parse(
         out: { type: 'string' },
         seed: { type: 'string' },
         attention: { type: 'string' },
+        format: { type: 'string' },
         help: { type: 'boolean', short: 'h' },
       },
       strict: true,
@@ -59,7 +65,11 @@ function parse(
     throw new UsageError(`--attention must be plain or gqa (got ${JSON.stringify(attention)})`);
   if (values.out === undefined && attention !== 'plain')
     throw new UsageError('--attention needs --out (the default copy uses the plain form)');
-  return { preset: values.preset, out: values.out === undefined ? undefined : resolve(values.out), seed, attention };
+  const format = values.format ?? 'onnx';
+  if (format !== 'onnx' && format !== 'gguf') throw new UsageError(`--format must be onnx or gguf (got ${JSON.stringify(format)})`);
+  if (format === 'gguf' && values.out === undefined) throw new UsageError('--format gguf needs --out (the file to write)');
+  if (format === 'gguf' && attention !== 'plain') throw new UsageError('--attention is for the ONNX graph; a GGUF file has none');
+  return { preset: values.preset, out: values.out === undefined ? undefined : resolve(values.out), seed, attention, format };
 }
 
 async function main(): Promise<void> {
@@ -82,6 +92,15 @@ async function main(): Promise<void> {
     return;
   }
   const started = performance.now();
+  if (args.format === 'gguf') {
+    await writeTinyModelGguf(args.out, args.preset, args.seed);
+    const seconds = (performance.now() - started) / 1000;
+    const bytes = (await stat(args.out)).size;
+    process.stdout.write(
+      `Wrote the ${args.preset} model to ${args.out} in ${seconds.toFixed(1)} s: GGUF, ${(bytes / 2 ** 20).toFixed(1)} MiB\n`,
+    );
+    return;
+  }
   const { files, parameters, architecture } = buildTinyModelFiles(args.preset, args.seed, args.attention);
   await writeTinyModelFiles(files, args.out);
   const seconds = (performance.now() - started) / 1000;

@@ -1,10 +1,10 @@
 import { mkdir, writeFile } from 'node:fs/promises';
 import { dirname, join } from 'node:path';
 import type { TinyModelPreset } from '../types.js';
-import { trainByteLevelBpe } from './bpe-trainer.js';
+import { trainByteLevelBpe, type ByteLevelBpe } from './bpe-trainer.js';
 import { CORPUS } from './corpus.js';
 import { buildLlamaGraph, type AttentionForm } from './llama-graph.js';
-import { countParameters, initLlamaWeights } from './llama-weights.js';
+import { countParameters, initLlamaWeights, type LlamaWeights } from './llama-weights.js';
 import { TINY_MODEL_PRESETS, type LlamaArchitecture } from './presets.js';
 import { buildTokenizerFiles, SPECIAL_IDS, SPECIAL_TOKENS } from './tokenizer-files.js';
 
@@ -56,22 +56,38 @@ function quietByteIds(): number[] {
   return ids;
 }
 
-/**
- * Builds every file of a generated model in memory, deterministically: the same preset and seed
- * give byte-identical files on every run.
- */
-export function buildTinyModelFiles(preset: TinyModelPreset, seed = DEFAULT_SEED, attention: AttentionForm = 'plain'): TinyModelFiles {
+/** What a generated model is made of, before it is written in any file format. */
+export interface TinyModelParts {
+  architecture: LlamaArchitecture;
+  /** The learned BPE, its tokens followed by the padding tokens up to the vocabulary size. */
+  bpe: ByteLevelBpe;
+  /** Ids of the padding tokens (`<|pad_N|>`), after the learned ones. */
+  padIds: number[];
+  weights: LlamaWeights;
+}
+
+/** The tokenizer and weights of a preset and seed, deterministically. */
+export function buildTinyModelParts(preset: TinyModelPreset, seed = DEFAULT_SEED): TinyModelParts {
   const arch = TINY_MODEL_PRESETS[preset];
   const learned = arch.learnedVocabSize ?? arch.vocabSize;
   const bpe = trainByteLevelBpe(CORPUS, learned - SPECIAL_TOKENS.length);
   // Padding tokens up to vocabSize: in the vocabulary (ids and logits line up) but no text encodes to them.
   const padIds = Array.from({ length: arch.vocabSize - learned }, (_, i) => learned + i);
   for (const id of padIds) bpe.tokens.push(`<|pad_${id}|>`);
-  const tokenizer = buildTokenizerFiles(bpe, arch.maxPositionEmbeddings);
   const weights = initLlamaWeights(arch, seed, {
     eos: SPECIAL_IDS.imEnd,
     quiet: [SPECIAL_IDS.endOfText, SPECIAL_IDS.imStart, ...quietByteIds(), ...padIds],
   });
+  return { architecture: arch, bpe, padIds, weights };
+}
+
+/**
+ * Builds every file of a generated model in memory, deterministically: the same preset and seed
+ * give byte-identical files on every run.
+ */
+export function buildTinyModelFiles(preset: TinyModelPreset, seed = DEFAULT_SEED, attention: AttentionForm = 'plain'): TinyModelFiles {
+  const { architecture: arch, bpe, weights } = buildTinyModelParts(preset, seed);
+  const tokenizer = buildTokenizerFiles(bpe, arch.maxPositionEmbeddings);
 
   const config = {
     architectures: ['LlamaForCausalLM'],

@@ -1,0 +1,327 @@
+/**
+ * `npm run bench:serve`: issue 12's workloads through the whole stack (client → gateway → BullMQ →
+ * worker → engine → Redis → gateway → client), side by side with llama.cpp's `llama-server` on the
+ * same weights when one is given.
+ *
+ * Both servers get the same requests from the same client code (`POST /v1/completions`, token-id
+ * prompts of 8–26 tokens, greedy, `ignore_eos`, streamed), workload by workload, round by round, the
+ * side that goes first alternating. Before that, a parity check: the same 12 text prompts tokenized
+ * by each server and completed greedily (128 tokens, stopping at EOS) must give the same ids and text.
+ *
+ * Env:
+ * - `LLAMA_SERVER`: path of a `llama-server` binary (llama.cpp). Without it only Sluice runs.
+ * - `LLAMA_ARGS`: extra arguments for it (default none: its defaults, flash attention auto, f16 KV;
+ *   e.g. `-fa off -ctk f32 -ctv f32` for Sluice's numerics).
+ * - `BENCH_PRESET`: the generated model (`bench`, default; `tiny`, `smollm2-135m`).
+ * - `BENCH_ROUNDS` (default 2), `BENCH_WORKLOADS` (default `32x128,32x768,1x128`), `BENCH_THREADS`
+ *   (both servers' threads; default 2, this machine's cores).
+ * - `BENCH_WRITE_DOCS=0`: print only (default: write docs/benchmarks.md and bench-results/serve.json).
+ */
+import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
+import { cpus, loadavg, tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { ensureBuiltinModel, writeTinyModelGguf } from '@sluice/model';
+import { TINY_MODEL_PRESETS } from '../../packages/model/src/tiny-model/presets.js';
+import { PEER_WORKLOADS, peerPrompts, type PeerWorkload } from '../../packages/engine/bench/peer-workloads.js';
+import { Cluster } from '../../test/support/cluster.js';
+import { freePort } from '../../test/support/processes.js';
+import { median, percentile, round } from '../gateway/stats.js';
+import { startLlamaServer, type PeerServer } from './llama-server.js';
+import { streamCompletion, type StreamedCompletion } from './stream-client.js';
+
+const root = fileURLToPath(new URL('../..', import.meta.url));
+const log = (message: string) => process.stderr.write(`[bench:serve] ${message}\n`);
+
+const preset = (process.env.BENCH_PRESET ?? 'bench') as keyof typeof TINY_MODEL_PRESETS;
+if (!Object.hasOwn(TINY_MODEL_PRESETS, preset))
+  throw new Error(`BENCH_PRESET must be one of ${Object.keys(TINY_MODEL_PRESETS).join(', ')}`);
+const arch = TINY_MODEL_PRESETS[preset];
+const rounds = Number(process.env.BENCH_ROUNDS ?? 2);
+const threads = Number(process.env.BENCH_THREADS ?? 2);
+const workloadNames = (process.env.BENCH_WORKLOADS ?? '32x128,32x768,1x128').split(',');
+const workloads: PeerWorkload[] = workloadNames.map((name) => {
+  const known = PEER_WORKLOADS.find((w) => w.name === name);
+  const match = /^(\d+)x(\d+)$/.exec(name);
+  if (known !== undefined) return known;
+  if (match === null) throw new Error(`BENCH_WORKLOADS: ${name} is not <streams>x<tokens>`);
+  return { name, streams: Number(match[1]), tokens: Number(match[2]) };
+});
+const llamaBinary = process.env.LLAMA_SERVER;
+const llamaArgs = (process.env.LLAMA_ARGS ?? '').split(/\s+/).filter((arg) => arg !== '');
+const writeDocs = process.env.BENCH_WRITE_DOCS !== '0';
+const maxStreams = Math.max(...workloads.map((w) => w.streams));
+
+interface Side {
+  name: 'sluice' | 'llama.cpp';
+  url: string;
+  /** Extra request fields this server needs. */
+  extra: Record<string, unknown>;
+}
+
+interface RoundResult {
+  tokensPerSecond: number;
+  ttftMs: number[];
+  itlMs: number[];
+}
+
+/** N streams at once, each prompt's ids as the prompt, `tokens` tokens each. */
+async function runWorkload(side: Side, workload: PeerWorkload, round: number): Promise<RoundResult> {
+  const prompts = peerPrompts(workload.streams, arch.vocabSize, 1000 + round);
+  const started = performance.now();
+  const streams: StreamedCompletion[] = await Promise.all(
+    prompts.map((prompt) =>
+      streamCompletion(side.url, {
+        model: preset,
+        prompt,
+        max_tokens: workload.tokens,
+        temperature: 0,
+        ignore_eos: true,
+        ...side.extra,
+      }),
+    ),
+  );
+  const wallMs = performance.now() - started;
+  const result: RoundResult = { tokensPerSecond: (workload.streams * workload.tokens) / (wallMs / 1000), ttftMs: [], itlMs: [] };
+  for (const stream of streams) {
+    if (stream.finishReason !== 'length') throw new Error(`${side.name}: a ${workload.name} stream ended with ${stream.finishReason}`);
+    const [first] = stream.textAt;
+    if (first === undefined) continue;
+    result.ttftMs.push(first - stream.sentAt);
+    for (let i = 1; i < stream.textAt.length; i++) result.itlMs.push(stream.textAt[i]! - stream.textAt[i - 1]!);
+  }
+  return result;
+}
+
+/** Text prompts of the parity check (each server tokenizes them itself). */
+const PARITY_PROMPTS = [
+  'Once upon a time, in a land far away, there lived',
+  'The river ran past the mill and',
+  'In the morning the fishermen',
+  'She opened the old wooden box and found',
+  'The train left the station at',
+  'Why is the sky blue? Because',
+  'A list of things to bring: bread, cheese,',
+  'He said that the weather would',
+  'The city was quiet after the storm, and',
+  'Numbers: 1, 2, 3, 4,',
+  'The garden behind the house had',
+  'When the bell rang, the children',
+];
+
+interface Parity {
+  prompts: number;
+  sameIds: number;
+  sameText: number;
+  /** The first prompt that differed, for the record. */
+  firstDifference?: { prompt: string; sluice: string; peer: string };
+}
+
+async function tokenize(side: Side, text: string): Promise<number[]> {
+  const body = side.name === 'sluice' ? { model: preset, prompt: text } : { content: text };
+  const res = await fetch(`${side.url}/tokenize`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify(body),
+  });
+  if (!res.ok) throw new Error(`${side.name} /tokenize: HTTP ${res.status} ${await res.text()}`);
+  return ((await res.json()) as { tokens: number[] }).tokens;
+}
+
+async function parityCheck(sluice: Side, peer: Side): Promise<Parity> {
+  const parity: Parity = { prompts: PARITY_PROMPTS.length, sameIds: 0, sameText: 0 };
+  for (const prompt of PARITY_PROMPTS) {
+    const [a, b] = await Promise.all([tokenize(sluice, prompt), tokenize(peer, prompt)]);
+    if (JSON.stringify(a) === JSON.stringify(b)) parity.sameIds++;
+    const body = { model: preset, prompt, max_tokens: 128, temperature: 0 };
+    const [x, y] = await Promise.all([
+      streamCompletion(sluice.url, { ...body, ...sluice.extra }),
+      streamCompletion(peer.url, { ...body, ...peer.extra }),
+    ]);
+    if (x.text === y.text && x.finishReason === y.finishReason) parity.sameText++;
+    else parity.firstDifference ??= { prompt, sluice: x.text, peer: y.text };
+  }
+  return parity;
+}
+
+interface Summary {
+  tokensPerSecond: number;
+  tokensPerSecondRounds: number[];
+  ttftP50Ms: number;
+  ttftP99Ms: number;
+  itlP50Ms: number;
+  itlP99Ms: number;
+}
+
+function summarize(results: RoundResult[]): Summary {
+  const ttft = results.flatMap((r) => r.ttftMs);
+  const itl = results.flatMap((r) => r.itlMs);
+  return {
+    tokensPerSecond: round(median(results.map((r) => r.tokensPerSecond)), 1),
+    tokensPerSecondRounds: results.map((r) => round(r.tokensPerSecond, 1)),
+    ttftP50Ms: round(percentile(ttft, 50), 1),
+    ttftP99Ms: round(percentile(ttft, 99), 1),
+    itlP50Ms: round(percentile(itl, 50), 1),
+    itlP99Ms: round(percentile(itl, 99), 1),
+  };
+}
+
+async function main(): Promise<void> {
+  const loadBefore = loadavg()[0]!;
+  const modelDir = await ensureBuiltinModel(preset);
+  const cluster = await Cluster.start();
+  let peer: PeerServer | undefined;
+  let scratch: string | undefined;
+  try {
+    // The worker as bench:engine runs the engine: batch 32, KV cache reserved at start (as the peer
+    // reserves its context), onnxruntime's default threads.
+    await cluster.worker({
+      MODEL_DIR: modelDir,
+      MODEL_ID: preset,
+      MAX_BATCH_SIZE: String(Math.max(32, maxStreams)),
+      KV_PREALLOCATE: 'true',
+      ...(threads === cpus().length ? {} : { INTRA_OP_THREADS: String(threads) }),
+      HEALTH_REQUEST_IDS: 'false',
+    });
+    const gateway = await cluster.gateway();
+    const sides: Side[] = [{ name: 'sluice', url: gateway.url, extra: {} }];
+    let parity: Parity | undefined;
+    if (llamaBinary !== undefined) {
+      scratch = await mkdtemp(join(tmpdir(), 'sluice-bench-serve-'));
+      const gguf = join(scratch, `${preset}.gguf`);
+      await writeTinyModelGguf(gguf, preset);
+      peer = await startLlamaServer({
+        binary: llamaBinary,
+        gguf,
+        port: await freePort(),
+        slots: Math.max(32, maxStreams),
+        // Each slot holds the model's whole context, as Sluice reserves prompt + max_tokens per row.
+        contextTokens: Math.max(32, maxStreams) * arch.maxPositionEmbeddings,
+        threads,
+        extraArgs: llamaArgs,
+      });
+      log(`llama-server ${peer.version} on ${peer.url} ${llamaArgs.join(' ')}; sluice on ${gateway.url}`);
+      // No prompt cache: Sluice has no prefix cache, and rounds reuse prompts across sides.
+      sides.push({ name: 'llama.cpp', url: peer.url, extra: { cache_prompt: false } });
+      parity = await parityCheck(sides[0]!, sides[1]!);
+      log(`parity: ${JSON.stringify(parity)}`);
+    }
+
+    // Warm-up: one short burst per side (first requests, allocator, JIT).
+    for (const side of sides) await runWorkload(side, { name: 'warm-up', streams: maxStreams, tokens: 16 }, -1);
+
+    const results = new Map<string, RoundResult[]>();
+    for (let r = 0; r < rounds; r++) {
+      for (const workload of workloads) {
+        const order = r % 2 === 0 ? sides : [...sides].reverse();
+        for (const side of order) {
+          const result = await runWorkload(side, workload, r);
+          const key = `${side.name} ${workload.name}`;
+          results.set(key, [...(results.get(key) ?? []), result]);
+          log(`round ${r + 1}/${rounds} ${key}: ${result.tokensPerSecond.toFixed(1)} tok/s`);
+        }
+      }
+    }
+
+    const summaries = Object.fromEntries(
+      sides.map((side) => [
+        side.name,
+        Object.fromEntries(workloads.map((w) => [w.name, summarize(results.get(`${side.name} ${w.name}`)!)])),
+      ]),
+    ) as Record<string, Record<string, Summary>>;
+    const report = {
+      date: new Date().toISOString(),
+      machine: `${cpus()[0]?.model ?? 'cpu'}, ${cpus().length} cores`,
+      node: process.version,
+      preset,
+      rounds,
+      threads,
+      peer: peer === undefined ? null : { version: peer.version, args: llamaArgs },
+      loadAverage: { before: round(loadBefore, 1), after: round(loadavg()[0]!, 1) },
+      parity,
+      summaries,
+    };
+    const table = renderTable(report.summaries, sides);
+    process.stdout.write(`${table}\n`);
+    if (writeDocs) await write(report, table);
+  } catch (error) {
+    if (peer !== undefined) log(`llama-server's log ends:\n${peer.logTail()}`);
+    throw error;
+  } finally {
+    await peer?.stop();
+    await cluster.stop();
+    if (scratch !== undefined) await rm(scratch, { recursive: true, force: true });
+  }
+}
+
+function renderTable(summaries: Record<string, Record<string, Summary>>, sides: Side[]): string {
+  const sluice = summaries.sluice!;
+  const peer = summaries['llama.cpp'];
+  const rows = workloads.map((w) => {
+    const s = sluice[w.name]!;
+    const p = peer?.[w.name];
+    const cell = (value: number | undefined) => (value === undefined ? '—' : String(value));
+    const ratio = p === undefined ? '—' : `${(s.tokensPerSecond / p.tokensPerSecond).toFixed(2)}×`;
+    return (
+      `| ${w.streams} × ${w.tokens} | ${s.tokensPerSecond} | ${cell(p?.tokensPerSecond)} | **${ratio}** | ` +
+      `${s.ttftP50Ms} / ${s.ttftP99Ms} | ${p === undefined ? '—' : `${p.ttftP50Ms} / ${p.ttftP99Ms}`} | ` +
+      `${s.itlP50Ms} / ${s.itlP99Ms} | ${p === undefined ? '—' : `${p.itlP50Ms} / ${p.itlP99Ms}`} | ` +
+      `${s.tokensPerSecondRounds.join(' / ')} | ${p === undefined ? '—' : p.tokensPerSecondRounds.join(' / ')} |`
+    );
+  });
+  const contextRatio = (side: Record<string, Summary> | undefined) => {
+    const short = side?.['32x128'];
+    const long = side?.['32x768'];
+    return short === undefined || long === undefined ? '—' : (long.tokensPerSecond / short.tokensPerSecond).toFixed(2);
+  };
+  return [
+    '| workload | Sluice tok/s | llama.cpp tok/s | Sluice ÷ llama.cpp | Sluice TTFT p50 / p99 (ms) | llama.cpp TTFT p50 / p99 | Sluice ITL p50 / p99 (ms) | llama.cpp ITL p50 / p99 | Sluice tok/s per round | llama.cpp tok/s per round |',
+    '|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|',
+    ...rows,
+    '',
+    `Throughput at 768 tokens ÷ at 128 tokens (32 streams): Sluice **${contextRatio(sluice)}**` +
+      (sides.length > 1 ? `, llama.cpp **${contextRatio(peer)}**` : '') +
+      ' (issue 12 target for Sluice: ≥ 0.95).',
+  ].join('\n');
+}
+
+async function write(report: Record<string, unknown> & { parity: Parity | undefined; peer: unknown }, table: string): Promise<void> {
+  await writeFile(`${root}bench-results/serve${preset === 'bench' ? '' : `-${preset}`}.json`, `${JSON.stringify(report, null, 2)}\n`);
+  const marker = `serve${preset === 'bench' ? '' : `-${preset}`}`;
+  const parity = report.parity;
+  const peer = report.peer as { version: string; args: string[] } | null;
+  const section = [
+    `<!-- ${marker}:begin (written by \`npm run bench:serve\`) -->`,
+    `## Through the whole stack, side by side with llama.cpp (\`npm run bench:serve\`${preset === 'bench' ? '' : `, BENCH_PRESET=${preset}`})`,
+    '',
+    `Measured ${String(report.date)} on ${String(report.machine)}, Node ${process.version}; 1-minute load average ${JSON.stringify(report.loadAverage)}.`,
+    `Model: the generated \`${preset}\` preset (${arch.numLayers} layers, hidden ${arch.hiddenSize}, ${arch.numHeads} heads / ${arch.numKvHeads} KV heads, vocab ${arch.vocabSize}, float32).`,
+    `Sluice: one gateway, one worker (MAX_BATCH_SIZE 32, KV_PREALLOCATE), redis-server, as processes on loopback. ` +
+      (peer === null
+        ? 'No peer ran (set `LLAMA_SERVER` to a llama-server binary).'
+        : `Peer: llama.cpp \`llama-server\` (${peer.version}) on a GGUF file of the same weights (\`npm run model:generate -- --preset ${preset} --format gguf\`), ` +
+          `32 slots, the model's context per slot, ${threads} threads, ${peer.args.length === 0 ? 'its defaults (flash attention auto, f16 KV cache)' : `\`${peer.args.join(' ')}\``}, \`cache_prompt: false\`.`),
+    parity === undefined
+      ? ''
+      : `Parity first: of ${parity.prompts} text prompts, each server's tokenizer gave the same ids for ${parity.sameIds}, and greedy completions (128 tokens, stopping at EOS) had the same text and finish reason for ${parity.sameText}.`,
+    '',
+    `Each workload: N streams submitted at once by one client process (\`fetch\`, \`POST /v1/completions\`, token-id prompts of 8–26 tokens, greedy, \`ignore_eos\`, streamed); ${rounds} rounds, workloads in turn, the side that goes first alternating by round. tok/s: all completion tokens ÷ first request sent → last stream ended, median over rounds; TTFT (request sent → first text chunk read) and ITL (gaps between a stream's text chunks) over every stream of every round.`,
+    '',
+    table,
+    '',
+    `Raw figures: \`bench-results/serve${preset === 'bench' ? '' : `-${preset}`}.json\`.`,
+    `<!-- ${marker}:end -->`,
+  ].join('\n');
+  const docs = `${root}docs/benchmarks.md`;
+  const text = await readFile(docs, 'utf8');
+  const begin = text.indexOf(`<!-- ${marker}:begin`);
+  const end = text.indexOf(`<!-- ${marker}:end -->`);
+  const next =
+    begin !== -1 && end !== -1
+      ? text.slice(0, begin) + section + text.slice(end + `<!-- ${marker}:end -->`.length)
+      : `${text.trimEnd()}\n\n${section}\n`;
+  await writeFile(docs, next);
+  log(`wrote docs/benchmarks.md and bench-results/serve${preset === 'bench' ? '' : `-${preset}`}.json`);
+}
+
+await main();
