@@ -7,6 +7,7 @@ import { spawn, type ChildProcess } from 'node:child_process';
 
 export interface PeerServer {
   url: string;
+  pid: number;
   /** What `llama-server --version` printed (its build number and commit). */
   version: string;
   /** The end of what it printed (for a failure's message). */
@@ -68,6 +69,7 @@ export async function startLlamaServer(options: {
   }
   return {
     url,
+    pid: child.pid ?? -1,
     version,
     logTail: () => log.slice(-4_000),
     stop: async () => {

@@ -28,6 +28,7 @@ import { Cluster } from '../../test/support/cluster.js';
 import { freePort } from '../../test/support/processes.js';
 import { median, percentile, round } from '../gateway/stats.js';
 import { startLlamaServer, type PeerServer } from './llama-server.js';
+import { ownCpu, processCpu } from './process-cpu.js';
 import { streamCompletion, type StreamedCompletion } from './stream-client.js';
 
 const root = fileURLToPath(new URL('../..', import.meta.url));
@@ -51,23 +52,30 @@ const llamaBinary = process.env.LLAMA_SERVER;
 const llamaArgs = (process.env.LLAMA_ARGS ?? '').split(/\s+/).filter((arg) => arg !== '');
 const writeDocs = process.env.BENCH_WRITE_DOCS !== '0';
 const maxStreams = Math.max(...workloads.map((w) => w.streams));
+/** Names this run's docs section and results file: `serve`, or `serve-<preset>-<llama args>` when they differ from the defaults. */
+const variant = ['serve', preset === 'bench' ? '' : preset, llamaArgs.join('_').replace(/-/g, '')].filter((part) => part !== '').join('-');
 
 interface Side {
   name: 'sluice' | 'llama.cpp';
   url: string;
   /** Extra request fields this server needs. */
   extra: Record<string, unknown>;
+  /** CPU seconds so far of each part of this side's stack (the load client included). */
+  cpu(): Record<string, number>;
 }
 
 interface RoundResult {
   tokensPerSecond: number;
   ttftMs: number[];
   itlMs: number[];
+  /** CPU µs per completion token, by part of the stack. */
+  cpuUsPerToken: Record<string, number>;
 }
 
 /** N streams at once, each prompt's ids as the prompt, `tokens` tokens each. */
 async function runWorkload(side: Side, workload: PeerWorkload, round: number): Promise<RoundResult> {
   const prompts = peerPrompts(workload.streams, arch.vocabSize, 1000 + round);
+  const cpuBefore = side.cpu();
   const started = performance.now();
   const streams: StreamedCompletion[] = await Promise.all(
     prompts.map((prompt) =>
@@ -82,7 +90,12 @@ async function runWorkload(side: Side, workload: PeerWorkload, round: number): P
     ),
   );
   const wallMs = performance.now() - started;
-  const result: RoundResult = { tokensPerSecond: (workload.streams * workload.tokens) / (wallMs / 1000), ttftMs: [], itlMs: [] };
+  const cpuAfter = side.cpu();
+  const tokens = workload.streams * workload.tokens;
+  const cpuUsPerToken = Object.fromEntries(
+    Object.entries(cpuAfter).map(([part, seconds]) => [part, ((seconds - (cpuBefore[part] ?? 0)) * 1e6) / tokens]),
+  );
+  const result: RoundResult = { tokensPerSecond: tokens / (wallMs / 1000), ttftMs: [], itlMs: [], cpuUsPerToken };
   for (const stream of streams) {
     if (stream.finishReason !== 'length') throw new Error(`${side.name}: a ${workload.name} stream ended with ${stream.finishReason}`);
     const [first] = stream.textAt;
@@ -128,16 +141,25 @@ async function tokenize(side: Side, text: string): Promise<number[]> {
   return ((await res.json()) as { tokens: number[] }).tokens;
 }
 
+/** A whole (not streamed) greedy completion: llama-server's stream drops an unfinished UTF-8 tail that its whole answer keeps. */
+async function complete(side: Side, prompt: string): Promise<{ text: string; finishReason: string }> {
+  const body = { model: preset, prompt, max_tokens: 128, temperature: 0, ...side.extra };
+  const res = await fetch(`${side.url}/v1/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify(body),
+  });
+  if (!res.ok) throw new Error(`${side.name} /v1/completions: HTTP ${res.status} ${await res.text()}`);
+  const [choice] = ((await res.json()) as { choices: Array<{ text: string; finish_reason: string }> }).choices;
+  return { text: choice!.text, finishReason: choice!.finish_reason };
+}
+
 async function parityCheck(sluice: Side, peer: Side): Promise<Parity> {
   const parity: Parity = { prompts: PARITY_PROMPTS.length, sameIds: 0, sameText: 0 };
   for (const prompt of PARITY_PROMPTS) {
     const [a, b] = await Promise.all([tokenize(sluice, prompt), tokenize(peer, prompt)]);
     if (JSON.stringify(a) === JSON.stringify(b)) parity.sameIds++;
-    const body = { model: preset, prompt, max_tokens: 128, temperature: 0 };
-    const [x, y] = await Promise.all([
-      streamCompletion(sluice.url, { ...body, ...sluice.extra }),
-      streamCompletion(peer.url, { ...body, ...peer.extra }),
-    ]);
+    const [x, y] = await Promise.all([complete(sluice, prompt), complete(peer, prompt)]);
     if (x.text === y.text && x.finishReason === y.finishReason) parity.sameText++;
     else parity.firstDifference ??= { prompt, sluice: x.text, peer: y.text };
   }
@@ -151,6 +173,8 @@ interface Summary {
   ttftP99Ms: number;
   itlP50Ms: number;
   itlP99Ms: number;
+  /** Median over rounds of CPU µs per token, by part of the stack. */
+  cpuUsPerToken: Record<string, number>;
 }
 
 function summarize(results: RoundResult[]): Summary {
@@ -163,6 +187,9 @@ function summarize(results: RoundResult[]): Summary {
     ttftP99Ms: round(percentile(ttft, 99), 1),
     itlP50Ms: round(percentile(itl, 50), 1),
     itlP99Ms: round(percentile(itl, 99), 1),
+    cpuUsPerToken: Object.fromEntries(
+      Object.keys(results[0]?.cpuUsPerToken ?? {}).map((part) => [part, Math.round(median(results.map((r) => r.cpuUsPerToken[part]!)))]),
+    ),
   };
 }
 
@@ -184,7 +211,24 @@ async function main(): Promise<void> {
       HEALTH_REQUEST_IDS: 'false',
     });
     const gateway = await cluster.gateway();
-    const sides: Side[] = [{ name: 'sluice', url: gateway.url, extra: {} }];
+    const [worker] = cluster.workers as [(typeof cluster.workers)[number]];
+    const sides: Side[] = [
+      {
+        name: 'sluice',
+        url: gateway.url,
+        extra: {},
+        cpu: () => {
+          const w = processCpu(worker.process.pid);
+          return {
+            'worker: engine (model threads)': w.total - w.mainThread,
+            'worker: host (main thread)': w.mainThread,
+            gateway: processCpu(gateway.process.pid).total,
+            'redis-server': processCpu(cluster.redis.process.pid).total,
+            client: ownCpu(),
+          };
+        },
+      },
+    ];
     let parity: Parity | undefined;
     if (llamaBinary !== undefined) {
       scratch = await mkdtemp(join(tmpdir(), 'sluice-bench-serve-'));
@@ -202,7 +246,13 @@ async function main(): Promise<void> {
       });
       log(`llama-server ${peer.version} on ${peer.url} ${llamaArgs.join(' ')}; sluice on ${gateway.url}`);
       // No prompt cache: Sluice has no prefix cache, and rounds reuse prompts across sides.
-      sides.push({ name: 'llama.cpp', url: peer.url, extra: { cache_prompt: false } });
+      const llamaPid = peer.pid;
+      sides.push({
+        name: 'llama.cpp',
+        url: peer.url,
+        extra: { cache_prompt: false },
+        cpu: () => ({ 'llama-server': processCpu(llamaPid).total, client: ownCpu() }),
+      });
       parity = await parityCheck(sides[0]!, sides[1]!);
       log(`parity: ${JSON.stringify(parity)}`);
     }
@@ -274,6 +324,18 @@ function renderTable(summaries: Record<string, Record<string, Summary>>, sides: 
     const long = side?.['32x768'];
     return short === undefined || long === undefined ? '—' : (long.tokensPerSecond / short.tokensPerSecond).toFixed(2);
   };
+  const cpuRows = workloads.flatMap((w) =>
+    sides.map((side) => {
+      const parts = summaries[side.name]![w.name]!.cpuUsPerToken;
+      const total = Object.entries(parts)
+        .filter(([part]) => part !== 'client')
+        .reduce((sum, [, us]) => sum + us, 0);
+      const list = Object.entries(parts)
+        .map(([part, us]) => `${part} ${us}`)
+        .join(', ');
+      return `| ${w.streams} × ${w.tokens} | ${side.name} | ${total} | ${list} |`;
+    }),
+  );
   return [
     '| workload | Sluice tok/s | llama.cpp tok/s | Sluice ÷ llama.cpp | Sluice TTFT p50 / p99 (ms) | llama.cpp TTFT p50 / p99 | Sluice ITL p50 / p99 (ms) | llama.cpp ITL p50 / p99 | Sluice tok/s per round | llama.cpp tok/s per round |',
     '|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|',
@@ -282,17 +344,23 @@ function renderTable(summaries: Record<string, Record<string, Summary>>, sides: 
     `Throughput at 768 tokens ÷ at 128 tokens (32 streams): Sluice **${contextRatio(sluice)}**` +
       (sides.length > 1 ? `, llama.cpp **${contextRatio(peer)}**` : '') +
       ' (issue 12 target for Sluice: ≥ 0.95).',
+    '',
+    'CPU time per completion token, µs (median over rounds; from /proc, all threads of each process; the load client is the same code for both sides):',
+    '',
+    '| workload | server | server CPU per token | by part |',
+    '|---|---|---:|---|',
+    ...cpuRows,
   ].join('\n');
 }
 
 async function write(report: Record<string, unknown> & { parity: Parity | undefined; peer: unknown }, table: string): Promise<void> {
-  await writeFile(`${root}bench-results/serve${preset === 'bench' ? '' : `-${preset}`}.json`, `${JSON.stringify(report, null, 2)}\n`);
-  const marker = `serve${preset === 'bench' ? '' : `-${preset}`}`;
+  await writeFile(`${root}bench-results/${variant}.json`, `${JSON.stringify(report, null, 2)}\n`);
+  const marker = variant;
   const parity = report.parity;
   const peer = report.peer as { version: string; args: string[] } | null;
   const section = [
     `<!-- ${marker}:begin (written by \`npm run bench:serve\`) -->`,
-    `## Through the whole stack, side by side with llama.cpp (\`npm run bench:serve\`${preset === 'bench' ? '' : `, BENCH_PRESET=${preset}`})`,
+    `## Through the whole stack, side by side with llama.cpp (\`npm run bench:serve\`${preset === 'bench' ? '' : `, BENCH_PRESET=${preset}`}${llamaArgs.length === 0 ? '' : `, LLAMA_ARGS="${llamaArgs.join(' ')}"`})`,
     '',
     `Measured ${String(report.date)} on ${String(report.machine)}, Node ${process.version}; 1-minute load average ${JSON.stringify(report.loadAverage)}.`,
     `Model: the generated \`${preset}\` preset (${arch.numLayers} layers, hidden ${arch.hiddenSize}, ${arch.numHeads} heads / ${arch.numKvHeads} KV heads, vocab ${arch.vocabSize}, float32).`,
@@ -303,13 +371,13 @@ async function write(report: Record<string, unknown> & { parity: Parity | undefi
           `32 slots, the model's context per slot, ${threads} threads, ${peer.args.length === 0 ? 'its defaults (flash attention auto, f16 KV cache)' : `\`${peer.args.join(' ')}\``}, \`cache_prompt: false\`.`),
     parity === undefined
       ? ''
-      : `Parity first: of ${parity.prompts} text prompts, each server's tokenizer gave the same ids for ${parity.sameIds}, and greedy completions (128 tokens, stopping at EOS) had the same text and finish reason for ${parity.sameText}.`,
+      : `Parity first: of ${parity.prompts} text prompts, each server's tokenizer gave the same ids for ${parity.sameIds}, and whole greedy completions (128 tokens, stopping at EOS) had the same text and finish reason for ${parity.sameText}.`,
     '',
     `Each workload: N streams submitted at once by one client process (\`fetch\`, \`POST /v1/completions\`, token-id prompts of 8–26 tokens, greedy, \`ignore_eos\`, streamed); ${rounds} rounds, workloads in turn, the side that goes first alternating by round. tok/s: all completion tokens ÷ first request sent → last stream ended, median over rounds; TTFT (request sent → first text chunk read) and ITL (gaps between a stream's text chunks) over every stream of every round.`,
     '',
     table,
     '',
-    `Raw figures: \`bench-results/serve${preset === 'bench' ? '' : `-${preset}`}.json\`.`,
+    `Raw figures: \`bench-results/${variant}.json\`.`,
     `<!-- ${marker}:end -->`,
   ].join('\n');
   const docs = `${root}docs/benchmarks.md`;
@@ -321,7 +389,7 @@ async function write(report: Record<string, unknown> & { parity: Parity | undefi
       ? text.slice(0, begin) + section + text.slice(end + `<!-- ${marker}:end -->`.length)
       : `${text.trimEnd()}\n\n${section}\n`;
   await writeFile(docs, next);
-  log(`wrote docs/benchmarks.md and bench-results/serve${preset === 'bench' ? '' : `-${preset}`}.json`);
+  log(`wrote docs/benchmarks.md and bench-results/${variant}.json`);
 }
 
 await main();
