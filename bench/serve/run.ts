@@ -373,7 +373,7 @@ async function write(report: Record<string, unknown> & { parity: Parity | undefi
       ? ''
       : `Parity first: of ${parity.prompts} text prompts, each server's tokenizer gave the same ids for ${parity.sameIds}, and whole greedy completions (128 tokens, stopping at EOS) had the same text and finish reason for ${parity.sameText}.`,
     '',
-    `Each workload: N streams submitted at once by one client process (\`fetch\`, \`POST /v1/completions\`, token-id prompts of 8–26 tokens, greedy, \`ignore_eos\`, streamed); ${rounds} rounds, workloads in turn, the side that goes first alternating by round. tok/s: all completion tokens ÷ first request sent → last stream ended, median over rounds; TTFT (request sent → first text chunk read) and ITL (gaps between a stream's text chunks) over every stream of every round.`,
+    `Each workload: N streams submitted at once by one client process (\`fetch\`, \`POST /v1/completions\`, token-id prompts of 8–26 tokens, greedy, \`ignore_eos\`, streamed); ${rounds} rounds, workloads in turn, the side that goes first alternating by round. tok/s: all completion tokens ÷ first request sent → last stream ended, median over rounds (nearest rank: of two rounds, the lower); TTFT (request sent → first text chunk read) and ITL (gaps between a stream's text chunks) over every stream of every round.`,
     '',
     table,
     '',
