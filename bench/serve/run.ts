@@ -5,8 +5,9 @@
  *
  * Both servers get the same requests from the same client code (`POST /v1/completions`, token-id
  * prompts of 8–26 tokens, greedy, `ignore_eos`, streamed), workload by workload, round by round, the
- * side that goes first alternating. Before that, a parity check: the same 12 text prompts tokenized
- * by each server and completed greedily (128 tokens, stopping at EOS) must give the same ids and text.
+ * side that goes first alternating. Before that, a parity check: how many of 12 text prompts each
+ * server tokenizes to the same ids, and completes greedily (128 tokens, stopping at EOS, whole
+ * answers) with the same text.
  *
  * Env:
  * - `LLAMA_SERVER`: path of a `llama-server` binary (llama.cpp). Without it only Sluice runs.
@@ -17,13 +18,14 @@
  *   (both servers' threads; default 2, this machine's cores).
  * - `BENCH_WRITE_DOCS=0`: print only (default: write docs/benchmarks.md and bench-results/serve.json).
  */
-import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
+import { mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { cpus, loadavg, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { ensureBuiltinModel, writeTinyModelGguf } from '@sluice/model';
 import { TINY_MODEL_PRESETS } from '../../packages/model/src/tiny-model/presets.js';
-import { PEER_WORKLOADS, peerPrompts, type PeerWorkload } from '../../packages/engine/bench/peer-workloads.js';
+import { writeSection } from '../../packages/engine/bench/docs-section.js';
+import { peerPrompts, type PeerWorkload, type WorkloadResult } from '../../packages/engine/bench/peer-workloads.js';
 import { Cluster } from '../../test/support/cluster.js';
 import { freePort } from '../../test/support/processes.js';
 import { median, percentile, round } from '../gateway/stats.js';
@@ -42,16 +44,15 @@ const rounds = Number(process.env.BENCH_ROUNDS ?? 2);
 const threads = Number(process.env.BENCH_THREADS ?? 2);
 const workloadNames = (process.env.BENCH_WORKLOADS ?? '32x128,32x768,1x128').split(',');
 const workloads: PeerWorkload[] = workloadNames.map((name) => {
-  const known = PEER_WORKLOADS.find((w) => w.name === name);
   const match = /^(\d+)x(\d+)$/.exec(name);
-  if (known !== undefined) return known;
   if (match === null) throw new Error(`BENCH_WORKLOADS: ${name} is not <streams>x<tokens>`);
   return { name, streams: Number(match[1]), tokens: Number(match[2]) };
 });
 const llamaBinary = process.env.LLAMA_SERVER;
 const llamaArgs = (process.env.LLAMA_ARGS ?? '').split(/\s+/).filter((arg) => arg !== '');
 const writeDocs = process.env.BENCH_WRITE_DOCS !== '0';
-const maxStreams = Math.max(...workloads.map((w) => w.streams));
+/** Rows of the worker's batch and slots of the peer: at least 32, as issue 12 measured. */
+const slots = Math.max(32, ...workloads.map((w) => w.streams));
 /** Names this run's docs section and results file: `serve`, or `serve-<preset>-<llama args>` when they differ from the defaults. */
 const variant = ['serve', preset === 'bench' ? '' : preset, llamaArgs.join('_').replace(/-/g, '')].filter((part) => part !== '').join('-');
 
@@ -130,28 +131,27 @@ interface Parity {
   firstDifference?: { prompt: string; sluice: string; peer: string };
 }
 
-async function tokenize(side: Side, text: string): Promise<number[]> {
-  const body = side.name === 'sluice' ? { model: preset, prompt: text } : { content: text };
-  const res = await fetch(`${side.url}/tokenize`, {
+/** POSTs JSON to one of the servers and returns its JSON answer. */
+async function postJson<T>(side: Side, path: string, body: unknown): Promise<T> {
+  const res = await fetch(`${side.url}${path}`, {
     method: 'POST',
     headers: { 'content-type': 'application/json' },
     body: JSON.stringify(body),
   });
-  if (!res.ok) throw new Error(`${side.name} /tokenize: HTTP ${res.status} ${await res.text()}`);
-  return ((await res.json()) as { tokens: number[] }).tokens;
+  if (!res.ok) throw new Error(`${side.name} ${path}: HTTP ${res.status} ${await res.text()}`);
+  return (await res.json()) as T;
+}
+
+async function tokenize(side: Side, text: string): Promise<number[]> {
+  const body = side.name === 'sluice' ? { model: preset, prompt: text } : { content: text };
+  return (await postJson<{ tokens: number[] }>(side, '/tokenize', body)).tokens;
 }
 
 /** A whole (not streamed) greedy completion: llama-server's stream drops an unfinished UTF-8 tail that its whole answer keeps. */
 async function complete(side: Side, prompt: string): Promise<{ text: string; finishReason: string }> {
   const body = { model: preset, prompt, max_tokens: 128, temperature: 0, ...side.extra };
-  const res = await fetch(`${side.url}/v1/completions`, {
-    method: 'POST',
-    headers: { 'content-type': 'application/json' },
-    body: JSON.stringify(body),
-  });
-  if (!res.ok) throw new Error(`${side.name} /v1/completions: HTTP ${res.status} ${await res.text()}`);
-  const [choice] = ((await res.json()) as { choices: Array<{ text: string; finish_reason: string }> }).choices;
-  return { text: choice!.text, finishReason: choice!.finish_reason };
+  const { choices } = await postJson<{ choices: Array<{ text: string; finish_reason: string }> }>(side, '/v1/completions', body);
+  return { text: choices[0]!.text, finishReason: choices[0]!.finish_reason };
 }
 
 async function parityCheck(sluice: Side, peer: Side): Promise<Parity> {
@@ -166,16 +166,11 @@ async function parityCheck(sluice: Side, peer: Side): Promise<Parity> {
   return parity;
 }
 
-interface Summary {
-  tokensPerSecond: number;
-  tokensPerSecondRounds: number[];
-  ttftP50Ms: number;
-  ttftP99Ms: number;
-  itlP50Ms: number;
-  itlP99Ms: number;
+/** A workload's figures as bench:engine reports them, plus where the CPU went. */
+type Summary = Pick<WorkloadResult, 'tokensPerSecond' | 'tokensPerSecondRounds' | 'ttftP50Ms' | 'ttftP99Ms' | 'itlP50Ms' | 'itlP99Ms'> & {
   /** Median over rounds of CPU µs per token, by part of the stack. */
   cpuUsPerToken: Record<string, number>;
-}
+};
 
 function summarize(results: RoundResult[]): Summary {
   const ttft = results.flatMap((r) => r.ttftMs);
@@ -202,16 +197,15 @@ async function main(): Promise<void> {
   try {
     // The worker as bench:engine runs the engine: batch 32, KV cache reserved at start (as the peer
     // reserves its context), onnxruntime's default threads.
-    await cluster.worker({
+    const worker = await cluster.worker({
       MODEL_DIR: modelDir,
       MODEL_ID: preset,
-      MAX_BATCH_SIZE: String(Math.max(32, maxStreams)),
+      MAX_BATCH_SIZE: String(slots),
       KV_PREALLOCATE: 'true',
       ...(threads === cpus().length ? {} : { INTRA_OP_THREADS: String(threads) }),
       HEALTH_REQUEST_IDS: 'false',
     });
     const gateway = await cluster.gateway();
-    const [worker] = cluster.workers as [(typeof cluster.workers)[number]];
     const sides: Side[] = [
       {
         name: 'sluice',
@@ -238,9 +232,9 @@ async function main(): Promise<void> {
         binary: llamaBinary,
         gguf,
         port: await freePort(),
-        slots: Math.max(32, maxStreams),
+        slots,
         // Each slot holds the model's whole context, as Sluice reserves prompt + max_tokens per row.
-        contextTokens: Math.max(32, maxStreams) * arch.maxPositionEmbeddings,
+        contextTokens: slots * arch.maxPositionEmbeddings,
         threads,
         extraArgs: llamaArgs,
       });
@@ -258,7 +252,7 @@ async function main(): Promise<void> {
     }
 
     // Warm-up: one short burst per side (first requests, allocator, JIT).
-    for (const side of sides) await runWorkload(side, { name: 'warm-up', streams: maxStreams, tokens: 16 }, -1);
+    for (const side of sides) await runWorkload(side, { name: 'warm-up', streams: slots, tokens: 16 }, -1);
 
     const results = new Map<string, RoundResult[]>();
     for (let r = 0; r < rounds; r++) {
@@ -355,20 +349,18 @@ function renderTable(summaries: Record<string, Record<string, Summary>>, sides: 
 
 async function write(report: Record<string, unknown> & { parity: Parity | undefined; peer: unknown }, table: string): Promise<void> {
   await writeFile(`${root}bench-results/${variant}.json`, `${JSON.stringify(report, null, 2)}\n`);
-  const marker = variant;
   const parity = report.parity;
   const peer = report.peer as { version: string; args: string[] } | null;
   const section = [
-    `<!-- ${marker}:begin (written by \`npm run bench:serve\`) -->`,
     `## Through the whole stack, side by side with llama.cpp (\`npm run bench:serve\`${preset === 'bench' ? '' : `, BENCH_PRESET=${preset}`}${llamaArgs.length === 0 ? '' : `, LLAMA_ARGS="${llamaArgs.join(' ')}"`})`,
     '',
     `Measured ${String(report.date)} on ${String(report.machine)}, Node ${process.version}; 1-minute load average ${JSON.stringify(report.loadAverage)}.`,
     `Model: the generated \`${preset}\` preset (${arch.numLayers} layers, hidden ${arch.hiddenSize}, ${arch.numHeads} heads / ${arch.numKvHeads} KV heads, vocab ${arch.vocabSize}, float32).`,
-    `Sluice: one gateway, one worker (MAX_BATCH_SIZE 32, KV_PREALLOCATE), redis-server, as processes on loopback. ` +
+    `Sluice: one gateway, one worker (MAX_BATCH_SIZE ${slots}, KV_PREALLOCATE), redis-server, as processes on loopback. ` +
       (peer === null
         ? 'No peer ran (set `LLAMA_SERVER` to a llama-server binary).'
         : `Peer: llama.cpp \`llama-server\` (${peer.version}) on a GGUF file of the same weights (\`npm run model:generate -- --preset ${preset} --format gguf\`), ` +
-          `32 slots, the model's context per slot, ${threads} threads, ${peer.args.length === 0 ? 'its defaults (flash attention auto, f16 KV cache)' : `\`${peer.args.join(' ')}\``}, \`cache_prompt: false\`.`),
+          `${slots} slots, the model's context per slot, ${threads} threads, ${peer.args.length === 0 ? 'its defaults (flash attention auto, f16 KV cache)' : `\`${peer.args.join(' ')}\``}, \`cache_prompt: false\`.`),
     parity === undefined
       ? ''
       : `Parity first: of ${parity.prompts} text prompts, each server's tokenizer gave the same ids for ${parity.sameIds}, and whole greedy completions (128 tokens, stopping at EOS) had the same text and finish reason for ${parity.sameText}.`,
@@ -377,18 +369,9 @@ async function write(report: Record<string, unknown> & { parity: Parity | undefi
     '',
     table,
     '',
-    `Raw figures: \`bench-results/${variant}.json\`.`,
-    `<!-- ${marker}:end -->`,
+    `Raw figures: \`bench-results/${variant}.json\` (written by \`npm run bench:serve\`).`,
   ].join('\n');
-  const docs = `${root}docs/benchmarks.md`;
-  const text = await readFile(docs, 'utf8');
-  const begin = text.indexOf(`<!-- ${marker}:begin`);
-  const end = text.indexOf(`<!-- ${marker}:end -->`);
-  const next =
-    begin !== -1 && end !== -1
-      ? text.slice(0, begin) + section + text.slice(end + `<!-- ${marker}:end -->`.length)
-      : `${text.trimEnd()}\n\n${section}\n`;
-  await writeFile(docs, next);
+  await writeSection(`${root}docs/benchmarks.md`, section, variant);
   log(`wrote docs/benchmarks.md and bench-results/${variant}.json`);
 }
 

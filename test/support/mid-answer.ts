@@ -7,10 +7,11 @@
  * they stay frozen, and that still has work left when they run again.
  */
 import type { Redis } from 'ioredis';
-import { decodeLogRange, endsRequest, redisNames } from '@sluice/protocol';
+import { endsRequest } from '@sluice/protocol';
 import { sleep } from './processes.js';
 import type { WorkerProcess } from './sluice.js';
 import type { LiveStream } from './sse.js';
+import { readTokenLog } from './token-log.js';
 
 /** Time for writes the workers made before SIGSTOP to land. */
 const SETTLE_MS = 150;
@@ -26,7 +27,7 @@ export interface Frozen {
  * choice past `maxTokens / 2` tokens (the engine may have run a few steps past what reached the log).
  */
 export async function unfinishedInLog(redis: Redis, jobId: string, maxTokens: number): Promise<boolean> {
-  const log = decodeLogRange(await redis.xrange(redisNames().logKey(jobId), '-', '+'));
+  const log = await readTokenLog(redis, jobId);
   // A choice's `text-end` counts too: with one choice, nothing is left to decode after it.
   if (log.some((entry) => endsRequest(entry) || entry.type === 'text-end')) return false;
   const tokens = new Map<number, number>();

@@ -3,7 +3,7 @@
  * a client's stream must deliver exactly, whatever was killed or resumed on the way.
  */
 import type { Redis } from 'ioredis';
-import { decodeLogRange, endsRequest, redisNames } from '@sluice/protocol';
+import { decodeLogRange, endsRequest, redisNames, type GatewayEntry } from '@sluice/protocol';
 
 export interface LoggedAnswer {
   /** Choice 0's text, its deltas in log order. */
@@ -14,9 +14,14 @@ export interface LoggedAnswer {
   ended: boolean;
 }
 
+/** Every entry of the request's token log, in order. */
+export async function readTokenLog(redis: Redis, jobId: string): Promise<GatewayEntry[]> {
+  return decodeLogRange(await redis.xrange(redisNames().logKey(jobId), '-', '+'));
+}
+
 /** Reads it while the log is kept (STREAM_RETENTION_MS after the request ended). */
 export async function loggedAnswer(redis: Redis, jobId: string): Promise<LoggedAnswer> {
-  const log = decodeLogRange(await redis.xrange(redisNames().logKey(jobId), '-', '+'));
+  const log = await readTokenLog(redis, jobId);
   const answer: LoggedAnswer = { text: '', tokens: 0, ended: false };
   for (const entry of log) {
     if (entry.type === 'text-delta' && entry.index === 0) {

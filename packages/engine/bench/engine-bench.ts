@@ -18,7 +18,7 @@
  * BENCH_RUNS (default 3) sets the runs of static and continuous batching; one-at-a-time, by far the
  * slowest, runs max(1, BENCH_RUNS - 1) times.
  */
-import { mkdir, readFile, writeFile } from 'node:fs/promises';
+import { mkdir, writeFile } from 'node:fs/promises';
 import { cpus, loadavg, totalmem } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -30,6 +30,7 @@ import { runMode, type BenchMode, type ModeResult } from './run-mode.js';
 import { renderNote } from './bench-note.js';
 import { makeWorkload } from './workload.js';
 import { renderPeerTable, runPeerWorkloads } from './peer-workloads.js';
+import { writeSection } from './docs-section.js';
 
 const root = resolve(dirname(fileURLToPath(import.meta.url)), '../../..');
 const runs = Number(process.env.BENCH_RUNS ?? 3);
@@ -258,7 +259,7 @@ const json = {
 };
 await mkdir(join(root, 'bench-results'), { recursive: true });
 await writeFile(join(root, 'bench-results/engine.json'), `${JSON.stringify(json, null, 2)}\n`);
-await writeSection(join(root, 'docs/benchmarks.md'), renderMarkdown());
+await writeSection(join(root, 'docs/benchmarks.md'), renderMarkdown(), 'engine');
 log('wrote bench-results/engine.json and the Engine section of docs/benchmarks.md');
 console.log('');
 console.log(renderTable());
@@ -327,22 +328,6 @@ Each workload: N streams submitted at once, prompts 8–26 tokens, greedy, ignor
 
 ${renderPeerTable(peer)}
 `;
-}
-
-async function writeSection(path: string, section: string, marker = 'engine'): Promise<void> {
-  const begin = `<!-- ${marker}:begin -->`;
-  const end = `<!-- ${marker}:end -->`;
-  let text = '';
-  try {
-    text = await readFile(path, 'utf8');
-  } catch {
-    text = '# Benchmarks\n';
-  }
-  const block = `${begin}\n${section.trimEnd()}\n${end}`;
-  const from = text.indexOf(begin);
-  const to = text.indexOf(end);
-  const next = from >= 0 && to > from ? text.slice(0, from) + block + text.slice(to + end.length) : `${text.trimEnd()}\n\n${block}\n`;
-  await writeFile(path, next);
 }
 
 function signed(value: number): string {

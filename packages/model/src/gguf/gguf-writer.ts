@@ -48,33 +48,31 @@ class ByteSink {
     this.view = new DataView(next.buffer);
   }
 
-  u32(value: number): void {
-    this.reserve(4);
-    this.view.setUint32(this.length, value, true);
-    this.length += 4;
-  }
-
-  i32(value: number): void {
-    this.reserve(4);
-    this.view.setInt32(this.length, value, true);
-    this.length += 4;
-  }
-
-  u64(value: number): void {
-    this.reserve(8);
-    this.view.setBigUint64(this.length, BigInt(value), true);
-    this.length += 8;
-  }
-
-  f32(value: number): void {
-    this.reserve(4);
-    this.view.setFloat32(this.length, value, true);
-    this.length += 4;
+  /** Appends a fixed-size little-endian number. */
+  #fixed(size: number, set: (view: DataView, at: number) => void): void {
+    this.reserve(size);
+    set(this.view, this.length);
+    this.length += size;
   }
 
   u8(value: number): void {
-    this.reserve(1);
-    this.bytes[this.length++] = value;
+    this.#fixed(1, (view, at) => view.setUint8(at, value));
+  }
+
+  u32(value: number): void {
+    this.#fixed(4, (view, at) => view.setUint32(at, value, true));
+  }
+
+  i32(value: number): void {
+    this.#fixed(4, (view, at) => view.setInt32(at, value, true));
+  }
+
+  u64(value: number): void {
+    this.#fixed(8, (view, at) => view.setBigUint64(at, BigInt(value), true));
+  }
+
+  f32(value: number): void {
+    this.#fixed(4, (view, at) => view.setFloat32(at, value, true));
   }
 
   /** A GGUF string: u64 byte length, then UTF-8 bytes (no terminator). */
