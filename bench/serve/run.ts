@@ -17,11 +17,16 @@
  * - `BENCH_ROUNDS` (default 2), `BENCH_WORKLOADS` (default `32x128,32x768,1x128`), `BENCH_THREADS`
  *   (both servers' threads; default 2, this machine's cores).
  * - `BENCH_WRITE_DOCS=0`: print only (default: write docs/benchmarks.md and bench-results/serve.json).
+ * - `BENCH_IN_PROCESS=1`: also the engine alone in this process (same options, same prompts, no HTTP,
+ *   no Redis), in the same rounds: what the stack adds per workload.
+ * - `SLUICE_B_ENV='{"NAME":"value"}'`: also a second Sluice stack whose worker gets these settings
+ *   over the first's, in the same rounds: an A/B of worker settings.
  */
 import { mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { cpus, loadavg, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { createEngine, type Engine } from '@sluice/engine';
 import { ensureBuiltinModel, writeTinyModelGguf } from '@sluice/model';
 import { TINY_MODEL_PRESETS } from '../../packages/model/src/tiny-model/presets.js';
 import { writeSection } from '../../packages/engine/bench/docs-section.js';
@@ -51,16 +56,25 @@ const workloads: PeerWorkload[] = workloadNames.map((name) => {
 const llamaBinary = process.env.LLAMA_SERVER;
 const llamaArgs = (process.env.LLAMA_ARGS ?? '').split(/\s+/).filter((arg) => arg !== '');
 const writeDocs = process.env.BENCH_WRITE_DOCS !== '0';
+/** Settings over the Sluice worker's defaults (`SLUICE_ENV='{"NAME":"value"}'`). */
+const sluiceEnv = JSON.parse(process.env.SLUICE_ENV ?? '{}') as Record<string, string>;
+/** A second Sluice stack whose worker gets these env settings over the first's: an A/B of worker settings in one run. */
+/** Also run the engine alone in this process (`BENCH_IN_PROCESS=1`): the reference for what the stack adds. */
+const inProcess = process.env.BENCH_IN_PROCESS === '1';
+const sluiceBEnv = process.env.SLUICE_B_ENV === undefined ? undefined : (JSON.parse(process.env.SLUICE_B_ENV) as Record<string, string>);
 /** Rows of the worker's batch and slots of the peer: at least 32, as issue 12 measured. */
 const slots = Math.max(32, ...workloads.map((w) => w.streams));
 /** Names this run's docs section and results file: `serve`, or `serve-<preset>-<llama args>` when they differ from the defaults. */
 const variant = ['serve', preset === 'bench' ? '' : preset, llamaArgs.join('_').replace(/-/g, '')].filter((part) => part !== '').join('-');
 
 interface Side {
-  name: 'sluice' | 'llama.cpp';
+  name: 'sluice' | 'sluice-b' | 'llama.cpp' | 'engine';
+  /** The server's base URL ('' for the engine in process). */
   url: string;
   /** Extra request fields this server needs. */
   extra: Record<string, unknown>;
+  /** One streamed greedy completion of `prompt` (token ids), `tokens` long, ignoring EOS. */
+  stream(prompt: number[], tokens: number): Promise<StreamedCompletion>;
   /** CPU seconds so far of each part of this side's stack (the load client included). */
   cpu(): Record<string, number>;
 }
@@ -78,18 +92,7 @@ async function runWorkload(side: Side, workload: PeerWorkload, round: number): P
   const prompts = peerPrompts(workload.streams, arch.vocabSize, 1000 + round);
   const cpuBefore = side.cpu();
   const started = performance.now();
-  const streams: StreamedCompletion[] = await Promise.all(
-    prompts.map((prompt) =>
-      streamCompletion(side.url, {
-        model: preset,
-        prompt,
-        max_tokens: workload.tokens,
-        temperature: 0,
-        ignore_eos: true,
-        ...side.extra,
-      }),
-    ),
-  );
+  const streams: StreamedCompletion[] = await Promise.all(prompts.map((prompt) => side.stream(prompt, workload.tokens)));
   const wallMs = performance.now() - started;
   const cpuAfter = side.cpu();
   const tokens = workload.streams * workload.tokens;
@@ -105,6 +108,36 @@ async function runWorkload(side: Side, workload: PeerWorkload, round: number): P
     for (let i = 1; i < stream.textAt.length; i++) result.itlMs.push(stream.textAt[i]! - stream.textAt[i - 1]!);
   }
   return result;
+}
+
+/** A side's `stream` over HTTP: the same client code for every server. */
+function httpStream(url: string, extra: Record<string, unknown>): Side['stream'] {
+  return (prompt, tokens) =>
+    streamCompletion(url, { model: preset, prompt, max_tokens: tokens, temperature: 0, ignore_eos: true, ...extra });
+}
+
+/**
+ * The engine alone, in this process (its own engine thread, as the worker runs it): what the stack
+ * adds is the difference. Timed like a client: when each non-empty text delta reaches this thread.
+ */
+function engineStream(engine: Engine): Side['stream'] {
+  let next = 0;
+  return async (promptTokenIds, tokens) => {
+    const result: StreamedCompletion = { sentAt: performance.now(), textAt: [], text: '', finishReason: null };
+    const events = engine.generate({
+      id: `bench-serve-${next++}`,
+      promptTokenIds,
+      sampling: { maxTokens: tokens, temperature: 0, ignoreEos: true },
+    });
+    for await (const event of events) {
+      if (event.type === 'text-delta' && event.text !== '') {
+        result.textAt.push(performance.now());
+        result.text += event.text;
+      } else if (event.type === 'text-end') result.finishReason = event.finishReason;
+      else if (event.type === 'finish' && event.error !== undefined) throw new Error(`engine: ${event.error.message}`);
+    }
+    return result;
+  };
 }
 
 /** Text prompts of the parity check (each server tokenizes them itself). */
@@ -188,15 +221,14 @@ function summarize(results: RoundResult[]): Summary {
   };
 }
 
-async function main(): Promise<void> {
-  const loadBefore = loadavg()[0]!;
-  const modelDir = await ensureBuiltinModel(preset);
+/**
+ * One Sluice stack (redis-server, a worker, a gateway) as a side: the worker as bench:engine runs the
+ * engine (batch of `slots`, KV cache reserved at start as the peer reserves its context,
+ * onnxruntime's default threads), plus `env` over that.
+ */
+async function startSluice(name: Side['name'], modelDir: string, env: Record<string, string>): Promise<{ side: Side; cluster: Cluster }> {
   const cluster = await Cluster.start();
-  let peer: PeerServer | undefined;
-  let scratch: string | undefined;
   try {
-    // The worker as bench:engine runs the engine: batch 32, KV cache reserved at start (as the peer
-    // reserves its context), onnxruntime's default threads.
     const worker = await cluster.worker({
       MODEL_DIR: modelDir,
       MODEL_ID: preset,
@@ -204,25 +236,64 @@ async function main(): Promise<void> {
       KV_PREALLOCATE: 'true',
       ...(threads === cpus().length ? {} : { INTRA_OP_THREADS: String(threads) }),
       HEALTH_REQUEST_IDS: 'false',
+      ...env,
     });
     const gateway = await cluster.gateway();
-    const sides: Side[] = [
-      {
-        name: 'sluice',
-        url: gateway.url,
-        extra: {},
-        cpu: () => {
-          const w = processCpu(worker.process.pid);
-          return {
-            'worker: engine (model threads)': w.total - w.mainThread,
-            'worker: host (main thread)': w.mainThread,
-            gateway: processCpu(gateway.process.pid).total,
-            'redis-server': processCpu(cluster.redis.process.pid).total,
-            client: ownCpu(),
-          };
-        },
+    const side: Side = {
+      name,
+      url: gateway.url,
+      extra: {},
+      stream: httpStream(gateway.url, {}),
+      cpu: () => {
+        const w = processCpu(worker.process.pid);
+        return {
+          'worker: engine (model threads)': w.total - w.mainThread,
+          'worker: host (main thread)': w.mainThread,
+          gateway: processCpu(gateway.process.pid).total,
+          'redis-server': processCpu(cluster.redis.process.pid).total,
+          client: ownCpu(),
+        };
       },
-    ];
+    };
+    return { side, cluster };
+  } catch (error) {
+    await cluster.stop();
+    throw error;
+  }
+}
+
+async function main(): Promise<void> {
+  const loadBefore = loadavg()[0]!;
+  const modelDir = await ensureBuiltinModel(preset);
+  const clusters: Cluster[] = [];
+  let engine: Engine | undefined;
+  let peer: PeerServer | undefined;
+  let scratch: string | undefined;
+  try {
+    const sluice = await startSluice('sluice', modelDir, sluiceEnv);
+    clusters.push(sluice.cluster);
+    const sides: Side[] = [sluice.side];
+    if (sluiceBEnv !== undefined) {
+      const b = await startSluice('sluice-b', modelDir, sluiceBEnv);
+      clusters.push(b.cluster);
+      sides.push(b.side);
+      log(`sluice-b: the worker with ${JSON.stringify(sluiceBEnv)}`);
+    }
+    if (inProcess) {
+      engine = await createEngine({
+        modelDir,
+        maxBatchSize: slots,
+        kvPreallocate: true,
+        ...(threads === cpus().length ? {} : { intraOpThreads: threads }),
+      });
+      sides.push({
+        name: 'engine',
+        url: '',
+        extra: {},
+        stream: engineStream(engine),
+        cpu: () => ({ 'engine thread + its host (the bench process)': ownCpu() }),
+      });
+    }
     let parity: Parity | undefined;
     if (llamaBinary !== undefined) {
       scratch = await mkdtemp(join(tmpdir(), 'sluice-bench-serve-'));
@@ -238,16 +309,18 @@ async function main(): Promise<void> {
         threads,
         extraArgs: llamaArgs,
       });
-      log(`llama-server ${peer.version} on ${peer.url} ${llamaArgs.join(' ')}; sluice on ${gateway.url}`);
+      log(`llama-server ${peer.version} on ${peer.url} ${llamaArgs.join(' ')}; sluice on ${sluice.side.url}`);
       // No prompt cache: Sluice has no prefix cache, and rounds reuse prompts across sides.
       const llamaPid = peer.pid;
-      sides.push({
+      const llama: Side = {
         name: 'llama.cpp',
         url: peer.url,
         extra: { cache_prompt: false },
+        stream: httpStream(peer.url, { cache_prompt: false }),
         cpu: () => ({ 'llama-server': processCpu(llamaPid).total, client: ownCpu() }),
-      });
-      parity = await parityCheck(sides[0]!, sides[1]!);
+      };
+      sides.push(llama);
+      parity = await parityCheck(sluice.side, llama);
       log(`parity: ${JSON.stringify(parity)}`);
     }
 
@@ -293,7 +366,8 @@ async function main(): Promise<void> {
     throw error;
   } finally {
     await peer?.stop();
-    await cluster.stop();
+    for (const cluster of clusters) await cluster.stop();
+    await engine?.close();
     if (scratch !== undefined) await rm(scratch, { recursive: true, force: true });
   }
 }
@@ -318,6 +392,31 @@ function renderTable(summaries: Record<string, Record<string, Summary>>, sides: 
     const long = side?.['32x768'];
     return short === undefined || long === undefined ? '—' : (long.tokensPerSecond / short.tokensPerSecond).toFixed(2);
   };
+  const others = sides.filter((side) => side.name === 'sluice-b' || side.name === 'engine');
+  const otherLabel = (name: Side['name']) =>
+    name === 'engine'
+      ? 'engine alone (in the bench process, no HTTP, no Redis)'
+      : `Sluice B (worker env \`${JSON.stringify(sluiceBEnv)}\`)`;
+  const otherRows =
+    others.length === 0
+      ? []
+      : [
+          '',
+          'Other sides, in the same rounds:',
+          '',
+          '| workload | side | tok/s | ÷ Sluice | ÷ llama.cpp | TTFT p50 / p99 (ms) | ITL p50 / p99 (ms) | tok/s per round |',
+          '|---|---|---:|---:|---:|---:|---:|---:|',
+          ...workloads.flatMap((w) =>
+            others.map((side) => {
+              const x = summaries[side.name]![w.name]!;
+              const p = peer?.[w.name];
+              return (
+                `| ${w.streams} × ${w.tokens} | ${otherLabel(side.name)} | ${x.tokensPerSecond} | ${(x.tokensPerSecond / sluice[w.name]!.tokensPerSecond).toFixed(2)}× | ` +
+                `${p === undefined ? '—' : `${(x.tokensPerSecond / p.tokensPerSecond).toFixed(2)}×`} | ${x.ttftP50Ms} / ${x.ttftP99Ms} | ${x.itlP50Ms} / ${x.itlP99Ms} | ${x.tokensPerSecondRounds.join(' / ')} |`
+              );
+            }),
+          ),
+        ];
   const cpuRows = workloads.flatMap((w) =>
     sides.map((side) => {
       const parts = summaries[side.name]![w.name]!.cpuUsPerToken;
@@ -336,8 +435,10 @@ function renderTable(summaries: Record<string, Record<string, Summary>>, sides: 
     ...rows,
     '',
     `Throughput at 768 tokens ÷ at 128 tokens (32 streams): Sluice **${contextRatio(sluice)}**` +
-      (sides.length > 1 ? `, llama.cpp **${contextRatio(peer)}**` : '') +
+      (peer === undefined ? '' : `, llama.cpp **${contextRatio(peer)}**`) +
+      others.map((side) => `, ${side.name} **${contextRatio(summaries[side.name])}**`).join('') +
       ' (issue 12 target for Sluice: ≥ 0.95).',
+    ...otherRows,
     '',
     'CPU time per completion token, µs (median over rounds; from /proc, all threads of each process; the load client is the same code for both sides):',
     '',

@@ -135,6 +135,7 @@ export function createFakeEngine(options: FakeEngineOptions): Engine {
       maxBatchSize,
       executionProvider: 'cpu',
       kvReservedBytes: 0,
+      intraOpThreads: 0,
     },
     generate(request, signal) {
       const queue = new EventQueue();

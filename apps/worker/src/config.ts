@@ -23,10 +23,19 @@ export const workerEnvSchema = z.object({
   MAX_CACHED_TOKENS: int(1).optional(),
   /** onnxruntime execution provider. @defaultValue cpu */
   EXECUTION_PROVIDER: z.enum(['cpu', 'cuda', 'webgpu']).default('cpu'),
-  /** onnxruntime intra-op threads (0 = its default). @defaultValue 0 */
+  /** onnxruntime intra-op threads (0 = one per physical core, from the kernel's CPU topology). @defaultValue 0 */
   INTRA_OP_THREADS: int(0).default(0),
   /** onnxruntime inter-op threads (0 = its default). @defaultValue 0 */
   INTER_OP_THREADS: int(0).default(0),
+  /**
+   * Whether onnxruntime's intra-op threads spin while waiting for work. Off, they block between
+   * parallel sections and calls, leaving the cores to the worker's host thread, Redis and the gateway
+   * (measured through the whole stack: docs/engine.md "Threads"). @defaultValue false
+   */
+  INTRA_OP_SPINNING: z
+    .enum(['true', 'false', '1', '0'])
+    .default('false')
+    .transform((v) => v === 'true' || v === '1'),
   /**
    * How a continuation (a migrated stream) feeds the tokens already generated: `replay` one decode
    * step each (the next logits are the original run's bit for bit; one step per token), `prefill`
@@ -91,6 +100,7 @@ export interface WorkerConfig {
   maxCachedTokens: number | undefined;
   executionProvider: 'cpu' | 'cuda' | 'webgpu';
   intraOpThreads: number;
+  intraOpSpinning: boolean;
   continuationMode: 'replay' | 'prefill';
   kvGrowth: 'spread' | 'in-place';
   kvPreallocate: boolean;
@@ -136,6 +146,7 @@ export function loadWorkerConfig(env: NodeJS.ProcessEnv = process.env): WorkerCo
     executionProvider: e.EXECUTION_PROVIDER,
     intraOpThreads: e.INTRA_OP_THREADS,
     interOpThreads: e.INTER_OP_THREADS,
+    intraOpSpinning: e.INTRA_OP_SPINNING,
     continuationMode: e.CONTINUATION_MODE,
     kvGrowth: e.KV_GROWTH,
     kvPreallocate: e.KV_PREALLOCATE,

@@ -30,6 +30,7 @@ async function main(): Promise<void> {
       executionProvider: config.executionProvider,
       intraOpThreads: config.intraOpThreads,
       interOpThreads: config.interOpThreads,
+      intraOpSpinning: config.intraOpSpinning,
       continuationMode: config.continuationMode,
       kvGrowth: config.kvGrowth,
       kvPreallocate: config.kvPreallocate,

@@ -186,6 +186,7 @@ export async function startWorker(
       maxBatchSize: engine.info.maxBatchSize,
       concurrency: config.concurrency,
       kvReservedMiB: Math.round(engine.info.kvReservedBytes / 2 ** 20),
+      intraOpThreads: engine.info.intraOpThreads,
       healthPort,
     },
     'worker ready',

@@ -21,6 +21,12 @@ describe('worker configuration', () => {
     expect(() => loadWorkerConfig({ KV_PREALLOCATE: 'yes' })).toThrow(/KV_PREALLOCATE/);
   });
 
+  it('keeps onnxruntime threads from spinning unless INTRA_OP_SPINNING says so', () => {
+    expect(loadWorkerConfig({}).intraOpSpinning).toBe(false);
+    expect(loadWorkerConfig({ INTRA_OP_SPINNING: 'true' }).intraOpSpinning).toBe(true);
+    expect(() => loadWorkerConfig({ INTRA_OP_SPINNING: 'sometimes' })).toThrow(/INTRA_OP_SPINNING/);
+  });
+
   it('names the invalid variable', () => {
     expect(() => loadWorkerConfig({ MAX_BATCH_SIZE: '0' })).toThrow(/MAX_BATCH_SIZE/);
     expect(() => loadWorkerConfig({ EXECUTION_PROVIDER: 'tpu' })).toThrow(/EXECUTION_PROVIDER/);

@@ -65,6 +65,9 @@ function checkOptions(options: EngineOptions): void {
   if (options.kvPreallocate !== undefined && typeof options.kvPreallocate !== 'boolean') {
     throw new EngineError('invalid_request', `EngineOptions.kvPreallocate must be a boolean, got ${String(options.kvPreallocate)}.`);
   }
+  if (options.intraOpSpinning !== undefined && typeof options.intraOpSpinning !== 'boolean') {
+    throw new EngineError('invalid_request', `EngineOptions.intraOpSpinning must be a boolean, got ${String(options.intraOpSpinning)}.`);
+  }
   const provider = options.executionProvider ?? 'cpu';
   if (!['cpu', 'cuda', 'webgpu'].includes(provider)) {
     throw new EngineError('invalid_request', `EngineOptions.executionProvider must be cpu, cuda or webgpu, got ${String(provider)}.`);

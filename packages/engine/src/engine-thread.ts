@@ -10,6 +10,7 @@ import { EngineCore } from './engine-core.js';
 import { EngineError } from './engine-error.js';
 import type { EngineThreadData, HostMessage, ThreadMessage } from './engine-protocol.js';
 import { OnnxSession } from './onnx-session.js';
+import { physicalCores } from './physical-cores.js';
 
 const DEFAULT_MAX_BATCH_SIZE = 32;
 const DEFAULT_MAX_STEP_TOKENS = 512;
@@ -36,11 +37,13 @@ async function main(port: MessagePort, { options }: EngineThreadData): Promise<v
   let core: EngineCore;
   try {
     const model = await loadModelDir(options.modelDir);
+    const intraOpThreads = options.intraOpThreads || physicalCores();
     session = await OnnxSession.create({
       modelPath: model.onnxPath,
       executionProvider: options.executionProvider ?? 'cpu',
-      intraOpThreads: options.intraOpThreads ?? 0,
+      intraOpThreads,
       interOpThreads: options.interOpThreads ?? 0,
+      intraOpSpinning: options.intraOpSpinning ?? true,
     });
     const maxBatchSize = options.maxBatchSize ?? DEFAULT_MAX_BATCH_SIZE;
     const maxContextLength = model.generation.maxContextLength;
@@ -63,6 +66,7 @@ async function main(port: MessagePort, { options }: EngineThreadData): Promise<v
         maxBatchSize,
         executionProvider: options.executionProvider ?? 'cpu',
         kvReservedBytes: core.kvReservedBytes,
+        intraOpThreads,
       },
       vocabSize: session.io.vocabSize ?? model.tokenizer.vocabSize,
       maxCachedTokens: limits.maxCachedTokens,

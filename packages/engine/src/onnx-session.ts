@@ -17,6 +17,8 @@ export interface OnnxSessionOptions {
   intraOpThreads: number;
   /** 0 = onnxruntime's default. */
   interOpThreads: number;
+  /** false: the intra-op threads block instead of spinning while they wait (default true). */
+  intraOpSpinning?: boolean;
   /** Add new key/value slice outputs when the graph allows (default true; false forces the present.* path). */
   newKvOutputs?: boolean;
 }
@@ -105,6 +107,7 @@ export class OnnxSession {
     };
     if (options.intraOpThreads > 0) sessionOptions.intraOpNumThreads = options.intraOpThreads;
     if (options.interOpThreads > 0) sessionOptions.interOpNumThreads = options.interOpThreads;
+    if (options.intraOpSpinning === false) sessionOptions.extra = { session: { intra_op: { allow_spinning: '0' } } };
     if (executionProvider !== 'cpu') {
       const backend = ort.listSupportedBackends().find((candidate) => candidate.name === executionProvider);
       if (backend === undefined) {

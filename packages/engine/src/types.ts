@@ -17,10 +17,24 @@ export interface EngineOptions {
   maxCachedTokens?: number;
   /** onnxruntime execution provider. @defaultValue 'cpu' */
   executionProvider?: ExecutionProvider;
-  /** onnxruntime intra-op threads (0 = onnxruntime's default). @defaultValue 0 */
+  /**
+   * onnxruntime intra-op threads. 0: one per physical core this process may run on, counted from the
+   * kernel's CPU topology (onnxruntime's own count, through cpuinfo, saw one core of two on this
+   * project's VMs); onnxruntime's default where the topology cannot be read.
+   * {@link EngineInfo.intraOpThreads} says what was used. @defaultValue 0
+   */
   intraOpThreads?: number;
   /** onnxruntime inter-op threads (0 = onnxruntime's default). @defaultValue 0 */
   interOpThreads?: number;
+  /**
+   * Whether onnxruntime's intra-op threads spin while they wait for work (its
+   * `session.intra_op.allow_spinning`). Spinning saves a wake-up per parallel section but holds the
+   * cores between and after calls, where the worker's host thread, Redis and the gateway need them.
+   * The worker turns it off (`INTRA_OP_SPINNING`, measured through the whole stack); in process,
+   * with nothing else on the cores, spinning was faster.
+   * @defaultValue true (onnxruntime's default)
+   */
+  intraOpSpinning?: boolean;
   /**
    * How a continuation ({@link GenerateRequest.continuation}) feeds its generated tokens:
    * `replay` — one decode step each, as the original run fed them, so the next logits are the
@@ -189,6 +203,8 @@ export interface EngineInfo {
   executionProvider: ExecutionProvider;
   /** Bytes of KV cache reserved and written at start ({@link EngineOptions.kvPreallocate}); 0 without it. */
   kvReservedBytes: number;
+  /** onnxruntime intra-op threads of the session (0: onnxruntime chose). */
+  intraOpThreads: number;
 }
 
 export interface Engine {

@@ -1,6 +1,7 @@
 import { ensureBuiltinModel, loadModelDir, type ModelDir } from '@sluice/model';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createEngine, EngineError, type Engine, type StepStats } from '../src/index.js';
+import { physicalCores } from '../src/physical-cores.js';
 import { collect } from './support/collect.js';
 
 let engine: Engine;
@@ -20,7 +21,23 @@ afterAll(async () => {
 
 describe('createEngine on the tiny model', () => {
   it('describes the model it serves', () => {
-    expect(engine.info).toEqual({ modelId: 'tiny', maxContextLength: 2048, maxBatchSize: 8, executionProvider: 'cpu', kvReservedBytes: 0 });
+    expect(engine.info).toEqual({
+      modelId: 'tiny',
+      maxContextLength: 2048,
+      maxBatchSize: 8,
+      executionProvider: 'cpu',
+      kvReservedBytes: 0,
+      intraOpThreads: 1,
+    });
+  });
+
+  it('runs one intra-op thread per physical core unless told otherwise', async () => {
+    const defaults = await createEngine({ modelDir: await ensureBuiltinModel('tiny'), maxBatchSize: 1 });
+    try {
+      expect(defaults.info.intraOpThreads).toBe(physicalCores());
+    } finally {
+      await defaults.close();
+    }
   });
 
   it('streams token ids and their text, then ends each choice and finishes with usage and timings', async () => {
