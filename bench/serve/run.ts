@@ -457,7 +457,7 @@ async function write(report: Record<string, unknown> & { parity: Parity | undefi
     '',
     `Measured ${String(report.date)} on ${String(report.machine)}, Node ${process.version}; 1-minute load average ${JSON.stringify(report.loadAverage)}.`,
     `Model: the generated \`${preset}\` preset (${arch.numLayers} layers, hidden ${arch.hiddenSize}, ${arch.numHeads} heads / ${arch.numKvHeads} KV heads, vocab ${arch.vocabSize}, float32).`,
-    `Sluice: one gateway, one worker (MAX_BATCH_SIZE ${slots}, KV_PREALLOCATE), redis-server, as processes on loopback. ` +
+    `Sluice: one gateway, one worker (MAX_BATCH_SIZE ${slots}, KV_PREALLOCATE, ${Object.keys(sluiceEnv).length === 0 ? "the worker's default threads: one onnxruntime intra-op thread per physical core, not spinning" : `\`${JSON.stringify(sluiceEnv)}\``}), redis-server, as processes on loopback. ` +
       (peer === null
         ? 'No peer ran (set `LLAMA_SERVER` to a llama-server binary).'
         : `Peer: llama.cpp \`llama-server\` (${peer.version}) on a GGUF file of the same weights (\`npm run model:generate -- --preset ${preset} --format gguf\`), ` +
