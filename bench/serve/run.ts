@@ -19,6 +19,7 @@
  * - `BENCH_WRITE_DOCS=0`: print only (default: write docs/benchmarks.md and bench-results/serve.json).
  * - `BENCH_IN_PROCESS=1`: also the engine alone in this process (same options, same prompts, no HTTP,
  *   no Redis), in the same rounds: what the stack adds per workload.
+ * - `SLUICE_ENV='{"NAME":"value"}'`: settings over the Sluice worker's defaults (e.g. `INTRA_OP_THREADS`).
  * - `SLUICE_B_ENV='{"NAME":"value"}'`: also a second Sluice stack whose worker gets these settings
  *   over the first's, in the same rounds: an A/B of worker settings.
  */
@@ -58,9 +59,9 @@ const llamaArgs = (process.env.LLAMA_ARGS ?? '').split(/\s+/).filter((arg) => ar
 const writeDocs = process.env.BENCH_WRITE_DOCS !== '0';
 /** Settings over the Sluice worker's defaults (`SLUICE_ENV='{"NAME":"value"}'`). */
 const sluiceEnv = JSON.parse(process.env.SLUICE_ENV ?? '{}') as Record<string, string>;
-/** A second Sluice stack whose worker gets these env settings over the first's: an A/B of worker settings in one run. */
 /** Also run the engine alone in this process (`BENCH_IN_PROCESS=1`): the reference for what the stack adds. */
 const inProcess = process.env.BENCH_IN_PROCESS === '1';
+/** A second Sluice stack whose worker gets these env settings over the first's: an A/B of worker settings in one run. */
 const sluiceBEnv = process.env.SLUICE_B_ENV === undefined ? undefined : (JSON.parse(process.env.SLUICE_B_ENV) as Record<string, string>);
 /** Rows of the worker's batch and slots of the peer: at least 32, as issue 12 measured. */
 const slots = Math.max(32, ...workloads.map((w) => w.streams));
@@ -223,8 +224,8 @@ function summarize(results: RoundResult[]): Summary {
 
 /**
  * One Sluice stack (redis-server, a worker, a gateway) as a side: the worker as bench:engine runs the
- * engine (batch of `slots`, KV cache reserved at start as the peer reserves its context,
- * onnxruntime's default threads), plus `env` over that.
+ * engine (batch of `slots`, KV cache reserved at start as the peer reserves its context, the
+ * worker's default threads), plus `env` over that.
  */
 async function startSluice(name: Side['name'], modelDir: string, env: Record<string, string>): Promise<{ side: Side; cluster: Cluster }> {
   const cluster = await Cluster.start();
