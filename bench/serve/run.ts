@@ -84,6 +84,8 @@ interface RoundResult {
   tokensPerSecond: number;
   ttftMs: number[];
   itlMs: number[];
+  /** Per gap of `itlMs`: whether it began before the round's last first text (the burst's ramp-up, prompts still being prefilled). */
+  itlInRampUp: boolean[];
   /** CPU µs per completion token, by part of the stack. */
   cpuUsPerToken: Record<string, number>;
 }
@@ -100,13 +102,17 @@ async function runWorkload(side: Side, workload: PeerWorkload, round: number): P
   const cpuUsPerToken = Object.fromEntries(
     Object.entries(cpuAfter).map(([part, seconds]) => [part, ((seconds - (cpuBefore[part] ?? 0)) * 1e6) / tokens]),
   );
-  const result: RoundResult = { tokensPerSecond: tokens / (wallMs / 1000), ttftMs: [], itlMs: [], cpuUsPerToken };
+  const result: RoundResult = { tokensPerSecond: tokens / (wallMs / 1000), ttftMs: [], itlMs: [], itlInRampUp: [], cpuUsPerToken };
+  const rampUpEnd = Math.max(...streams.map((stream) => stream.textAt[0] ?? -Infinity));
   for (const stream of streams) {
     if (stream.finishReason !== 'length') throw new Error(`${side.name}: a ${workload.name} stream ended with ${stream.finishReason}`);
     const [first] = stream.textAt;
     if (first === undefined) continue;
     result.ttftMs.push(first - stream.sentAt);
-    for (let i = 1; i < stream.textAt.length; i++) result.itlMs.push(stream.textAt[i]! - stream.textAt[i - 1]!);
+    for (let i = 1; i < stream.textAt.length; i++) {
+      result.itlMs.push(stream.textAt[i]! - stream.textAt[i - 1]!);
+      result.itlInRampUp.push(stream.textAt[i - 1]! < rampUpEnd);
+    }
   }
   return result;
 }
@@ -204,11 +210,16 @@ async function parityCheck(sluice: Side, peer: Side): Promise<Parity> {
 type Summary = Pick<WorkloadResult, 'tokensPerSecond' | 'tokensPerSecondRounds' | 'ttftP50Ms' | 'ttftP99Ms' | 'itlP50Ms' | 'itlP99Ms'> & {
   /** Median over rounds of CPU µs per token, by part of the stack. */
   cpuUsPerToken: Record<string, number>;
+  /** The ITL gaps at or above the p99 (all rounds), and how many of them began in a burst's ramp-up. */
+  itlTail: { gaps: number; inRampUp: number };
 };
 
 function summarize(results: RoundResult[]): Summary {
   const ttft = results.flatMap((r) => r.ttftMs);
   const itl = results.flatMap((r) => r.itlMs);
+  const inRampUp = results.flatMap((r) => r.itlInRampUp);
+  const p99 = percentile(itl, 99);
+  const tail = itl.flatMap((gap, i) => (gap >= p99 ? [inRampUp[i]!] : []));
   return {
     tokensPerSecond: round(median(results.map((r) => r.tokensPerSecond)), 1),
     tokensPerSecondRounds: results.map((r) => round(r.tokensPerSecond, 1)),
@@ -219,6 +230,7 @@ function summarize(results: RoundResult[]): Summary {
     cpuUsPerToken: Object.fromEntries(
       Object.keys(results[0]?.cpuUsPerToken ?? {}).map((part) => [part, Math.round(median(results.map((r) => r.cpuUsPerToken[part]!)))]),
     ),
+    itlTail: { gaps: tail.length, inRampUp: tail.filter(Boolean).length },
   };
 }
 
@@ -440,6 +452,22 @@ function renderTable(summaries: Record<string, Record<string, Summary>>, sides: 
       others.map((side) => `, ${side.name} **${contextRatio(summaries[side.name])}**`).join('') +
       ' (issue 12 target for Sluice: ≥ 0.95).',
     ...otherRows,
+    '',
+    "Where each side's ITL tail is: of the gaps at or above its p99 (every round), how many began in the burst's ramp-up " +
+      "(before the round's last stream had its first text, while prompts were still being prefilled): " +
+      workloads
+        .map(
+          (w) =>
+            `${w.name} ` +
+            sides
+              .map((side) => {
+                const tail = summaries[side.name]![w.name]!.itlTail;
+                return `${side.name} ${tail.inRampUp} of ${tail.gaps}`;
+              })
+              .join(', '),
+        )
+        .join('; ') +
+      '.',
     '',
     'CPU time per completion token, µs (median over rounds; from /proc, all threads of each process; the load client is the same code for both sides):',
     '',
