@@ -115,6 +115,7 @@ export function createFakeEngine(options: FakeEngineOptions): Engine {
       cachedTokens: 0,
       maxCachedTokens: 1,
       promptTokens: 0,
+      prefillCalls: 0,
       generationTokens: generated,
       kvRelayouts: 0,
     };

@@ -19,6 +19,8 @@ export const workerEnvSchema = z.object({
   MAX_BATCH_SIZE: int(1).default(32),
   /** Max tokens fed to the model in one step (prefill chunk + decodes). @defaultValue 512 */
   MAX_STEP_TOKENS: int(1).default(512),
+  /** Whole prompts prefilled together in one model call, at most (1 = one prompt per call). @defaultValue 32 */
+  MAX_PREFILL_BATCH: int(1).default(32),
   /** Cap on tokens in the KV cache over all sequences. @defaultValue MAX_BATCH_SIZE × context length */
   MAX_CACHED_TOKENS: int(1).optional(),
   /** onnxruntime execution provider. @defaultValue cpu */
@@ -97,6 +99,7 @@ export interface WorkerConfig {
   modelId: string | undefined;
   maxBatchSize: number;
   maxStepTokens: number;
+  maxPrefillBatch: number;
   maxCachedTokens: number | undefined;
   executionProvider: 'cpu' | 'cuda' | 'webgpu';
   intraOpThreads: number;
@@ -142,6 +145,7 @@ export function loadWorkerConfig(env: NodeJS.ProcessEnv = process.env): WorkerCo
     modelId: e.MODEL_ID,
     maxBatchSize: e.MAX_BATCH_SIZE,
     maxStepTokens: e.MAX_STEP_TOKENS,
+    maxPrefillBatch: e.MAX_PREFILL_BATCH,
     maxCachedTokens: e.MAX_CACHED_TOKENS,
     executionProvider: e.EXECUTION_PROVIDER,
     intraOpThreads: e.INTRA_OP_THREADS,

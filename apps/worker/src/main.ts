@@ -34,6 +34,7 @@ async function main(): Promise<void> {
       continuationMode: config.continuationMode,
       kvGrowth: config.kvGrowth,
       kvPreallocate: config.kvPreallocate,
+      maxPrefillBatch: config.maxPrefillBatch,
     });
     const modelId = config.modelId ?? model.id;
     worker = await startWorker(config, {

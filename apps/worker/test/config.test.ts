@@ -27,6 +27,12 @@ describe('worker configuration', () => {
     expect(() => loadWorkerConfig({ INTRA_OP_SPINNING: 'sometimes' })).toThrow(/INTRA_OP_SPINNING/);
   });
 
+  it('prefills up to 32 whole prompts a call unless MAX_PREFILL_BATCH says otherwise', () => {
+    expect(loadWorkerConfig({}).maxPrefillBatch).toBe(32);
+    expect(loadWorkerConfig({ MAX_PREFILL_BATCH: '1' }).maxPrefillBatch).toBe(1);
+    expect(() => loadWorkerConfig({ MAX_PREFILL_BATCH: '0' })).toThrow(/MAX_PREFILL_BATCH/);
+  });
+
   it('names the invalid variable', () => {
     expect(() => loadWorkerConfig({ MAX_BATCH_SIZE: '0' })).toThrow(/MAX_BATCH_SIZE/);
     expect(() => loadWorkerConfig({ EXECUTION_PROVIDER: 'tpu' })).toThrow(/EXECUTION_PROVIDER/);

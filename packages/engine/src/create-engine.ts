@@ -36,7 +36,7 @@ export async function createEngine(options: EngineOptions): Promise<Engine> {
 }
 
 function checkOptions(options: EngineOptions): void {
-  const positive = ['maxBatchSize', 'maxStepTokens', 'maxCachedTokens'] as const;
+  const positive = ['maxBatchSize', 'maxStepTokens', 'maxCachedTokens', 'maxPrefillBatch'] as const;
   for (const field of positive) {
     const value = options[field];
     if (value !== undefined && !(Number.isInteger(value) && value >= 1)) {

@@ -28,7 +28,15 @@ export interface EngineCoreOptions extends SchedulerLimits {
   kvGrowth: KvGrowth;
   /** See {@link EngineOptions.kvPreallocate}. */
   kvPreallocate?: boolean;
+  /** See {@link EngineOptions.maxPrefillBatch}. @defaultValue 1 (the engine thread passes 32) */
+  maxPrefillBatch?: number;
 }
+
+/**
+ * Left padding a call of prompts prefilled together may add, as a share of its real tokens: prompts
+ * are grouped by length, and a call closes before its padding would pass this.
+ */
+const PREFILL_PADDING_SHARE = 1 / 8;
 
 export interface StepOutput {
   events: Array<[key: number, event: EngineEvent]>;
@@ -158,15 +166,18 @@ export class EngineCore {
     }
 
     let promptTokens = 0;
-    for (const chunk of plan.prefill) {
-      if (chunk.group.finished) continue;
+    let prefillCalls = 0;
+    for (const call of this.#prefillCalls(plan.prefill)) {
+      const chunks = call.filter((chunk) => !chunk.group.finished);
+      if (chunks.length === 0) continue;
+      prefillCalls++;
       if (early !== undefined && this.#events.length > 0) early(this.#takeEvents());
       const runStart = now();
       try {
-        generationTokens += await this.#prefill(chunk);
-        promptTokens += chunk.length;
+        generationTokens += chunks.length === 1 ? await this.#prefill(chunks[0]!) : await this.#prefillTogether(chunks);
+        for (const chunk of chunks) promptTokens += chunk.length;
       } catch (cause) {
-        this.#failGroup(chunk.group, 'internal', `Prefill failed: ${errorText(cause)}`);
+        for (const chunk of chunks) this.#failGroup(chunk.group, 'internal', `Prefill failed: ${errorText(cause)}`);
       }
       modelMs += now() - runStart;
     }
@@ -194,6 +205,7 @@ export class EngineCore {
         cachedTokens: this.cachedTokens,
         maxCachedTokens: this.#limits.maxCachedTokens,
         promptTokens,
+        prefillCalls,
         generationTokens,
         kvRelayouts: this.#relayouts() - relayoutsBefore,
       };
@@ -266,14 +278,69 @@ export class EngineCore {
     }
     group.prefilled += length;
     if (group.prefilled < group.promptLength) return 0;
+    return this.#prefilled(group, output.logits, (output.positions - 1) * output.vocabSize, output.vocabSize);
+  }
 
+  /**
+   * The step's prompt chunks as model calls, in order. Whole prompts with nothing cached yet are
+   * prefilled together, up to `maxPrefillBatch` a call (a batch-1 prefill call reads all the weights
+   * for a few tokens: docs/engine.md, "Prefilling a burst"): shortest first, each call left-padded to
+   * its longest prompt and closed before that padding passes {@link PREFILL_PADDING_SHARE} of its
+   * tokens. A long prompt's chunks, and every chunk of a GroupQueryAttention graph (no padding), go
+   * one a call, first.
+   */
+  #prefillCalls(chunks: ReadonlyArray<PrefillChunk<RequestGroup>>): Array<Array<PrefillChunk<RequestGroup>>> {
+    const max = this.#limits.maxPrefillBatch ?? 1;
+    const together =
+      max > 1 && this.#session.outputsNewKv && !this.#exactLengthBatches
+        ? chunks.filter((chunk) => chunk.start === 0 && chunk.length === chunk.group.promptLength && chunk.group.prefillKv === undefined)
+        : [];
+    if (together.length < 2) return chunks.map((chunk) => [chunk]);
+    const calls = chunks.filter((chunk) => !together.includes(chunk)).map((chunk) => [chunk]);
+    let call: Array<PrefillChunk<RequestGroup>> = [];
+    let tokens = 0;
+    for (const chunk of [...together].sort((a, b) => a.length - b.length)) {
+      const padded = chunk.length * (call.length + 1);
+      if (call.length > 0 && (call.length >= max || padded > (tokens + chunk.length) * (1 + PREFILL_PADDING_SHARE))) {
+        calls.push(call);
+        call = [];
+        tokens = 0;
+      }
+      call.push(chunk);
+      tokens += chunk.length;
+    }
+    calls.push(call);
+    return calls;
+  }
+
+  /** Whole prompts, nothing cached yet, in one call (left-padded to the longest); samples each one's first tokens. */
+  async #prefillTogether(chunks: ReadonlyArray<PrefillChunk<RequestGroup>>): Promise<number> {
+    const shape = this.#session.io.kv;
+    const rows = chunks.map(({ group, length }): RowInput => ({ cachedLength: 0, tokens: group.prefillTokenIds.slice(0, length) }));
+    const inputs = packInputs(0, rows, this.#padTokenId);
+    const run = await this.#session.runNewKv(inputs, KvBatch.empty(shape, rows.length));
+    const slots = inputs.newTokens;
+    let sampled = 0;
+    chunks.forEach(({ group, length }, row) => {
+      // The prompt's own slots (the last `length` of its row), compact, as a call of its own leaves them.
+      group.prefillKv = KvBatch.gather(shape, [{ data: run.newKv, slots, row, segments: [[slots - length, length]] }]);
+      group.prefilled += length;
+      sampled += this.#prefilled(group, run.logits, (row * run.positions + run.positions - 1) * run.vocabSize, run.vocabSize);
+    });
+    return sampled;
+  }
+
+  /**
+   * A group's prompt is in its cache: its sequences start, each sibling's first token sampled from
+   * the logits row at `offset`. @returns the tokens sampled
+   */
+  #prefilled(group: RequestGroup, logits: Float32Array, offset: number, vocabSize: number): number {
     group.prefilledAt = now();
     this.#scheduler.markPrefilled(group);
     const { sampling, continuation } = group.request;
     const promptTokens = new Set(group.request.promptTokenIds);
     const seed = sampling.seed ?? crypto.getRandomValues(new Uint32Array(1))[0]!;
-    const offset = (output.positions - 1) * output.vocabSize;
-    const source = group.prefillKv.rowSource(0);
+    const source = group.prefillKv!.rowSource(0);
     for (let index = 0; index < sampling.n; index++) {
       const choice = continuation?.choiceIndex ?? index;
       const generated = continuation?.generatedTokenIds ?? [];
@@ -293,7 +360,7 @@ export class EngineCore {
       sequence.sampler.prime(generated);
       for (const tokenId of generated) sequence.streamer.push(tokenId);
       group.sequences.push(sequence);
-      if (!group.replays) this.#accept(sequence, sequence.sampler.sample(output.logits, offset, output.vocabSize));
+      if (!group.replays) this.#accept(sequence, sequence.sampler.sample(logits, offset, vocabSize));
       if (sequence.finishReason === undefined) this.#joining.push({ sequence, source });
     }
     return group.replays ? 0 : sampling.n;

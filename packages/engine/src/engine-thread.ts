@@ -14,6 +14,7 @@ import { physicalCores } from './physical-cores.js';
 
 const DEFAULT_MAX_BATCH_SIZE = 32;
 const DEFAULT_MAX_STEP_TOKENS = 512;
+const DEFAULT_MAX_PREFILL_BATCH = 32;
 
 /**
  * The fixed cost of one decode call in KV slots of batch work. A CPU decode call reads every weight
@@ -56,6 +57,7 @@ async function main(port: MessagePort, { options }: EngineThreadData): Promise<v
       continuationMode: options.continuationMode ?? 'replay',
       kvGrowth: options.kvGrowth ?? 'in-place',
       kvPreallocate: options.kvPreallocate ?? false,
+      maxPrefillBatch: options.maxPrefillBatch ?? DEFAULT_MAX_PREFILL_BATCH,
     };
     core = new EngineCore(session, model, limits);
     post({

@@ -65,6 +65,15 @@ export interface EngineOptions {
    * @defaultValue false
    */
   kvPreallocate?: boolean;
+  /**
+   * Prompts prefilled together in one model call, at most (plain-form graphs; whole prompts with
+   * nothing cached yet, grouped by length, left-padded to the longest of the call). A batch-1 prefill
+   * call reads all the weights for a few tokens, so a burst of newcomers is prefilled sooner together
+   * (docs/engine.md, "Prefilling a burst"). 1 = one prompt per call. Rows prefilled with padding may
+   * differ from a prompt prefilled alone in the last bits, as decode rows of different batch shapes do.
+   * @defaultValue 32
+   */
+  maxPrefillBatch?: number;
 }
 
 export type ContinuationMode = 'replay' | 'prefill';
@@ -182,6 +191,8 @@ export interface StepStats {
   cachedTokens: number;
   maxCachedTokens: number;
   promptTokens: number;
+  /** Model calls this step made for prompt chunks (several whole prompts may share one: {@link EngineOptions.maxPrefillBatch}). */
+  prefillCalls: number;
   generationTokens: number;
   /**
    * Whole-cache copies made inside this step (the decode lane's capacity changed in place, or its

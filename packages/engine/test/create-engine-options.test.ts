@@ -7,6 +7,7 @@ describe('createEngine options', () => {
     [{ kvPreallocate: 'yes' }, /EngineOptions\.kvPreallocate must be a boolean, got yes/],
     [{ kvGrowth: 'sideways' }, /EngineOptions\.kvGrowth must be spread or in-place, got sideways/],
     [{ maxBatchSize: 0 }, /maxBatchSize/],
+    [{ maxPrefillBatch: 0 }, /EngineOptions\.maxPrefillBatch must be an integer ≥ 1, got 0/],
   ])('refuses %o before loading anything, naming the option', async (bad, message) => {
     const options = { modelDir: '/nonexistent', ...bad } as unknown as EngineOptions;
     await expect(createEngine(options)).rejects.toThrow(message);

@@ -1,0 +1,93 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { createEngine, type Engine, type GenerateRequest, type StepStats } from '../src/index.js';
+import { collect } from './support/collect.js';
+import { tinyModelDir } from './support/model-forms.js';
+
+/**
+ * `maxPrefillBatch`: whole prompts that arrive together are prefilled in one call (left-padded to the
+ * longest of the call), and each request still gets the tokens it gets alone.
+ */
+
+/** Prompts of several lengths (short ones pad each other; 30 and 31 are chunked past the step budget). */
+const LENGTHS = [3, 3, 4, 7, 8, 9, 15, 16, 30, 31];
+
+function requests(): GenerateRequest[] {
+  return LENGTHS.map((length, i) => ({
+    id: `prompt-${i}`,
+    promptTokenIds: Array.from({ length }, (_, t) => 3 + ((i * 131 + t * 17) % 1000)),
+    sampling:
+      i % 3 === 2
+        ? { maxTokens: 12, ignoreEos: true, temperature: 0.8, topP: 0.9, seed: 1000 + i, n: 2 }
+        : { maxTokens: 12, ignoreEos: true, temperature: 0, logprobs: true },
+  }));
+}
+
+async function runTogether(engine: Engine, batch: GenerateRequest[]) {
+  const steps: StepStats[] = [];
+  const off = engine.onStep((stats) => steps.push(stats));
+  const results = await Promise.all(batch.map((request) => collect(engine.generate(request))));
+  off();
+  return { results, steps };
+}
+
+describe('prompts prefilled together (maxPrefillBatch)', () => {
+  const made: Array<{ remove: () => Promise<void> }> = [];
+  let plainDir: string;
+  let gqaDir: string;
+  let alone: Engine;
+  let together: Engine;
+  let gqaTogether: Engine;
+
+  beforeAll(async () => {
+    const plain = await tinyModelDir('plain');
+    const gqa = await tinyModelDir('gqa');
+    made.push(plain, gqa);
+    plainDir = plain.dir;
+    gqaDir = gqa.dir;
+    const options = { maxBatchSize: 16, maxStepTokens: 40, intraOpThreads: 1 };
+    [alone, together, gqaTogether] = await Promise.all([
+      createEngine({ modelDir: plainDir, ...options, maxPrefillBatch: 1 }),
+      createEngine({ modelDir: plainDir, ...options, maxPrefillBatch: 8 }),
+      createEngine({ modelDir: gqaDir, ...options, maxPrefillBatch: 8 }),
+    ]);
+  });
+
+  afterAll(async () => {
+    await Promise.all([alone?.close(), together?.close(), gqaTogether?.close()]);
+    for (const entry of made) await entry.remove();
+  });
+
+  it('gives each prompt prefilled with others in one padded call the tokens and text it gets alone', async () => {
+    const batch = requests();
+    const reference = [];
+    for (const request of batch) reference.push(await collect(alone.generate(request)));
+
+    const { results, steps } = await runTogether(together, batch);
+    for (const [i, request] of batch.entries()) {
+      const got = results[i]!;
+      const want = reference[i]!;
+      expect(got.tokens, request.id).toEqual(want.tokens);
+      expect(got.texts, request.id).toEqual(want.texts);
+      expect(got.endReasons, request.id).toEqual(want.endReasons);
+      if (request.sampling.logprobs === true) {
+        // Padding changes how the attention sums group: the last bits, not the tokens.
+        got.logprobs[0]!.forEach((entry, t) => expect(entry.logprob).toBeCloseTo(want.logprobs[0]![t]!.logprob, 4));
+      }
+    }
+    // Fewer prefill calls than prompt chunks (a step's chunks: its rows less its decode rows, stepTokens − promptTokens).
+    const calls = steps.reduce((sum, stats) => sum + stats.prefillCalls, 0);
+    const chunks = steps.reduce((sum, stats) => sum + stats.batchSize - (stats.stepTokens - stats.promptTokens), 0);
+    expect(chunks).toBeGreaterThanOrEqual(LENGTHS.length);
+    expect(calls).toBeLessThan(chunks);
+    expect(steps.at(-1)?.cachedTokens).toBe(0);
+  });
+
+  it('prefills GroupQueryAttention graphs one prompt a call (they cannot express padding)', async () => {
+    const batch = requests().filter((request) => request.promptTokenIds.length < 20);
+    const { results, steps } = await runTogether(gqaTogether, batch);
+    expect(results.every((result) => result.endReasons.every((reason) => reason === 'length'))).toBe(true);
+    const calls = steps.reduce((sum, stats) => sum + stats.prefillCalls, 0);
+    const chunks = steps.reduce((sum, stats) => sum + stats.batchSize - (stats.stepTokens - stats.promptTokens), 0);
+    expect(calls).toBe(chunks);
+  });
+});
