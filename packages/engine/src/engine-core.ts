@@ -28,8 +28,8 @@ export interface EngineCoreOptions extends SchedulerLimits {
   kvGrowth: KvGrowth;
   /** See {@link EngineOptions.kvPreallocate}. */
   kvPreallocate?: boolean;
-  /** See {@link EngineOptions.maxPrefillBatch}. @defaultValue 1 (the engine thread passes 32) */
-  maxPrefillBatch?: number;
+  /** See {@link EngineOptions.maxPrefillBatch}. */
+  maxPrefillBatch: number;
 }
 
 /**
@@ -290,13 +290,15 @@ export class EngineCore {
    * one a call, first.
    */
   #prefillCalls(chunks: ReadonlyArray<PrefillChunk<RequestGroup>>): Array<Array<PrefillChunk<RequestGroup>>> {
-    const max = this.#limits.maxPrefillBatch ?? 1;
-    const together =
+    const max = this.#limits.maxPrefillBatch;
+    // A chunk from position 0 to the prompt's end is a whole prompt with nothing cached.
+    const together = new Set(
       max > 1 && this.#session.outputsNewKv && !this.#exactLengthBatches
-        ? chunks.filter((chunk) => chunk.start === 0 && chunk.length === chunk.group.promptLength && chunk.group.prefillKv === undefined)
-        : [];
-    if (together.length < 2) return chunks.map((chunk) => [chunk]);
-    const calls = chunks.filter((chunk) => !together.includes(chunk)).map((chunk) => [chunk]);
+        ? chunks.filter((chunk) => chunk.start === 0 && chunk.length === chunk.group.promptLength)
+        : [],
+    );
+    if (together.size < 2) return chunks.map((chunk) => [chunk]);
+    const calls = chunks.filter((chunk) => !together.has(chunk)).map((chunk) => [chunk]);
     let call: Array<PrefillChunk<RequestGroup>> = [];
     let tokens = 0;
     for (const chunk of [...together].sort((a, b) => a.length - b.length)) {

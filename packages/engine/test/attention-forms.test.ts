@@ -68,6 +68,7 @@ describe.each(ATTENTION_FORMS)('the %s attention form', (form: AttentionForm) =>
         continuationMode: 'replay',
         kvGrowth,
         kvPreallocate,
+        maxPrefillBatch: 1,
       });
       const cases = [
         { prompt: 5, maxTokens: 5 * KV_BLOCK + 10 },

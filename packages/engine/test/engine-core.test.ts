@@ -30,6 +30,7 @@ function newCore(): EngineCore {
     exactLengthBatches: false,
     continuationMode: 'replay',
     kvGrowth: 'spread',
+    maxPrefillBatch: 1,
   });
 }
 
@@ -110,6 +111,7 @@ describe('EngineCore', () => {
           exactLengthBatches: false,
           continuationMode: 'replay',
           kvGrowth: 'spread',
+          maxPrefillBatch: 1,
         });
         const tokens: number[][] = [[], [], [], [], []];
         const lengths = [30, 7, 90, 12, 70];
