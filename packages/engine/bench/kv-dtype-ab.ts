@@ -13,7 +13,10 @@
 import * as ort from 'onnxruntime-node';
 import onnxProto from 'onnx-proto';
 import { ensureBuiltinModel, loadModelDir } from '@sluice/model';
+import { physicalCores } from '../src/physical-cores.js';
 import { rewriteDecoderGraph } from '../src/rewrite-decoder-graph.js';
+import { decodeFeeds } from './decode-feeds.js';
+import { median } from './raw-session.js';
 
 const { onnx } = onnxProto;
 const { FLOAT, FLOAT16 } = onnx.TensorProto.DataType;
@@ -70,7 +73,12 @@ function withFloat16Cache(bytes: Uint8Array, newKvNames: readonly string[]): Uin
   return onnx.ModelProto.encode(m).finish();
 }
 
-const options: ort.InferenceSession.SessionOptions = { graphOptimizationLevel: 'all', logSeverityLevel: 3 };
+// The engine's thread count (one intra-op thread per physical core), whatever onnxruntime would pick.
+const options: ort.InferenceSession.SessionOptions = {
+  graphOptimizationLevel: 'all',
+  logSeverityLevel: 3,
+  intraOpNumThreads: physicalCores(),
+};
 const sides = [
   { name: 'float32 cache', session: await ort.InferenceSession.create(rewritten.bytes, options), half: false },
   {
@@ -79,27 +87,9 @@ const sides = [
     half: true,
   },
 ];
-const { numLayers, numKvHeads, headDim } = model.io;
-const med = (a: readonly number[]) => [...a].sort((x, y) => x - y)[a.length >> 1]!;
-
-function feeds(past: number, half: boolean): Record<string, ort.Tensor> {
-  const out: Record<string, ort.Tensor> = {
-    input_ids: new ort.Tensor('int64', new BigInt64Array(rows).fill(5n), [rows, 1]),
-    attention_mask: new ort.Tensor('int64', new BigInt64Array(rows * (past + 1)).fill(1n), [rows, past + 1]),
-    position_ids: new ort.Tensor('int64', new BigInt64Array(rows).fill(BigInt(past)), [rows, 1]),
-  };
-  const size = rows * numKvHeads * past * headDim;
-  for (let layer = 0; layer < numLayers; layer++)
-    for (const part of ['key', 'value'])
-      out[`past_key_values.${layer}.${part}`] = half
-        ? new ort.Tensor('float16', new Uint16Array(size).fill(0x2000), [rows, numKvHeads, past, headDim])
-        : new ort.Tensor('float32', new Float32Array(size).fill(0.01), [rows, numKvHeads, past, headDim]);
-  return out;
-}
-
 console.log(`${model.onnxPath}: ${rows} rows, onnxruntime-node ${ort.env.versions.common}`);
 for (const past of pasts) {
-  const inputs = sides.map((side) => feeds(past, side.half));
+  const inputs = sides.map((side) => decodeFeeds(model.io, { rows, past, half: side.half }));
   const times = sides.map(() => [] as number[]);
   for (let round = 0; round < rounds; round++) {
     for (const [k, side] of sides.entries()) {
@@ -111,7 +101,7 @@ for (const past of pasts) {
       }
     }
   }
-  const [f32, f16] = times.map(med) as [number, number];
+  const [f32, f16] = times.map(median) as [number, number];
   console.log(`past ${past}: float32 ${f32.toFixed(2)} ms, float16 ${f16.toFixed(2)} ms, float16 ÷ float32 ${(f16 / f32).toFixed(3)}`);
 }
 for (const side of sides) await side.session.release();

@@ -9,6 +9,8 @@
 import * as ort from 'onnxruntime-node';
 import { ensureBuiltinModel, loadModelDir } from '@sluice/model';
 import { rewriteDecoderGraph } from '../src/rewrite-decoder-graph.js';
+import { decodeFeeds } from './decode-feeds.js';
+import { median } from './raw-session.js';
 const model = await loadModelDir(await ensureBuiltinModel((process.env.PRESET ?? 'bench') as 'bench'));
 const rows = Number(process.env.ROWS ?? 1);
 const past = Number(process.env.PAST ?? 64);
@@ -19,22 +21,8 @@ const sessions = await Promise.all(
     ort.InferenceSession.create(rewritten!.bytes, { graphOptimizationLevel: 'all', logSeverityLevel: 3, ...extra }),
   ),
 );
-const { numLayers, numKvHeads, headDim } = model.io;
-const feeds: Record<string, ort.Tensor> = {
-  input_ids: new ort.Tensor('int64', new BigInt64Array(rows).fill(5n), [rows, 1]),
-  attention_mask: new ort.Tensor('int64', new BigInt64Array(rows * (past + 1)).fill(1n), [rows, past + 1]),
-  position_ids: new ort.Tensor('int64', new BigInt64Array(rows).fill(BigInt(past)), [rows, 1]),
-};
-for (let i = 0; i < numLayers; i++)
-  for (const part of ['key', 'value'])
-    feeds[`past_key_values.${i}.${part}`] = new ort.Tensor('float32', new Float32Array(rows * numKvHeads * past * headDim).fill(0.01), [
-      rows,
-      numKvHeads,
-      past,
-      headDim,
-    ]);
+const feeds = decodeFeeds(model.io, { rows, past });
 const fetches = ['logits', ...rewritten!.newKvNames];
-const med = (a: number[]) => [...a].sort((x, y) => x - y)[a.length >> 1]!;
 const results = configs.map(() => ({ wall: [] as number[], cpu: [] as number[] }));
 for (const s of sessions) for (let i = 0; i < 20; i++) await s.run(feeds, fetches);
 for (let round = 0; round < Number(process.env.ROUNDS ?? 6); round++) {
@@ -47,11 +35,11 @@ for (let round = 0; round < Number(process.env.ROUNDS ?? 6); round++) {
       times.push(performance.now() - t);
     }
     const c = process.cpuUsage(c0);
-    results[k]!.wall.push(med(times));
+    results[k]!.wall.push(median(times));
     results[k]!.cpu.push((c.user + c.system) / 1000 / 100);
   }
 }
 for (const [k, [name]] of configs.entries())
   console.log(
-    `${name.padEnd(24)} run p50 by round ${results[k]!.wall.map((x) => x.toFixed(2)).join(' ')} | median ${med(results[k]!.wall).toFixed(2)} ms, cpu/run ${med(results[k]!.cpu).toFixed(2)} ms`,
+    `${name.padEnd(24)} run p50 by round ${results[k]!.wall.map((x) => x.toFixed(2)).join(' ')} | median ${median(results[k]!.wall).toFixed(2)} ms, cpu/run ${median(results[k]!.cpu).toFixed(2)} ms`,
   );
