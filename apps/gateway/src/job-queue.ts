@@ -83,27 +83,23 @@ export class RedisJobQueue implements JobSubmitter, WorkCanceller {
   }
 
   async submit(job: GenerateJob, format: StreamFormat, owner = ''): Promise<void> {
-    const meta = this.names.metaKey(job.requestId);
     const ttlMs = Math.max(1, job.deadlineAt - Date.now()) + this.retentionMs;
     // The meta goes out just before the add, on the same connection (the gateway gives this class the
     // queue's): one connection keeps the order, so the meta exists before any worker can take the job,
     // and both take one round trip instead of two (TTFT).
-    const written = this.redis
-      .multi()
-      .hset(
-        meta,
-        encodeRequestMeta({
-          channel: job.channel,
-          graceMs: job.resumeGraceMs,
-          attempt: 1,
-          enqueuedAt: job.enqueuedAt,
-          deadlineAt: job.deadlineAt,
-          format,
-          owner,
-        }),
-      )
-      .pexpire(meta, ttlMs)
-      .exec();
+    const written = this.scripts.createMeta(
+      job.requestId,
+      encodeRequestMeta({
+        channel: job.channel,
+        graceMs: job.resumeGraceMs,
+        attempt: 1,
+        enqueuedAt: job.enqueuedAt,
+        deadlineAt: job.deadlineAt,
+        format,
+        owner,
+      }),
+      ttlMs,
+    );
     const added = this.queue.add(GENERATE_JOB, job, {
       jobId: job.requestId,
       // Job data holds the prompt in clear: nothing stays in Redis once the job settles.

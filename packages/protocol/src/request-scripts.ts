@@ -1,6 +1,6 @@
 import type { ChainableCommander, Redis } from 'ioredis';
 import type { RedisNames } from './names.js';
-import { APPEND_LOG_SCRIPT, MIGRATE_SCRIPT, ROUTE_SCRIPT } from './token-log.js';
+import { APPEND_LOG_SCRIPT, CREATE_META_SCRIPT, MIGRATE_SCRIPT, ROUTE_SCRIPT } from './token-log.js';
 
 /** One append to a request's token log ({@link APPEND_LOG_SCRIPT}). */
 export interface LogAppend {
@@ -26,6 +26,7 @@ interface QueuedAppend {
 }
 
 interface ScriptCommands {
+  createMeta(meta: string, ttlMs: number, ...pairs: string[]): Promise<number>;
   appendLog(meta: string, log: string, ...args: Array<string | number>): Promise<number>;
   routeRequest(meta: string, channel: string, from: string, now: number): Promise<number>;
   migrateRequest(meta: string, ...args: Array<string | number>): Promise<MigrateReply>;
@@ -44,10 +45,18 @@ export class RequestScripts {
     private readonly names: RedisNames,
   ) {
     // ioredis sends EVALSHA, and EVAL once when Redis does not know the script yet.
+    redis.defineCommand('createMeta', { numberOfKeys: 1, lua: CREATE_META_SCRIPT });
     redis.defineCommand('appendLog', { numberOfKeys: 2, lua: APPEND_LOG_SCRIPT });
     redis.defineCommand('routeRequest', { numberOfKeys: 1, lua: ROUTE_SCRIPT });
     redis.defineCommand('migrateRequest', { numberOfKeys: 1, lua: MIGRATE_SCRIPT });
     this.#redis = redis as Redis & ScriptCommands;
+  }
+
+  /** Writes a new request's meta (the fields of `encodeRequestMeta`) with its TTL, in one command. */
+  createMeta(requestId: string, fields: Record<string, string>, ttlMs: number): Promise<number> {
+    const pairs: string[] = [];
+    for (const [field, value] of Object.entries(fields)) pairs.push(field, value);
+    return this.#redis.createMeta(this.names.metaKey(requestId), ttlMs, ...pairs);
   }
 
   /** Queues an append on a pipeline (or MULTI) of the same connection; its reply is 1, or 0 when fenced out. */
