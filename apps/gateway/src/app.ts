@@ -2,6 +2,7 @@ import { randomUUID } from 'node:crypto';
 import { Hono } from 'hono';
 import { REQUEST_ID_PATTERN } from '@sluice/protocol';
 import type { HttpBindings } from '@hono/node-server';
+import { RESPONSE_ALREADY_SENT } from '@hono/node-server/utils/response';
 import type { Logger } from 'pino';
 import type { AccessControl } from './auth/access-control.js';
 import type { AuthenticatedKey } from './auth/auth-middleware.js';
@@ -98,6 +99,16 @@ export function createApp(deps: AppDeps) {
       outgoing.once('close', () => responded(route, outgoing.headersSent ? outgoing.statusCode : 499));
     }
     await next();
+    const outgoing = c.env?.outgoing;
+    if (outgoing !== undefined && (outgoing.headersSent || outgoing.destroyed)) {
+      // A responder wrote its reply on the Node response itself (streams, the JSON completion) and
+      // returned RESPONSE_ALREADY_SENT. If a middleware had touched c.res before (hono/cors does),
+      // Hono wrapped that marker into a new Response, which @hono/node-server would try to send
+      // again (an ERR_HTTP_HEADERS_SENT stack logged per stream): hand it the marker itself.
+      c.res = undefined;
+      c.res = RESPONSE_ALREADY_SENT;
+      return;
+    }
     if (!c.res.headers.has('x-request-id')) {
       try {
         c.res.headers.set('X-Request-Id', requestId);

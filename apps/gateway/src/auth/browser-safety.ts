@@ -1,4 +1,4 @@
-import { Hono, type MiddlewareHandler } from 'hono';
+import { Hono, type Context, type MiddlewareHandler, type Next } from 'hono';
 import { cors } from 'hono/cors';
 import { secureHeaders } from 'hono/secure-headers';
 
@@ -52,11 +52,35 @@ function hasBody(headers: { 'content-length'?: string | undefined; 'transfer-enc
 }
 
 /**
+ * What hono/cors puts on the reply to a request that names no `Origin` (not a browser's: SDKs,
+ * curl, load balancers' probes), read once per allow-list from a throwaway app. Such requests get
+ * these headers set straight on the Node response instead of passing hono/cors, which builds a web
+ * `Response` and its validated `Headers` per request (with secure-headers, ~9 % of the gateway's CPU
+ * per request on a burst of streams: docs/benchmarks.md).
+ */
+const plainCorsHeaders = new Map<MiddlewareHandler, Promise<Array<[string, string]>>>();
+function plainCorsHeaderList(corsMiddleware: MiddlewareHandler): Promise<Array<[string, string]>> {
+  let list = plainCorsHeaders.get(corsMiddleware);
+  if (list === undefined) {
+    list = (async () => {
+      const probe = new Hono().use(corsMiddleware).get('/', (c) => c.body(null));
+      const res = await probe.request('/');
+      return [...res.headers.entries()].filter(([name]) => name !== 'content-type');
+    })();
+    plainCorsHeaders.set(corsMiddleware, list);
+  }
+  return list;
+}
+
+/**
  * Browser safety, in the order it must run:
- * 1. CORS (hono/cors) with the CORS_ORIGINS allow-list: preflights are answered (204); only listed
- *    origins get `Access-Control-Allow-Origin`; `*` only when CORS_ORIGINS says `*`. No credentials
- *    mode: keys travel in headers, never cookies.
- * 2. Security headers (hono/secure-headers) on every reply, errors and streams included.
+ * 1. CORS (hono/cors) with the CORS_ORIGINS allow-list, for every request that names an `Origin`
+ *    and every preflight: preflights are answered (204); only listed origins get
+ *    `Access-Control-Allow-Origin`; `*` only when CORS_ORIGINS says `*`. No credentials mode: keys
+ *    travel in headers, never cookies. A request with no `Origin` gets the headers hono/cors gives
+ *    such a request (read once, {@link plainCorsHeaderList}).
+ * 2. Security headers (hono/secure-headers' list, read once) on every reply, errors and streams
+ *    included, set on the Node response before the handler runs.
  * 3. A POST with a body must be `application/json` (415 otherwise): a page can send `text/plain` or a
  *    form cross-origin without a preflight, JSON it cannot.
  */
@@ -68,14 +92,21 @@ export function browserSafety(corsOrigins: readonly string[]): MiddlewareHandler
     exposeHeaders: EXPOSED_HEADERS,
     maxAge: 600,
   });
-  const nodeHeaders: MiddlewareHandler<AppEnv> = async (c, next) => {
+  const safety = async (c: Context<AppEnv>, next: Next, browser: boolean): Promise<void> => {
     const out = c.env?.outgoing;
-    if (out !== undefined && !out.headersSent) {
+    if (out === undefined) {
+      // Not behind the Node server (app.request() in tests): the headers go on Hono's response.
+      for (const [name, value] of await securityHeaderList()) c.header(name, value);
+    } else if (!out.headersSent) {
       for (const [name, value] of await securityHeaderList()) out.setHeader(name, value);
-      // What hono/cors put on the pending response, for replies written past Hono.
-      c.res.headers.forEach((value, name) => {
-        if (name.startsWith('access-control-')) out.setHeader(name, value);
-      });
+      if (browser) {
+        // What hono/cors put on the pending response, for replies written past Hono.
+        c.res.headers.forEach((value, name) => {
+          if (name.startsWith('access-control-')) out.setHeader(name, value);
+        });
+      } else {
+        for (const [name, value] of await plainCorsHeaderList(corsMiddleware)) out.setHeader(name, value);
+      }
       if (!anyOrigin) out.setHeader('Vary', 'Origin');
     }
     if (c.req.method === 'POST') {
@@ -90,5 +121,11 @@ export function browserSafety(corsOrigins: readonly string[]): MiddlewareHandler
     }
     await next();
   };
-  return [corsMiddleware, secureHeaders(secureHeaderOptions), nodeHeaders];
+  const middleware: MiddlewareHandler<AppEnv> = async (c, next) => {
+    if (c.req.method === 'OPTIONS' || c.req.header('origin') !== undefined) {
+      return corsMiddleware(c, () => safety(c, next, true));
+    }
+    return safety(c, next, false);
+  };
+  return [middleware];
 }
