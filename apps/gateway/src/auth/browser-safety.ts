@@ -55,8 +55,8 @@ function hasBody(headers: { 'content-length'?: string | undefined; 'transfer-enc
  * What hono/cors puts on the reply to a request that names no `Origin` (not a browser's: SDKs,
  * curl, load balancers' probes), read once per allow-list from a throwaway app. Such requests get
  * these headers set straight on the Node response instead of passing hono/cors, which builds a web
- * `Response` and its validated `Headers` per request (with secure-headers, ~9 % of the gateway's CPU
- * per request on a burst of streams: docs/benchmarks.md).
+ * `Response` and its validated `Headers` per request (with secure-headers: the gateway's CPU per
+ * request 17 % lower without them, `bench/serve/intake-cpu.ts`, docs/benchmarks.md).
  */
 const plainCorsHeaders = new Map<MiddlewareHandler, Promise<Array<[string, string]>>>();
 function plainCorsHeaderList(corsMiddleware: MiddlewareHandler): Promise<Array<[string, string]>> {
