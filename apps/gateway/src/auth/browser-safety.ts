@@ -27,18 +27,19 @@ const EXPOSED_HEADERS = [
 const secureHeaderOptions: SecureHeadersOptions = { xFrameOptions: 'DENY' };
 
 /**
- * The security headers hono/secure-headers sets, read once from a throwaway app: the streaming and
- * JSON responders write straight to the Node response (no Hono Response passes the middleware's
- * "after" step), so the same headers are also put on the Node response before the handler runs.
+ * The headers `middleware` puts on a plain `GET` reply to a request with no `Origin`, read once from
+ * a throwaway app. Replies the responders write straight to the Node response pass no Hono
+ * "after" step, and requests that are not a browser's skip hono/cors (below), so these lists are
+ * set on the Node response before the handler runs.
  */
-let securityHeaders: Promise<Array<[string, string]>> | undefined;
-function securityHeaderList(): Promise<Array<[string, string]>> {
-  securityHeaders ??= (async () => {
-    const probe = new Hono().use(secureHeaders(secureHeaderOptions)).get('/', (c) => c.body(null));
-    const res = await probe.request('/');
-    return [...res.headers.entries()].filter(([name]) => name !== 'content-type');
-  })();
-  return securityHeaders;
+function probedHeaders(middleware: MiddlewareHandler): () => Promise<Array<[string, string]>> {
+  let list: Promise<Array<[string, string]>> | undefined;
+  return () =>
+    (list ??= (async () => {
+      const probe = new Hono().use(middleware).get('/', (c) => c.body(null));
+      const res = await probe.request('/');
+      return [...res.headers.entries()].filter(([name]) => name !== 'content-type');
+    })());
 }
 
 function isJson(contentType: string): boolean {
@@ -52,33 +53,15 @@ function hasBody(headers: { 'content-length'?: string | undefined; 'transfer-enc
 }
 
 /**
- * What hono/cors puts on the reply to a request that names no `Origin` (not a browser's: SDKs,
- * curl, load balancers' probes), read once per allow-list from a throwaway app. Such requests get
- * these headers set straight on the Node response instead of passing hono/cors, which builds a web
- * `Response` and its validated `Headers` per request (with secure-headers: the gateway's CPU per
- * request 17 % lower without them, `bench/serve/intake-cpu.ts`, docs/benchmarks.md).
- */
-const plainCorsHeaders = new Map<MiddlewareHandler, Promise<Array<[string, string]>>>();
-function plainCorsHeaderList(corsMiddleware: MiddlewareHandler): Promise<Array<[string, string]>> {
-  let list = plainCorsHeaders.get(corsMiddleware);
-  if (list === undefined) {
-    list = (async () => {
-      const probe = new Hono().use(corsMiddleware).get('/', (c) => c.body(null));
-      const res = await probe.request('/');
-      return [...res.headers.entries()].filter(([name]) => name !== 'content-type');
-    })();
-    plainCorsHeaders.set(corsMiddleware, list);
-  }
-  return list;
-}
-
-/**
  * Browser safety, in the order it must run:
  * 1. CORS (hono/cors) with the CORS_ORIGINS allow-list, for every request that names an `Origin`
  *    and every preflight: preflights are answered (204); only listed origins get
  *    `Access-Control-Allow-Origin`; `*` only when CORS_ORIGINS says `*`. No credentials mode: keys
- *    travel in headers, never cookies. A request with no `Origin` gets the headers hono/cors gives
- *    such a request (read once, {@link plainCorsHeaderList}).
+ *    travel in headers, never cookies. A request with no `Origin` (not a browser's: SDKs, curl,
+ *    probes) gets the headers hono/cors gives such a request ({@link probedHeaders}) instead of
+ *    passing it: hono/cors and secure-headers build a web `Response` and validated `Headers` per
+ *    request (the gateway's CPU per request 17 % lower without them: `npm run bench:intake`,
+ *    docs/benchmarks.md).
  * 2. Security headers (hono/secure-headers' list, read once) on every reply, errors and streams
  *    included, set on the Node response before the handler runs.
  * 3. A POST with a body must be `application/json` (415 otherwise): a page can send `text/plain` or a
@@ -92,6 +75,8 @@ export function browserSafety(corsOrigins: readonly string[]): MiddlewareHandler
     exposeHeaders: EXPOSED_HEADERS,
     maxAge: 600,
   });
+  const securityHeaderList = probedHeaders(secureHeaders(secureHeaderOptions));
+  const plainCorsHeaderList = probedHeaders(corsMiddleware);
   const safety = async (c: Context<AppEnv>, next: Next, browser: boolean): Promise<void> => {
     const out = c.env?.outgoing;
     if (out === undefined) {
@@ -105,7 +90,7 @@ export function browserSafety(corsOrigins: readonly string[]): MiddlewareHandler
           if (name.startsWith('access-control-')) out.setHeader(name, value);
         });
       } else {
-        for (const [name, value] of await plainCorsHeaderList(corsMiddleware)) out.setHeader(name, value);
+        for (const [name, value] of await plainCorsHeaderList()) out.setHeader(name, value);
       }
       if (!anyOrigin) out.setHeader('Vary', 'Origin');
     }
