@@ -89,17 +89,16 @@ export function createApp(deps: AppDeps) {
     const requestId = requestIdFrom(c.req.header('x-request-id'));
     c.set('requestId', requestId);
     const incoming = c.env?.incoming;
+    const outgoing = c.env?.outgoing;
     if (incoming !== undefined && incoming.httpVersion === '1.1' && incoming.headers.host === undefined) {
       throw new GatewayError('bad_http_request', { message: 'An HTTP/1.1 request needs a Host header.' });
     }
-    if (hooks.responded !== undefined) {
+    if (hooks.responded !== undefined && outgoing !== undefined) {
       const route = ROUTES.has(c.req.path) ? c.req.path : (resumeRoute(c.req.path) ?? 'other');
-      const outgoing = c.env.outgoing;
       const responded = hooks.responded;
       outgoing.once('close', () => responded(route, outgoing.headersSent ? outgoing.statusCode : 499));
     }
     await next();
-    const outgoing = c.env?.outgoing;
     if (outgoing !== undefined && (outgoing.headersSent || outgoing.destroyed)) {
       // A responder wrote its reply on the Node response itself (streams, the JSON completion) and
       // returned RESPONSE_ALREADY_SENT. If a middleware had touched c.res before (hono/cors does),

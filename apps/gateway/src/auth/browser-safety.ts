@@ -79,20 +79,24 @@ export function browserSafety(corsOrigins: readonly string[]): MiddlewareHandler
   const plainCorsHeaderList = probedHeaders(corsMiddleware);
   const safety = async (c: Context<AppEnv>, next: Next, browser: boolean): Promise<void> => {
     const out = c.env?.outgoing;
-    if (out === undefined) {
-      // Not behind the Node server (app.request() in tests): the headers go on Hono's response.
-      for (const [name, value] of await securityHeaderList()) c.header(name, value);
-    } else if (!out.headersSent) {
-      for (const [name, value] of await securityHeaderList()) out.setHeader(name, value);
-      if (browser) {
+    if (out === undefined || !out.headersSent) {
+      // Behind the Node server the headers go on its response (replies written past Hono included);
+      // without it (app.request() in tests), on Hono's.
+      const set =
+        out === undefined
+          ? (name: string, value: string) => c.header(name, value)
+          : (name: string, value: string) => out.setHeader(name, value);
+      for (const [name, value] of await securityHeaderList()) set(name, value);
+      if (!browser) {
+        for (const [name, value] of await plainCorsHeaderList()) set(name, value);
+      } else if (out !== undefined) {
         // What hono/cors put on the pending response, for replies written past Hono.
         c.res.headers.forEach((value, name) => {
           if (name.startsWith('access-control-')) out.setHeader(name, value);
         });
-      } else {
-        for (const [name, value] of await plainCorsHeaderList()) out.setHeader(name, value);
       }
-      if (!anyOrigin) out.setHeader('Vary', 'Origin');
+      // (Without the Node server, hono/cors or the plain list says `Vary: Origin` itself.)
+      if (!anyOrigin && out !== undefined) out.setHeader('Vary', 'Origin');
     }
     if (c.req.method === 'POST') {
       const contentType = c.req.header('content-type');
