@@ -10,8 +10,9 @@
  * Run: [BASE_TREE=/tmp/base] [ROUNDS=6] [BURSTS=20] [BURST=32] npm run bench:intake
  */
 import { ensureBuiltinModel } from '@sluice/model';
-import { freePort, startProcess, waitFor, type ManagedProcess } from '../../test/support/processes.js';
 import { startRedis, type RedisServer } from '../../test/support/redis-server.js';
+import { startGateway, startWorker, type GatewayProcess, type WorkerProcess } from '../../test/support/sluice.js';
+import { median } from '../gateway/stats.js';
 import { ownCpu, processCpu } from './process-cpu.js';
 import { streamCompletion } from './stream-client.js';
 
@@ -23,39 +24,20 @@ const maxTokens = Number(process.env.MAX_TOKENS ?? 1);
 
 interface Stack {
   name: string;
-  url: string;
   redis: RedisServer;
-  gateway: ManagedProcess;
-  worker: ManagedProcess;
+  gateway: GatewayProcess;
+  worker: WorkerProcess;
 }
 
 async function startStack(name: string, tree: string, modelDir: string): Promise<Stack> {
   const redis = await startRedis();
-  const worker = startProcess(`${name} worker`, process.execPath, [`${tree}apps/worker/dist/main.js`], {
-    REDIS_URL: redis.url,
-    METRICS_PORT: String(await freePort()),
-    METRICS_HOST: '127.0.0.1',
-    LOG_LEVEL: 'warn',
-    MODEL_DIR: modelDir,
-    MODEL_ID: 'bench',
-    MAX_BATCH_SIZE: String(Math.max(burst, 1)),
-    KV_PREALLOCATE: 'true',
-  });
-  const port = await freePort();
-  const gateway = startProcess(`${name} gateway`, process.execPath, [`${tree}apps/gateway/dist/main.js`], {
-    REDIS_URL: redis.url,
-    PORT: String(port),
-    HOST: '127.0.0.1',
-    LOG_LEVEL: 'warn',
-    MAX_QUEUED_REQUESTS: String(burst * 2),
-  });
-  const url = `http://127.0.0.1:${port}`;
-  await waitFor(
-    `${name} ready`,
-    async () => ((await fetch(`${url}/readyz`).catch(() => undefined))?.status === 200 ? true : undefined),
-    120_000,
+  const worker = await startWorker(
+    redis.url,
+    { MODEL_DIR: modelDir, MODEL_ID: 'bench', MAX_BATCH_SIZE: String(burst), KV_PREALLOCATE: 'true', HEALTH_REQUEST_IDS: 'false' },
+    { tree },
   );
-  return { name, url, redis, gateway, worker };
+  const gateway = await startGateway(redis.url, { MAX_QUEUED_REQUESTS: String(burst * 2) }, { tree });
+  return { name, redis, gateway, worker };
 }
 
 function prompt(j: number): number[] {
@@ -64,9 +46,9 @@ function prompt(j: number): number[] {
 
 async function round(stack: Stack): Promise<Record<string, number>> {
   const cpu = () => {
-    const worker = processCpu(stack.worker.child.pid!);
+    const worker = processCpu(stack.worker.process.pid);
     return {
-      gateway: processCpu(stack.gateway.child.pid!).total,
+      gateway: processCpu(stack.gateway.process.pid).total,
       'worker host': worker.mainThread,
       engine: worker.total - worker.mainThread,
       'redis-server': processCpu(stack.redis.process.pid).total,
@@ -77,7 +59,7 @@ async function round(stack: Stack): Promise<Record<string, number>> {
   for (let b = 0; b < bursts; b++) {
     await Promise.all(
       Array.from({ length: burst }, (_, j) =>
-        streamCompletion(stack.url, { model: 'bench', prompt: prompt(j), max_tokens: maxTokens, ignore_eos: true, temperature: 0 }),
+        streamCompletion(stack.gateway.url, { model: 'bench', prompt: prompt(j), max_tokens: maxTokens, ignore_eos: true, temperature: 0 }),
       ),
     );
   }
@@ -87,8 +69,6 @@ async function round(stack: Stack): Promise<Record<string, number>> {
     Object.entries(after).map(([part, s]) => [part, ((s - before[part as keyof typeof before]) / requests) * 1000]),
   );
 }
-
-const median = (values: number[]) => [...values].sort((a, b) => a - b)[Math.floor((values.length - 1) / 2)]!;
 
 const modelDir = await ensureBuiltinModel('bench');
 const stacks = [await startStack('head', root, modelDir)];
@@ -120,7 +100,7 @@ try {
   }
 } finally {
   for (const stack of stacks) {
-    await Promise.all([stack.worker.stop(10_000), stack.gateway.stop(10_000)]);
+    await Promise.all([stack.worker.process.stop(10_000), stack.gateway.process.stop(10_000)]);
     await stack.redis.stop();
   }
 }

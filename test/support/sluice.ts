@@ -43,15 +43,19 @@ export interface WorkerProcess {
   sequenceCancelled(requestId: string | null): Promise<void>;
 }
 
-/** Starts a gateway and waits until it answers `/healthz` (and `/readyz`, unless told not to). */
+/**
+ * Starts a gateway and waits until it answers `/healthz` (and `/readyz`, unless told not to).
+ * `tree`: another checkout's root (ending in `/`, built) whose gateway to run (benchmarks' A/B).
+ */
 export async function startGateway(
   redisUrl: string,
   env: Record<string, string> = {},
-  options: { waitReady?: boolean } = {},
+  options: { waitReady?: boolean; tree?: string } = {},
 ): Promise<GatewayProcess> {
-  requireBuilt(GATEWAY_MAIN);
+  const main = options.tree === undefined ? GATEWAY_MAIN : `${options.tree}apps/gateway/dist/main.js`;
+  requireBuilt(main);
   const port = await freePort();
-  const proc = startProcess('gateway', process.execPath, [GATEWAY_MAIN], {
+  const proc = startProcess('gateway', process.execPath, [main], {
     REDIS_URL: redisUrl,
     PORT: String(port),
     HOST: '127.0.0.1',
@@ -71,15 +75,19 @@ export async function startGateway(
   return { url, process: proc, get };
 }
 
-/** Starts a worker (real engine, built-in tiny model unless MODEL_DIR says otherwise) and waits for its `/healthz`. */
+/**
+ * Starts a worker (real engine, built-in tiny model unless MODEL_DIR says otherwise) and waits for its
+ * `/healthz`. `tree`: another checkout's root (ending in `/`, built) whose worker to run.
+ */
 export async function startWorker(
   redisUrl: string,
   env: Record<string, string> = {},
-  options: { fake?: boolean } = {},
+  options: { fake?: boolean; tree?: string } = {},
 ): Promise<WorkerProcess> {
   const port = await freePort();
-  const args = options.fake === true ? ['--import', 'tsx', FAKE_WORKER] : [WORKER_MAIN];
-  requireBuilt(options.fake === true ? `${root}apps/worker/dist/worker.js` : WORKER_MAIN);
+  const main = options.tree === undefined ? WORKER_MAIN : `${options.tree}apps/worker/dist/main.js`;
+  const args = options.fake === true ? ['--import', 'tsx', FAKE_WORKER] : [main];
+  requireBuilt(options.fake === true ? `${root}apps/worker/dist/worker.js` : main);
   const proc = startProcess('worker', process.execPath, args, {
     REDIS_URL: redisUrl,
     METRICS_PORT: String(port),
