@@ -10,6 +10,7 @@ import { createServer } from 'node:net';
 import { fileURLToPath } from 'node:url';
 import { createEngine } from '@sluice/engine';
 import { ensureBuiltinModel, loadModelDir } from '@sluice/model';
+import { readGcPauses, type GcPauses } from './gc-pauses.js';
 import { percentile, round } from './stats.js';
 
 const root = fileURLToPath(new URL('../..', import.meta.url));
@@ -212,6 +213,8 @@ export interface Deployment {
   clearTimings(): void;
   /** The TTFT breakdown of the requests finished since the last clear. */
   ttftBreakdown(clients: readonly ClientTiming[]): TtftBreakdown;
+  /** GC pauses so far of the gateway's and the worker's main threads (their /metrics). */
+  gcPauses(): Promise<{ gateway: GcPauses; worker: GcPauses }>;
   stop(): Promise<void>;
 }
 
@@ -276,6 +279,13 @@ export async function deploy(workload: LatencyWorkload): Promise<Deployment> {
     });
   return {
     url,
+    gcPauses: async () => {
+      const [gatewayPauses, workerPauses] = await Promise.all([
+        readGcPauses(`${url}/metrics`),
+        readGcPauses(`http://127.0.0.1:${workerPort}/metrics`),
+      ]);
+      return { gateway: gatewayPauses, worker: workerPauses };
+    },
     clearTimings: () => {
       gatewayLines.clear();
       workerLines.clear();

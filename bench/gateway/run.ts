@@ -24,6 +24,7 @@ import {
   type LatencyWorkload,
   type TtftBreakdown,
 } from './latency.js';
+import { gcPausesSince, type GcPauses } from './gc-pauses.js';
 import { measureRound, PINNED, type ThroughputRound } from './sse-throughput.js';
 import { median, round } from './stats.js';
 
@@ -95,6 +96,7 @@ async function latency(workload: LatencyWorkload, latencyRounds: number) {
   const local: LatencySamples = { ttftMs: [], itlMs: [] };
   const remote: LatencySamples = { ttftMs: [], itlMs: [], clients: [] };
   let breakdown: TtftBreakdown | undefined;
+  let gc: { gateway: GcPauses; worker: GcPauses } | undefined;
   try {
     // Warm-up (JIT, first onnxruntime runs), not recorded.
     await engine.run({ ttftMs: [], itlMs: [] });
@@ -102,6 +104,7 @@ async function latency(workload: LatencyWorkload, latencyRounds: number) {
     // Let the warm-up's log lines arrive before they are forgotten.
     await new Promise((resolve) => setTimeout(resolve, 200));
     deployment.clearTimings();
+    const gcBefore = await deployment.gcPauses();
     for (let i = 0; i < latencyRounds; i++) {
       await engine.run(local);
       await throughGateway(deployment.url, workload, remote);
@@ -109,6 +112,8 @@ async function latency(workload: LatencyWorkload, latencyRounds: number) {
     }
     await new Promise((resolve) => setTimeout(resolve, 200));
     breakdown = deployment.ttftBreakdown(remote.clients ?? []);
+    const gcAfter = await deployment.gcPauses();
+    gc = { gateway: gcPausesSince(gcBefore.gateway, gcAfter.gateway), worker: gcPausesSince(gcBefore.worker, gcAfter.worker) };
   } finally {
     await engine.close();
     await deployment.stop();
@@ -129,6 +134,7 @@ async function latency(workload: LatencyWorkload, latencyRounds: number) {
     },
     targetAddedP99Ms: 5,
     ttftBreakdown: breakdown,
+    gcPauses: gc,
   };
 }
 
@@ -141,6 +147,17 @@ function breakdownTable(b: TtftBreakdown | undefined): string {
     '',
     `Medians and 90th percentiles over ${b.requests} requests, each span on its own (so they need not add up exactly). Of the pickup span, the gateway waited ${b.gatewayEnqueueMs} ms for the meta write and BullMQ's add, and the worker (idle or between steps) had the job ${b.addToPickupMs} ms after that add was answered; of the engine span, ${b.engineQueueMs} ms went from submit to the step that took the request. The job's checks (cancel marker + meta, one round trip) run beside the engine: answered ${b.checksMs} ms after pickup (median); they held the first token back in ${b.checksHeldBack.requests} of ${b.requests} requests${b.checksHeldBack.requests === 0 ? '' : ` (median ${b.checksHeldBack.medianMs} ms)`}. From the \`timing\` field of the gateway's and the worker's \`request finished\` log lines and the client's own times (joined by request id; the three processes read the same clock).`,
   ].join('\n');
+}
+
+/** The GC pauses of the measured rounds, beside how many ITL samples a p99 leaves above it. */
+function gcLine(gc: { gateway: GcPauses; worker: GcPauses } | undefined, gateway: LatencySummary): string {
+  if (gc === undefined) return "(no GC pauses: the processes' /metrics were not read)";
+  const side = (p: GcPauses) => `${p.count} pauses, ${p.totalMs} ms in all, ${p.over1Ms} over 1 ms, ${p.over10Ms} over 10 ms`;
+  return (
+    `V8 garbage collection on the main threads during the measured rounds (prom-client's \`nodejs_gc_duration_seconds\` of each process): ` +
+    `gateway ${side(gc.gateway)}; worker host ${side(gc.worker)}. Each such pause holds every token that passes that thread meanwhile; ` +
+    `the ITL p99 through the gateway leaves about ${Math.ceil(gateway.itlSamples / 100)} of its ${gateway.itlSamples} gaps above it.`
+  );
 }
 
 function markdown(result: Awaited<ReturnType<typeof collect>>): string {
@@ -157,6 +174,8 @@ function markdown(result: Awaited<ReturnType<typeof collect>>): string {
       `TTFT by span through the gateway (\`${l.workload.preset}\` model):`,
       '',
       breakdownTable(l.ttftBreakdown),
+      '',
+      gcLine(l.gcPauses, l.gateway),
       '',
       `Workload: ${l.workload.concurrency} concurrent completions (starts ${l.workload.staggerMs} ms apart), ${l.workload.maxTokens} tokens each (greedy, ignore_eos), built-in \`${l.workload.preset}\` model, MAX_BATCH_SIZE=${l.workload.maxBatchSize}, INTRA_OP_THREADS=${l.workload.intraOpThreads}; ${l.rounds} measured rounds per side after a warm-up, samples pooled (${l.gateway.requests} requests, ${l.gateway.itlSamples} ITL samples through the gateway). Times in ms, measured where the caller sees text (non-empty delta / content chunk).`,
     ].join('\n');
