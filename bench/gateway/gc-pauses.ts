@@ -4,6 +4,7 @@
  * the worker's engine thread). A pause stops everything that thread does, a token's hop included, so
  * their count and length say how much of a latency tail they can explain.
  */
+import { scrapePrometheus } from '../../test/support/prometheus.js';
 
 /** Pauses so far, or between two readings. */
 export interface GcPauses {
@@ -14,33 +15,26 @@ export interface GcPauses {
   over10Ms: number;
 }
 
-/** Reads the GC pauses of every kind from a Prometheus text endpoint. */
-export async function readGcPauses(metricsUrl: string): Promise<GcPauses> {
-  const text = await (await fetch(metricsUrl)).text();
-  const pauses: GcPauses = { count: 0, totalMs: 0, over1Ms: 0, over10Ms: 0 };
-  let within1Ms = 0;
-  let within10Ms = 0;
-  for (const line of text.split('\n')) {
-    const match = /^nodejs_gc_duration_seconds_(bucket|sum|count)\{([^}]*)\} (\S+)$/.exec(line);
-    if (match === null) continue;
-    const [, series, labels, raw] = match;
-    const value = Number(raw);
-    if (series === 'count') pauses.count += value;
-    else if (series === 'sum') pauses.totalMs += value * 1000;
-    else if (/le="0\.001"/.test(labels!)) within1Ms += value;
-    else if (/le="0\.01"/.test(labels!)) within10Ms += value;
-  }
-  pauses.over1Ms = pauses.count - within1Ms;
-  pauses.over10Ms = pauses.count - within10Ms;
-  return pauses;
+/** The pauses of the gateway's and the worker's main threads. */
+export interface StackGcPauses {
+  gateway: GcPauses;
+  worker: GcPauses;
 }
 
-/** What happened between two readings. */
-export function gcPausesSince(before: GcPauses, after: GcPauses): GcPauses {
-  return {
-    count: after.count - before.count,
-    totalMs: Math.round((after.totalMs - before.totalMs) * 100) / 100,
-    over1Ms: after.over1Ms - before.over1Ms,
-    over10Ms: after.over10Ms - before.over10Ms,
-  };
+/** Reads the GC pauses of every kind from a `/metrics` endpoint. */
+export async function readGcPauses(metricsUrl: string): Promise<GcPauses> {
+  const gc = (await scrapePrometheus(metricsUrl)).histogram('nodejs_gc_duration_seconds');
+  const within = (le: number) => gc.buckets.find((bucket) => bucket.le === le)?.count ?? 0;
+  return { count: gc.count, totalMs: gc.sum * 1000, over1Ms: gc.count - within(0.001), over10Ms: gc.count - within(0.01) };
+}
+
+/** What happened between two readings of both processes. */
+export function gcPausesSince(before: StackGcPauses, after: StackGcPauses): StackGcPauses {
+  const since = (a: GcPauses, b: GcPauses): GcPauses => ({
+    count: b.count - a.count,
+    totalMs: Math.round((b.totalMs - a.totalMs) * 100) / 100,
+    over1Ms: b.over1Ms - a.over1Ms,
+    over10Ms: b.over10Ms - a.over10Ms,
+  });
+  return { gateway: since(before.gateway, after.gateway), worker: since(before.worker, after.worker) };
 }

@@ -10,7 +10,7 @@ import { createServer } from 'node:net';
 import { fileURLToPath } from 'node:url';
 import { createEngine } from '@sluice/engine';
 import { ensureBuiltinModel, loadModelDir } from '@sluice/model';
-import { readGcPauses, type GcPauses } from './gc-pauses.js';
+import { readGcPauses, type StackGcPauses } from './gc-pauses.js';
 import { percentile, round } from './stats.js';
 
 const root = fileURLToPath(new URL('../..', import.meta.url));
@@ -214,7 +214,7 @@ export interface Deployment {
   /** The TTFT breakdown of the requests finished since the last clear. */
   ttftBreakdown(clients: readonly ClientTiming[]): TtftBreakdown;
   /** GC pauses so far of the gateway's and the worker's main threads (their /metrics). */
-  gcPauses(): Promise<{ gateway: GcPauses; worker: GcPauses }>;
+  gcPauses(): Promise<StackGcPauses>;
   stop(): Promise<void>;
 }
 
@@ -280,11 +280,8 @@ export async function deploy(workload: LatencyWorkload): Promise<Deployment> {
   return {
     url,
     gcPauses: async () => {
-      const [gatewayPauses, workerPauses] = await Promise.all([
-        readGcPauses(`${url}/metrics`),
-        readGcPauses(`http://127.0.0.1:${workerPort}/metrics`),
-      ]);
-      return { gateway: gatewayPauses, worker: workerPauses };
+      const [gateway, worker] = await Promise.all([readGcPauses(`${url}/metrics`), readGcPauses(`http://127.0.0.1:${workerPort}/metrics`)]);
+      return { gateway, worker };
     },
     clearTimings: () => {
       gatewayLines.clear();

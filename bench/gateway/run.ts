@@ -24,7 +24,7 @@ import {
   type LatencyWorkload,
   type TtftBreakdown,
 } from './latency.js';
-import { gcPausesSince, type GcPauses } from './gc-pauses.js';
+import { gcPausesSince, type GcPauses, type StackGcPauses } from './gc-pauses.js';
 import { measureRound, PINNED, type ThroughputRound } from './sse-throughput.js';
 import { median, round } from './stats.js';
 
@@ -96,7 +96,7 @@ async function latency(workload: LatencyWorkload, latencyRounds: number) {
   const local: LatencySamples = { ttftMs: [], itlMs: [] };
   const remote: LatencySamples = { ttftMs: [], itlMs: [], clients: [] };
   let breakdown: TtftBreakdown | undefined;
-  let gc: { gateway: GcPauses; worker: GcPauses } | undefined;
+  let gc: StackGcPauses | undefined;
   try {
     // Warm-up (JIT, first onnxruntime runs), not recorded.
     await engine.run({ ttftMs: [], itlMs: [] });
@@ -112,8 +112,7 @@ async function latency(workload: LatencyWorkload, latencyRounds: number) {
     }
     await new Promise((resolve) => setTimeout(resolve, 200));
     breakdown = deployment.ttftBreakdown(remote.clients ?? []);
-    const gcAfter = await deployment.gcPauses();
-    gc = { gateway: gcPausesSince(gcBefore.gateway, gcAfter.gateway), worker: gcPausesSince(gcBefore.worker, gcAfter.worker) };
+    gc = gcPausesSince(gcBefore, await deployment.gcPauses());
   } finally {
     await engine.close();
     await deployment.stop();
@@ -150,7 +149,7 @@ function breakdownTable(b: TtftBreakdown | undefined): string {
 }
 
 /** The GC pauses of the measured rounds, beside how many ITL samples a p99 leaves above it. */
-function gcLine(gc: { gateway: GcPauses; worker: GcPauses } | undefined, gateway: LatencySummary): string {
+function gcLine(gc: StackGcPauses | undefined, gateway: LatencySummary): string {
   if (gc === undefined) return "(no GC pauses: the processes' /metrics were not read)";
   const side = (p: GcPauses) => `${p.count} pauses, ${p.totalMs} ms in all, ${p.over1Ms} over 1 ms, ${p.over10Ms} over 10 ms`;
   return (
