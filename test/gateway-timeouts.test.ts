@@ -87,8 +87,15 @@ describe('timeouts end the stream with a clear error and cancel the work', () =>
     expect(streamError(queued.items)).toMatchObject({ code: 'queue_timeout' });
     expect(dataEvents(queued)).toHaveLength(2);
 
+    // The gateway removes the timed-out job right after it writes the stream's end, without holding
+    // the end back for Redis: the removal lands moments after the client read the error.
     const redis = cluster.redis.client();
     try {
+      await waitFor(
+        'the timed-out job removed from the queue',
+        async () => ((await redis.llen('sluice:bull:generate:wait')) === 0 ? true : undefined),
+        5_000,
+      );
       expect(await redis.llen('sluice:bull:generate:wait')).toBe(0);
     } finally {
       redis.disconnect();
