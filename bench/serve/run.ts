@@ -18,7 +18,9 @@
  *   (both servers' threads; default 2, this machine's cores).
  * - `BENCH_WRITE_DOCS=0`: print only (default: write docs/benchmarks.md and bench-results/serve.json).
  * - `BENCH_IN_PROCESS=1`: also the engine alone in this process (same options, same prompts, no HTTP,
- *   no Redis), in the same rounds: what the stack adds per workload.
+ *   no Redis), in the same rounds: what the stack adds per workload, and (the model time of a
+ *   decode step, read off the worker's metrics and the engine's step stats) how much of that is the
+ *   model call itself running slower beside the other processes.
  * - `SLUICE_ENV='{"NAME":"value"}'`: settings over the Sluice worker's defaults (e.g. `INTRA_OP_THREADS`).
  * - `SLUICE_B_ENV='{"NAME":"value"}'`: also a second Sluice stack whose worker gets these settings
  *   over the first's, in the same rounds: an A/B of worker settings.
@@ -34,6 +36,7 @@ import { writeSection } from '../../packages/engine/bench/docs-section.js';
 import { peerPrompts, type PeerWorkload, type WorkloadResult } from '../../packages/engine/bench/peer-workloads.js';
 import { Cluster } from '../../test/support/cluster.js';
 import { freePort } from '../../test/support/processes.js';
+import { scrapePrometheus } from '../../test/support/prometheus.js';
 import { median, percentile, round } from '../gateway/stats.js';
 import { startLlamaServer, type PeerServer } from './llama-server.js';
 import { ownCpu, processCpu } from './process-cpu.js';
@@ -78,6 +81,14 @@ interface Side {
   stream(prompt: number[], tokens: number): Promise<StreamedCompletion>;
   /** CPU seconds so far of each part of this side's stack (the load client included). */
   cpu(): Record<string, number>;
+  /** Sluice's sides: the model time of its decode-only steps so far (session.run, summed), and their count. */
+  decodeSteps?(): Promise<DecodeSteps>;
+}
+
+/** Decode-only engine steps (no prompt in them) and the time their model calls took, cumulative. */
+interface DecodeSteps {
+  modelSeconds: number;
+  steps: number;
 }
 
 interface RoundResult {
@@ -88,21 +99,28 @@ interface RoundResult {
   itlInRampUp: boolean[];
   /** CPU µs per completion token, by part of the stack. */
   cpuUsPerToken: Record<string, number>;
+  /** Mean model time (ms) of the round's decode-only steps, where the side reports it. */
+  decodeStepModelMs?: number;
 }
 
 /** N streams at once, each prompt's ids as the prompt, `tokens` tokens each. */
 async function runWorkload(side: Side, workload: PeerWorkload, round: number): Promise<RoundResult> {
   const prompts = peerPrompts(workload.streams, arch.vocabSize, 1000 + round);
+  const decodeBefore = await side.decodeSteps?.();
   const cpuBefore = side.cpu();
   const started = performance.now();
   const streams: StreamedCompletion[] = await Promise.all(prompts.map((prompt) => side.stream(prompt, workload.tokens)));
   const wallMs = performance.now() - started;
   const cpuAfter = side.cpu();
+  const decodeAfter = await side.decodeSteps?.();
   const tokens = workload.streams * workload.tokens;
   const cpuUsPerToken = Object.fromEntries(
     Object.entries(cpuAfter).map(([part, seconds]) => [part, ((seconds - (cpuBefore[part] ?? 0)) * 1e6) / tokens]),
   );
   const result: RoundResult = { tokensPerSecond: tokens / (wallMs / 1000), ttftMs: [], itlMs: [], itlInRampUp: [], cpuUsPerToken };
+  if (decodeBefore !== undefined && decodeAfter !== undefined && decodeAfter.steps > decodeBefore.steps) {
+    result.decodeStepModelMs = ((decodeAfter.modelSeconds - decodeBefore.modelSeconds) * 1000) / (decodeAfter.steps - decodeBefore.steps);
+  }
   const rampUpEnd = Math.max(...streams.map((stream) => stream.textAt[0] ?? -Infinity));
   for (const stream of streams) {
     if (stream.finishReason !== 'length') throw new Error(`${side.name}: a ${workload.name} stream ended with ${stream.finishReason}`);
@@ -212,6 +230,8 @@ type Summary = Pick<WorkloadResult, 'tokensPerSecond' | 'tokensPerSecondRounds' 
   cpuUsPerToken: Record<string, number>;
   /** The ITL gaps at or above the p99 (all rounds), and how many of them began in a burst's ramp-up. */
   itlTail: { gaps: number; inRampUp: number };
+  /** Median over rounds of the mean model time of a decode-only step (ms), where the side reports it. */
+  decodeStepModelMs?: number;
 };
 
 function summarize(results: RoundResult[]): Summary {
@@ -231,6 +251,9 @@ function summarize(results: RoundResult[]): Summary {
       Object.keys(results[0]?.cpuUsPerToken ?? {}).map((part) => [part, Math.round(median(results.map((r) => r.cpuUsPerToken[part]!)))]),
     ),
     itlTail: { gaps: tail.length, inRampUp: tail.filter(Boolean).length },
+    ...(results.every((r) => r.decodeStepModelMs !== undefined)
+      ? { decodeStepModelMs: round(median(results.map((r) => r.decodeStepModelMs!)), 2) }
+      : {}),
   };
 }
 
@@ -252,6 +275,7 @@ async function startSluice(name: Side['name'], modelDir: string, env: Record<str
       ...env,
     });
     const gateway = await cluster.gateway();
+    const workerMetrics = worker.healthUrl.replace(/\/healthz$/, '/metrics');
     const side: Side = {
       name,
       url: gateway.url,
@@ -266,6 +290,10 @@ async function startSluice(name: Side['name'], modelDir: string, env: Record<str
           'redis-server': processCpu(cluster.redis.process.pid).total,
           client: ownCpu(),
         };
+      },
+      decodeSteps: async () => {
+        const run = (await scrapePrometheus(workerMetrics)).histogram('sluice_worker_model_run_seconds', { phase: 'decode' });
+        return { modelSeconds: run.sum, steps: run.count };
       },
     };
     return { side, cluster };
@@ -299,12 +327,20 @@ async function main(): Promise<void> {
         kvPreallocate: true,
         ...(threads === cpus().length ? {} : { intraOpThreads: threads }),
       });
+      // The same decode-only steps the worker's sluice_worker_model_run_seconds{phase="decode"} counts.
+      const decode: DecodeSteps = { modelSeconds: 0, steps: 0 };
+      engine.onStep((stats) => {
+        if (stats.phase !== 'decode') return;
+        decode.modelSeconds += stats.modelMs / 1000;
+        decode.steps += 1;
+      });
       sides.push({
         name: 'engine',
         url: '',
         extra: {},
         stream: engineStream(engine),
         cpu: () => ({ 'engine thread + its host (the bench process)': ownCpu() }),
+        decodeSteps: async () => ({ ...decode }),
       });
     }
     let parity: Parity | undefined;
@@ -442,6 +478,29 @@ function renderTable(summaries: Record<string, Record<string, Summary>>, sides: 
       return `| ${w.streams} × ${w.tokens} | ${side.name} | ${total} | ${list} |`;
     }),
   );
+  const timed = sides.filter((side) => side.decodeSteps !== undefined);
+  const engineAlone = summaries.engine;
+  const decodeRows = workloads.flatMap((w) =>
+    timed.map((side) => {
+      const ms = summaries[side.name]![w.name]!.decodeStepModelMs;
+      const alone = engineAlone?.[w.name]?.decodeStepModelMs;
+      const ratio = ms === undefined || alone === undefined || side.name === 'engine' ? '—' : `${(ms / alone).toFixed(2)}×`;
+      return `| ${w.streams} × ${w.tokens} | ${side.name} | ${ms ?? '—'} | ${ratio} |`;
+    }),
+  );
+  const decodeTable =
+    timed.length === 0
+      ? []
+      : [
+          '',
+          "Model time of a decode-only step (no prompt in it), ms: the mean per round (session.run, from the worker's " +
+            '`sluice_worker_model_run_seconds{phase="decode"}`, or the engine\'s own step stats in process), median over rounds. ' +
+            'The same call through the stack and alone: what the other processes on the same cores cost the model itself.',
+          '',
+          '| workload | side | model ms per decode step | ÷ engine alone |',
+          '|---|---|---:|---:|',
+          ...decodeRows,
+        ];
   return [
     '| workload | Sluice tok/s | llama.cpp tok/s | Sluice ÷ llama.cpp | Sluice TTFT p50 / p99 (ms) | llama.cpp TTFT p50 / p99 | Sluice ITL p50 / p99 (ms) | llama.cpp ITL p50 / p99 | Sluice tok/s per round | llama.cpp tok/s per round |',
     '|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|',
@@ -474,6 +533,7 @@ function renderTable(summaries: Record<string, Record<string, Summary>>, sides: 
     '| workload | server | server CPU per token | by part |',
     '|---|---|---:|---|',
     ...cpuRows,
+    ...decodeTable,
   ].join('\n');
 }
 
