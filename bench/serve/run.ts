@@ -17,7 +17,8 @@
  * - `BENCH_ROUNDS` (default 2), `BENCH_WORKLOADS` (default `32x128,32x768,1x128`), `BENCH_THREADS`
  *   (both servers' threads; default 2, this machine's cores).
  * - `BENCH_WRITE_DOCS=0`: print only (default: write docs/benchmarks.md and bench-results/serve.json).
- * - `BENCH_IN_PROCESS=1`: also the engine alone in this process (same options, same prompts, no HTTP,
+ * - `BENCH_IN_PROCESS=1`: also the engine alone in this process (the worker's options, SLUICE_ENV included;
+ *   same prompts; no HTTP,
  *   no Redis), in the same rounds: what the stack adds per workload, and (the model time of a
  *   decode step, read off the worker's metrics and the engine's step stats) how much of that is the
  *   model call itself running slower beside the other processes.
@@ -38,6 +39,7 @@ import { Cluster } from '../../test/support/cluster.js';
 import { freePort } from '../../test/support/processes.js';
 import { scrapePrometheus } from '../../test/support/prometheus.js';
 import { median, percentile, round } from '../gateway/stats.js';
+import { engineOptions, loadWorkerConfig } from '../../apps/worker/dist/config.js';
 import { startLlamaServer, type PeerServer } from './llama-server.js';
 import { ownCpu, processCpu } from './process-cpu.js';
 import { streamCompletion, type StreamedCompletion } from './stream-client.js';
@@ -257,6 +259,19 @@ function summarize(results: RoundResult[]): Summary {
   };
 }
 
+/** A Sluice worker's settings in this benchmark, `env` over them (the in-process engine reads the same). */
+function workerEnv(modelDir: string, env: Record<string, string>): Record<string, string> {
+  return {
+    MODEL_DIR: modelDir,
+    MODEL_ID: preset,
+    MAX_BATCH_SIZE: String(slots),
+    KV_PREALLOCATE: 'true',
+    ...(threads === cpus().length ? {} : { INTRA_OP_THREADS: String(threads) }),
+    HEALTH_REQUEST_IDS: 'false',
+    ...env,
+  };
+}
+
 /**
  * One Sluice stack (redis-server, a worker, a gateway) as a side: the worker as bench:engine runs the
  * engine (batch of `slots`, KV cache reserved at start as the peer reserves its context, the
@@ -265,15 +280,7 @@ function summarize(results: RoundResult[]): Summary {
 async function startSluice(name: Side['name'], modelDir: string, env: Record<string, string>): Promise<{ side: Side; cluster: Cluster }> {
   const cluster = await Cluster.start();
   try {
-    const worker = await cluster.worker({
-      MODEL_DIR: modelDir,
-      MODEL_ID: preset,
-      MAX_BATCH_SIZE: String(slots),
-      KV_PREALLOCATE: 'true',
-      ...(threads === cpus().length ? {} : { INTRA_OP_THREADS: String(threads) }),
-      HEALTH_REQUEST_IDS: 'false',
-      ...env,
-    });
+    const worker = await cluster.worker(workerEnv(modelDir, env));
     const gateway = await cluster.gateway();
     const workerMetrics = worker.healthUrl.replace(/\/healthz$/, '/metrics');
     const side: Side = {
@@ -321,12 +328,8 @@ async function main(): Promise<void> {
       log(`sluice-b: the worker with ${JSON.stringify(sluiceBEnv)}`);
     }
     if (inProcess) {
-      engine = await createEngine({
-        modelDir,
-        maxBatchSize: slots,
-        kvPreallocate: true,
-        ...(threads === cpus().length ? {} : { intraOpThreads: threads }),
-      });
+      // The worker's own options (its defaults, this benchmark's settings and SLUICE_ENV): not spinning, etc.
+      engine = await createEngine(engineOptions(loadWorkerConfig(workerEnv(modelDir, sluiceEnv)), modelDir));
       // The same decode-only steps the worker's sluice_worker_model_run_seconds{phase="decode"} counts.
       const decode: DecodeSteps = { modelSeconds: 0, steps: 0 };
       engine.onStep((stats) => {

@@ -1,6 +1,7 @@
 import { randomBytes } from 'node:crypto';
 import { hostname } from 'node:os';
 import { z } from 'zod';
+import type { EngineOptions } from '@sluice/engine';
 import { DEFAULT_PREFIX } from '@sluice/protocol';
 
 const int = (min: number) => z.coerce.number().int().min(min);
@@ -166,5 +167,26 @@ export function loadWorkerConfig(env: NodeJS.ProcessEnv = process.env): WorkerCo
     metricsHost: e.METRICS_HOST,
     logLevel: e.LOG_LEVEL,
     healthRequestIds: e.HEALTH_REQUEST_IDS,
+  };
+}
+
+/**
+ * The engine's options as this worker runs it, for `modelDir`: one mapping shared by the worker and
+ * by benchmarks that run "the engine alone" (they must match the worker's settings to be comparable).
+ */
+export function engineOptions(config: WorkerConfig, modelDir: string): EngineOptions {
+  return {
+    modelDir,
+    maxBatchSize: config.maxBatchSize,
+    maxStepTokens: config.maxStepTokens,
+    ...(config.maxCachedTokens === undefined ? {} : { maxCachedTokens: config.maxCachedTokens }),
+    executionProvider: config.executionProvider,
+    intraOpThreads: config.intraOpThreads,
+    interOpThreads: config.interOpThreads,
+    intraOpSpinning: config.intraOpSpinning,
+    continuationMode: config.continuationMode,
+    kvGrowth: config.kvGrowth,
+    kvPreallocate: config.kvPreallocate,
+    maxPrefillBatch: config.maxPrefillBatch,
   };
 }

@@ -2,7 +2,7 @@ import { pino } from 'pino';
 import { createEngine } from '@sluice/engine';
 import { createWorkerMetrics } from '@sluice/metrics';
 import { ensureBuiltinModel, loadModelDir, readPromptFiles } from '@sluice/model';
-import { ConfigError, loadWorkerConfig } from './config.js';
+import { ConfigError, engineOptions, loadWorkerConfig } from './config.js';
 import { startWorker } from './worker.js';
 
 /** Entry point: config → model → engine → worker; SIGTERM/SIGINT drain and exit 0. */
@@ -22,20 +22,7 @@ async function main(): Promise<void> {
   try {
     const modelDir = config.modelDir ?? (await ensureBuiltinModel('tiny'));
     const model = await loadModelDir(modelDir);
-    const engine = await createEngine({
-      modelDir,
-      maxBatchSize: config.maxBatchSize,
-      maxStepTokens: config.maxStepTokens,
-      ...(config.maxCachedTokens === undefined ? {} : { maxCachedTokens: config.maxCachedTokens }),
-      executionProvider: config.executionProvider,
-      intraOpThreads: config.intraOpThreads,
-      interOpThreads: config.interOpThreads,
-      intraOpSpinning: config.intraOpSpinning,
-      continuationMode: config.continuationMode,
-      kvGrowth: config.kvGrowth,
-      kvPreallocate: config.kvPreallocate,
-      maxPrefillBatch: config.maxPrefillBatch,
-    });
+    const engine = await createEngine(engineOptions(config, modelDir));
     const modelId = config.modelId ?? model.id;
     worker = await startWorker(config, {
       engine,

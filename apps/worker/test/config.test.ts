@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { ConfigError, loadWorkerConfig } from '../src/config.js';
+import { ConfigError, engineOptions, loadWorkerConfig } from '../src/config.js';
 
 describe('worker configuration', () => {
   it('binds /metrics and /healthz to loopback unless METRICS_HOST says otherwise, and keeps request ids off them', () => {
@@ -31,6 +31,36 @@ describe('worker configuration', () => {
     expect(loadWorkerConfig({}).maxPrefillBatch).toBe(32);
     expect(loadWorkerConfig({ MAX_PREFILL_BATCH: '1' }).maxPrefillBatch).toBe(1);
     expect(() => loadWorkerConfig({ MAX_PREFILL_BATCH: '0' })).toThrow(/MAX_PREFILL_BATCH/);
+  });
+
+  it('hands the engine its settings: the defaults (not spinning), and each variable that changes one', () => {
+    expect(engineOptions(loadWorkerConfig({}), '/models/m')).toEqual({
+      modelDir: '/models/m',
+      maxBatchSize: 32,
+      maxStepTokens: 512,
+      executionProvider: 'cpu',
+      intraOpThreads: 0,
+      interOpThreads: 0,
+      intraOpSpinning: false,
+      continuationMode: 'replay',
+      kvGrowth: 'in-place',
+      kvPreallocate: false,
+      maxPrefillBatch: 32,
+    });
+    const env = {
+      MAX_CACHED_TOKENS: '4096',
+      INTRA_OP_THREADS: '1',
+      INTRA_OP_SPINNING: '1',
+      KV_GROWTH: 'spread',
+      CONTINUATION_MODE: 'prefill',
+    };
+    expect(engineOptions(loadWorkerConfig(env), '/m')).toMatchObject({
+      maxCachedTokens: 4096,
+      intraOpThreads: 1,
+      intraOpSpinning: true,
+      kvGrowth: 'spread',
+      continuationMode: 'prefill',
+    });
   });
 
   it('names the invalid variable', () => {
