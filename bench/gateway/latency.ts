@@ -10,6 +10,7 @@ import { createServer } from 'node:net';
 import { fileURLToPath } from 'node:url';
 import { createEngine } from '@sluice/engine';
 import { ensureBuiltinModel, loadModelDir } from '@sluice/model';
+import { engineOptions, loadWorkerConfig } from '../../apps/worker/dist/config.js';
 import { readGcPauses, type StackGcPauses } from './gc-pauses.js';
 import { percentile, round } from './stats.js';
 
@@ -70,11 +71,18 @@ export interface InProcessEngine {
   close(): Promise<void>;
 }
 
+/** The worker settings a latency workload sets (the in-process engine gets the same). */
+function workerSettings(workload: LatencyWorkload): Record<string, string> {
+  return { MAX_BATCH_SIZE: String(workload.maxBatchSize), INTRA_OP_THREADS: String(workload.intraOpThreads) };
+}
+
 /** The engine in this process, as the worker runs it (same model, options and tokenization of a text prompt). */
 export async function inProcessEngine(workload: LatencyWorkload): Promise<InProcessEngine> {
   const modelDir = await ensureBuiltinModel(workload.preset);
   const model = await loadModelDir(modelDir);
-  const engine = await createEngine({ modelDir, maxBatchSize: workload.maxBatchSize, intraOpThreads: workload.intraOpThreads });
+  // The worker's own options for the same settings (the worker below also reads this process's env).
+  const env = { ...process.env, MODEL_DIR: modelDir, ...workerSettings(workload) };
+  const engine = await createEngine(engineOptions(loadWorkerConfig(env), modelDir));
   let next = 0;
   return {
     run: async (samples) => {
@@ -245,8 +253,7 @@ export async function deploy(workload: LatencyWorkload): Promise<Deployment> {
     {
       REDIS_URL: redisUrl,
       MODEL_DIR: await ensureBuiltinModel(workload.preset),
-      MAX_BATCH_SIZE: String(workload.maxBatchSize),
-      INTRA_OP_THREADS: String(workload.intraOpThreads),
+      ...workerSettings(workload),
       METRICS_PORT: String(workerPort),
       METRICS_HOST: '127.0.0.1',
       // Info: the per-request line carries the worker's side of the TTFT breakdown.
