@@ -81,8 +81,7 @@ export async function inProcessEngine(workload: LatencyWorkload): Promise<InProc
   const modelDir = await ensureBuiltinModel(workload.preset);
   const model = await loadModelDir(modelDir);
   // The worker's own options for the same settings (the worker below also reads this process's env).
-  const env = { ...process.env, MODEL_DIR: modelDir, ...workerSettings(workload) };
-  const engine = await createEngine(engineOptions(loadWorkerConfig(env), modelDir));
+  const engine = await createEngine(engineOptions(loadWorkerConfig({ ...process.env, ...workerSettings(workload) }), modelDir));
   let next = 0;
   return {
     run: async (samples) => {

@@ -17,11 +17,10 @@
  * - `BENCH_ROUNDS` (default 2), `BENCH_WORKLOADS` (default `32x128,32x768,1x128`), `BENCH_THREADS`
  *   (both servers' threads; default 2, this machine's cores).
  * - `BENCH_WRITE_DOCS=0`: print only (default: write docs/benchmarks.md and bench-results/serve.json).
- * - `BENCH_IN_PROCESS=1`: also the engine alone in this process (the worker's options, SLUICE_ENV included;
- *   same prompts; no HTTP,
- *   no Redis), in the same rounds: what the stack adds per workload, and (the model time of a
- *   decode step, read off the worker's metrics and the engine's step stats) how much of that is the
- *   model call itself running slower beside the other processes.
+ * - `BENCH_IN_PROCESS=1`: also the engine alone in this process (the worker's options, SLUICE_ENV
+ *   included; same prompts; no HTTP, no Redis), in the same rounds: what the stack adds per workload,
+ *   and (the model time of a decode step, read off the worker's metrics and the engine's step stats)
+ *   how much of that is the model call itself running slower beside the other processes.
  * - `SLUICE_ENV='{"NAME":"value"}'`: settings over the Sluice worker's defaults (e.g. `INTRA_OP_THREADS`).
  * - `SLUICE_B_ENV='{"NAME":"value"}'`: also a second Sluice stack whose worker gets these settings
  *   over the first's, in the same rounds: an A/B of worker settings.
