@@ -77,8 +77,8 @@ interface PendingAppend {
 
 /**
  * Routes every engine step as a whole, in one pass: each event becomes a numbered wire entry, serialized
- * once, appended to its request's token log and added to its gateway's message; then ONE pipeline
- * carries the step: an append (a small Lua script, fenced by attempt) per request, then one PUBLISH per
+ * once, appended to its request's token log and added to its gateway's message; then ONE socket write
+ * carries the step, its commands pipelined: an append (a small Lua script, fenced by attempt) per request, then one PUBLISH per
  * gateway channel. Appends come first, so an entry a gateway sees live is always in the log already.
  *
  * It also keeps each request's live route: a gateway may move it (a resume on another gateway), detach
@@ -92,7 +92,12 @@ export class StepRouter {
   readonly #scripts: RequestScripts;
   #logs = new Map<string, PendingAppend>();
   #channels = new Map<string, string[]>();
-  #scheduled = false;
+  /** Entries wait for the next flush. */
+  #pending = false;
+  /** A flush is set for the next event-loop turn (entries pushed outside a step). */
+  #turnFlush = false;
+  /** A step (or a gate's release) is being routed: it flushes itself at its end. */
+  #routing = false;
   #flushing: Promise<void> = Promise.resolve();
   readonly #checking = new Set<string>();
 
@@ -139,16 +144,21 @@ export class StepRouter {
 
   /** A whole engine step: the worker's `engine.onEvents` listener. */
   readonly onEvents = (events: ReadonlyArray<StepEvent>): void => {
-    for (const [requestId, event] of events) {
-      const route = this.#routes.get(requestId);
-      if (route === undefined || route.ended) continue;
-      if (route.gate !== undefined) this.#gated(route, route.gate, event);
-      else this.#routeLogged(route, event);
+    this.#routing = true;
+    try {
+      for (const [requestId, event] of events) {
+        const route = this.#routes.get(requestId);
+        if (route === undefined || route.ended) continue;
+        if (route.gate !== undefined) this.#gated(route, route.gate, event);
+        else this.#routeLogged(route, event);
+      }
+    } finally {
+      this.#routing = false;
     }
     // The step is whole once routed: it leaves now, not an event-loop turn later (that turn sat in
     // every token's latency). Entries pushed outside a step (accepted, errors) still wait for the
-    // next turn, so that a burst of them shares one pipeline.
-    if (this.#scheduled) this.#flush();
+    // next turn, so that a burst of them shares one write.
+    if (this.#pending) this.#flush();
   };
 
   /** The route's engine events wait until {@link release} or {@link drop}: its job's checks are still out. */
@@ -164,11 +174,16 @@ export class StepRouter {
     const gate = route.gate;
     route.gate = undefined;
     if (gate === undefined || gate === 'dropping') return;
-    for (const event of gate.held) {
-      if (route.ended) break;
-      this.#routeLogged(route, event);
+    this.#routing = true;
+    try {
+      for (const event of gate.held) {
+        if (route.ended) break;
+        this.#routeLogged(route, event);
+      }
+    } finally {
+      this.#routing = false;
     }
-    if (this.#scheduled) this.#flush();
+    if (this.#pending) this.#flush();
   }
 
   /** Routes one event; a failure is logged and leaves the other requests of the step unharmed. */
@@ -224,9 +239,15 @@ export class StepRouter {
       if (entries === undefined) this.#channels.set(route.channel, [json]);
       else entries.push(json);
     }
-    if (!this.#scheduled) {
-      this.#scheduled = true;
-      setImmediate(() => this.#flush());
+    this.#pending = true;
+    // Inside a step the step flushes at its end: no turn is set (it would cost the event loop an
+    // extra poll per step for nothing).
+    if (!this.#routing && !this.#turnFlush) {
+      this.#turnFlush = true;
+      setImmediate(() => {
+        this.#turnFlush = false;
+        if (this.#pending) this.#flush();
+      });
     }
   }
 
@@ -262,7 +283,7 @@ export class StepRouter {
 
   /** Resolves when everything pushed so far has been handed to Redis. */
   async drained(): Promise<void> {
-    if (this.#scheduled) await new Promise<void>((resolve) => setImmediate(resolve));
+    if (this.#turnFlush) await new Promise<void>((resolve) => setImmediate(resolve));
     await this.#flushing;
   }
 
@@ -310,65 +331,74 @@ export class StepRouter {
   }
 
   #flush(): void {
-    this.#scheduled = false;
+    this.#pending = false;
     const logs = this.#logs;
     const channels = this.#channels;
     this.#logs = new Map();
     this.#channels = new Map();
     if (logs.size === 0 && channels.size === 0) return;
     const { retentionMs, maxLogEntries, workerId } = this.options;
-    const pipeline = this.#redis.pipeline();
     const now = Date.now();
     const appended: Route[] = [];
-    let firsts: RouteTiming[] | undefined;
-    for (const [requestId, { route, pairs, workerId: accepting, final }] of logs) {
-      if (route.timing?.firstStepAt !== undefined && route.timing.publishedAt === undefined) (firsts ??= []).push(route.timing);
-      // The TTL starts when the request ends; until then it only bounds a request nobody finishes.
-      const ttlMs = route.ended || final ? retentionMs : Math.max(0, route.deadlineAt - now) + retentionMs;
-      this.#scripts.appendLog(pipeline, {
-        requestId,
-        attempt: route.attempt,
-        maxEntries: maxLogEntries,
-        ttlMs,
-        workerId: accepting,
-        pairs,
-      });
-      appended.push(route);
-    }
     const published: string[] = [];
-    for (const [channel, entries] of channels) {
-      pipeline.publish(channel, `{"workerId":${JSON.stringify(workerId)},"entries":[${entries.join(',')}]}`);
-      published.push(channel);
+    const replies: Array<Promise<number>> = [];
+    let firsts: RouteTiming[] | undefined;
+    if (this.#redis.status !== 'ready') {
+      // The connection queues nothing while Redis is away: nothing of this step can be written.
+      this.logger.error({ status: this.#redis.status }, 'publishing a step failed: Redis unavailable');
+      for (const { route } of logs.values()) this.#lost(route);
+      return;
     }
-    this.#flushing = pipeline.exec().then(
-      (results) => {
-        if (firsts !== undefined) {
-          const at = epochMs();
-          for (const timing of firsts) timing.publishedAt = at;
+    // One socket write for the whole step: the commands are queued on the corked socket and leave
+    // together when it is uncorked (ioredis writes each command on its own otherwise). Sent on the
+    // connection itself rather than through a `Pipeline`, which builds an object per step (and
+    // copies every script defined on the connection into it).
+    const socket = this.#redis.stream;
+    socket.cork();
+    try {
+      for (const [requestId, { route, pairs, workerId: accepting, final }] of logs) {
+        if (route.timing?.firstStepAt !== undefined && route.timing.publishedAt === undefined) (firsts ??= []).push(route.timing);
+        // The TTL starts when the request ends; until then it only bounds a request nobody finishes.
+        const ttlMs = route.ended || final ? retentionMs : Math.max(0, route.deadlineAt - now) + retentionMs;
+        replies.push(
+          this.#scripts.append({ requestId, attempt: route.attempt, maxEntries: maxLogEntries, ttlMs, workerId: accepting, pairs }),
+        );
+        appended.push(route);
+      }
+      // Appends first: an entry a gateway sees live is always in the log already.
+      for (const [channel, entries] of channels) {
+        replies.push(this.#redis.publish(channel, `{"workerId":${JSON.stringify(workerId)},"entries":[${entries.join(',')}]}`));
+        published.push(channel);
+      }
+    } finally {
+      socket.uncork();
+    }
+    this.#flushing = Promise.allSettled(replies).then((results) => {
+      if (firsts !== undefined) {
+        const at = epochMs();
+        for (const timing of firsts) timing.publishedAt = at;
+      }
+      let publishFailed: unknown;
+      results.forEach((result, i) => {
+        const route = appended[i];
+        if (route === undefined) {
+          // A publish.
+          if (result.status === 'rejected') publishFailed ??= result.reason;
+          else if (result.value === 0) this.#checkGateway(published[i - appended.length]!);
+          return;
         }
-        if (results === null) return;
-        appended.forEach((route, i) => {
-          const [error, value] = results[i] ?? [];
-          if (error) {
-            this.logger.error({ err: error, requestId: route.requestId }, 'appending to the token log failed');
-            if (this.#redis.status !== 'ready') this.#lost(route);
-          } else if (value === 0 && !route.ended) {
-            // A newer attempt owns the request (this worker was taken for dead): stop decoding it.
-            this.logger.warn({ requestId: route.requestId, attempt: route.attempt }, 'fenced out by a newer attempt');
-            route.channel = null;
-            route.abort('superseded');
-          }
-        });
-        published.forEach((channel, i) => {
-          const [, receivers] = results[appended.length + i] ?? [];
-          if (receivers === 0) this.#checkGateway(channel);
-        });
-      },
-      (error: unknown) => {
-        this.logger.error({ err: error }, 'publishing a step failed');
-        if (this.#redis.status !== 'ready') for (const route of appended) this.#lost(route);
-      },
-    );
+        if (result.status === 'rejected') {
+          this.logger.error({ err: result.reason, requestId: route.requestId }, 'appending to the token log failed');
+          if (this.#redis.status !== 'ready') this.#lost(route);
+        } else if (result.value === 0 && !route.ended) {
+          // A newer attempt owns the request (this worker was taken for dead): stop decoding it.
+          this.logger.warn({ requestId: route.requestId, attempt: route.attempt }, 'fenced out by a newer attempt');
+          route.channel = null;
+          route.abort('superseded');
+        }
+      });
+      if (publishFailed !== undefined) this.logger.error({ err: publishFailed }, 'publishing a step failed');
+    });
   }
 
   /**

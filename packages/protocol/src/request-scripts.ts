@@ -61,16 +61,16 @@ export class RequestScripts {
 
   /** Queues an append on a pipeline (or MULTI) of the same connection; its reply is 1, or 0 when fenced out. */
   appendLog(pipeline: ChainableCommander, append: LogAppend): void {
-    const { requestId, attempt, maxEntries, ttlMs, workerId, pairs } = append;
-    (pipeline as ChainableCommander & QueuedAppend).appendLog(
-      this.names.metaKey(requestId),
-      this.names.logKey(requestId),
-      attempt,
-      maxEntries,
-      ttlMs,
-      workerId,
-      ...pairs,
-    );
+    (pipeline as ChainableCommander & QueuedAppend).appendLog(...this.#appendArgs(append));
+  }
+
+  /** Sends an append on the connection itself; resolves 1, or 0 when fenced out. */
+  append(append: LogAppend): Promise<number> {
+    return this.#redis.appendLog(...this.#appendArgs(append));
+  }
+
+  #appendArgs({ requestId, attempt, maxEntries, ttlMs, workerId, pairs }: LogAppend): [string, string, ...Array<string | number>] {
+    return [this.names.metaKey(requestId), this.names.logKey(requestId), attempt, maxEntries, ttlMs, workerId, ...pairs];
   }
 
   /**
