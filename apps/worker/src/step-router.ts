@@ -240,8 +240,7 @@ export class StepRouter {
       else entries.push(json);
     }
     this.#pending = true;
-    // Inside a step the step flushes at its end: no turn is set (it would cost the event loop an
-    // extra poll per step for nothing).
+    // Inside a step the step flushes at its end: no turn is set (it would only find nothing to flush).
     if (!this.#routing && !this.#turnFlush) {
       this.#turnFlush = true;
       setImmediate(() => {
