@@ -78,8 +78,9 @@ interface PendingAppend {
 /**
  * Routes every engine step as a whole, in one pass: each event becomes a numbered wire entry, serialized
  * once, appended to its request's token log and added to its gateway's message; then ONE socket write
- * carries the step, its commands pipelined: an append (a small Lua script, fenced by attempt) per request, then one PUBLISH per
- * gateway channel. Appends come first, so an entry a gateway sees live is always in the log already.
+ * carries the step, its commands pipelined: an append (a small Lua script, fenced by attempt) per
+ * request, then one PUBLISH per gateway channel. Appends come first, so an entry a gateway sees live is
+ * always in the log already.
  *
  * It also keeps each request's live route: a gateway may move it (a resume on another gateway), detach
  * it (its client left with a resume grace), or die — a PUBLISH that reaches nobody while the gateway's
