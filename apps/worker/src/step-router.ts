@@ -60,7 +60,7 @@ export interface Route {
   gate?: { held: EngineEvent[] } | 'dropping' | undefined;
 }
 
-/** When the first token reached the router, and when the pipeline carrying it was answered by Redis. */
+/** When the first token reached the router, and when Redis answered the write carrying it. */
 export interface RouteTiming {
   firstStepAt?: number;
   publishedAt?: number;
@@ -93,8 +93,6 @@ export class StepRouter {
   readonly #scripts: RequestScripts;
   #logs = new Map<string, PendingAppend>();
   #channels = new Map<string, string[]>();
-  /** Entries wait for the next flush. */
-  #pending = false;
   /** A flush is set for the next event-loop turn (entries pushed outside a step). */
   #turnFlush = false;
   /** A step (or a gate's release) is being routed: it flushes itself at its end. */
@@ -144,23 +142,15 @@ export class StepRouter {
   }
 
   /** A whole engine step: the worker's `engine.onEvents` listener. */
-  readonly onEvents = (events: ReadonlyArray<StepEvent>): void => {
-    this.#routing = true;
-    try {
+  readonly onEvents = (events: ReadonlyArray<StepEvent>): void =>
+    this.#routeAndFlush(() => {
       for (const [requestId, event] of events) {
         const route = this.#routes.get(requestId);
         if (route === undefined || route.ended) continue;
         if (route.gate !== undefined) this.#gated(route, route.gate, event);
         else this.#routeLogged(route, event);
       }
-    } finally {
-      this.#routing = false;
-    }
-    // The step is whole once routed: it leaves now, not an event-loop turn later (that turn sat in
-    // every token's latency). Entries pushed outside a step (accepted, errors) still wait for the
-    // next turn, so that a burst of them shares one write.
-    if (this.#pending) this.#flush();
-  };
+    });
 
   /** The route's engine events wait until {@link release} or {@link drop}: its job's checks are still out. */
   hold(route: Route): void {
@@ -169,22 +159,34 @@ export class StepRouter {
 
   /**
    * The checks passed: the events held meanwhile are routed now, after what the caller pushed (its
-   * `accepted`), and leave in one pipeline at once.
+   * `accepted`), and leave in one write at once.
    */
   release(route: Route): void {
     const gate = route.gate;
     route.gate = undefined;
     if (gate === undefined || gate === 'dropping') return;
-    this.#routing = true;
-    try {
+    this.#routeAndFlush(() => {
       for (const event of gate.held) {
         if (route.ended) break;
         this.#routeLogged(route, event);
       }
+    });
+  }
+
+  /**
+   * Routes a step's events (or a gate's held ones) and sends what they pushed at once: the step is
+   * whole once routed, so it leaves now, not an event-loop turn later (that turn sat in every token's
+   * latency). Entries pushed outside a step (accepted, errors) wait for the next turn, so that a burst
+   * of them shares one write.
+   */
+  #routeAndFlush(route: () => void): void {
+    this.#routing = true;
+    try {
+      route();
     } finally {
       this.#routing = false;
     }
-    if (this.#pending) this.#flush();
+    this.#flush();
   }
 
   /** Routes one event; a failure is logged and leaves the other requests of the step unharmed. */
@@ -217,7 +219,7 @@ export class StepRouter {
     if (event.type === 'text-delta' && event.text !== '' && route.timing !== undefined) route.timing.firstStepAt ??= epochMs();
   }
 
-  /** Numbers an entry and queues it for this step's pipeline. */
+  /** Numbers an entry and queues it for this step's write. */
   push(route: Route, draft: EntryDraft): void {
     const seq = route.nextSeq++;
     const entry = { ...draft, requestId: route.requestId, seq, ...(route.attempt > 1 ? { attempt: route.attempt } : {}) };
@@ -240,13 +242,12 @@ export class StepRouter {
       if (entries === undefined) this.#channels.set(route.channel, [json]);
       else entries.push(json);
     }
-    this.#pending = true;
     // Inside a step the step flushes at its end: no turn is set (it would only find nothing to flush).
     if (!this.#routing && !this.#turnFlush) {
       this.#turnFlush = true;
       setImmediate(() => {
         this.#turnFlush = false;
-        if (this.#pending) this.#flush();
+        this.#flush();
       });
     }
   }
@@ -331,24 +332,21 @@ export class StepRouter {
   }
 
   #flush(): void {
-    this.#pending = false;
     const logs = this.#logs;
     const channels = this.#channels;
+    if (logs.size === 0 && channels.size === 0) return;
     this.#logs = new Map();
     this.#channels = new Map();
-    if (logs.size === 0 && channels.size === 0) return;
-    const { retentionMs, maxLogEntries, workerId } = this.options;
-    const now = Date.now();
-    const appended: Route[] = [];
-    const published: string[] = [];
-    const replies: Array<Promise<number>> = [];
-    let firsts: RouteTiming[] | undefined;
     if (this.#redis.status !== 'ready') {
       // The connection queues nothing while Redis is away: nothing of this step can be written.
       this.logger.error({ status: this.#redis.status }, 'publishing a step failed: Redis unavailable');
       for (const { route } of logs.values()) this.#lost(route);
       return;
     }
+    const { retentionMs, maxLogEntries, workerId } = this.options;
+    const now = Date.now();
+    const replies: Array<Promise<void>> = [];
+    let firsts: RouteTiming[] | undefined;
     // One socket write for the whole step: the commands are queued on the corked socket and leave
     // together when it is uncorked (ioredis writes each command on its own otherwise). Sent on the
     // connection itself rather than through a `Pipeline`, which builds an object per step (and
@@ -360,45 +358,54 @@ export class StepRouter {
         if (route.timing?.firstStepAt !== undefined && route.timing.publishedAt === undefined) (firsts ??= []).push(route.timing);
         // The TTL starts when the request ends; until then it only bounds a request nobody finishes.
         const ttlMs = route.ended || final ? retentionMs : Math.max(0, route.deadlineAt - now) + retentionMs;
+        const append = this.#scripts.append({
+          requestId,
+          attempt: route.attempt,
+          maxEntries: maxLogEntries,
+          ttlMs,
+          workerId: accepting,
+          pairs,
+        });
         replies.push(
-          this.#scripts.append({ requestId, attempt: route.attempt, maxEntries: maxLogEntries, ttlMs, workerId: accepting, pairs }),
+          append.then(
+            (appended) => this.#appended(route, appended),
+            (error: unknown) => this.#appendFailed(route, error),
+          ),
         );
-        appended.push(route);
       }
       // Appends first: an entry a gateway sees live is always in the log already.
       for (const [channel, entries] of channels) {
-        replies.push(this.#redis.publish(channel, `{"workerId":${JSON.stringify(workerId)},"entries":[${entries.join(',')}]}`));
-        published.push(channel);
+        const publish = this.#redis.publish(channel, `{"workerId":${JSON.stringify(workerId)},"entries":[${entries.join(',')}]}`);
+        replies.push(
+          publish.then(
+            (receivers) => {
+              if (receivers === 0) this.#checkGateway(channel);
+            },
+            (error: unknown) => this.logger.error({ err: error, channel }, 'publishing a step failed'),
+          ),
+        );
       }
     } finally {
       socket.uncork();
     }
-    this.#flushing = Promise.allSettled(replies).then((results) => {
-      if (firsts !== undefined) {
-        const at = epochMs();
-        for (const timing of firsts) timing.publishedAt = at;
-      }
-      let publishFailed: unknown;
-      results.forEach((result, i) => {
-        const route = appended[i];
-        if (route === undefined) {
-          // A publish.
-          if (result.status === 'rejected') publishFailed ??= result.reason;
-          else if (result.value === 0) this.#checkGateway(published[i - appended.length]!);
-          return;
-        }
-        if (result.status === 'rejected') {
-          this.logger.error({ err: result.reason, requestId: route.requestId }, 'appending to the token log failed');
-          if (this.#redis.status !== 'ready') this.#lost(route);
-        } else if (result.value === 0 && !route.ended) {
-          // A newer attempt owns the request (this worker was taken for dead): stop decoding it.
-          this.logger.warn({ requestId: route.requestId, attempt: route.attempt }, 'fenced out by a newer attempt');
-          route.channel = null;
-          route.abort('superseded');
-        }
-      });
-      if (publishFailed !== undefined) this.logger.error({ err: publishFailed }, 'publishing a step failed');
+    this.#flushing = Promise.all(replies).then(() => {
+      if (firsts === undefined) return;
+      const at = epochMs();
+      for (const timing of firsts) timing.publishedAt = at;
     });
+  }
+
+  /** Redis's answer to an append: 1, or 0 when a newer attempt owns the request (this worker was taken for dead). */
+  #appended(route: Route, appended: number): void {
+    if (appended !== 0 || route.ended) return;
+    this.logger.warn({ requestId: route.requestId, attempt: route.attempt }, 'fenced out by a newer attempt');
+    route.channel = null;
+    route.abort('superseded');
+  }
+
+  #appendFailed(route: Route, error: unknown): void {
+    this.logger.error({ err: error, requestId: route.requestId }, 'appending to the token log failed');
+    if (this.#redis.status !== 'ready') this.#lost(route);
   }
 
   /**
