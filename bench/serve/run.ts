@@ -95,6 +95,12 @@ interface DecodeSteps {
 interface RoundResult {
   tokensPerSecond: number;
   ttftMs: number[];
+  /**
+   * Request sent → second text chunk read, per stream. It holds the wait for a step's other prefills
+   * whether a server sends a burst's first tokens as each prefill call ends (the wait then counts in
+   * the stream's first ITL gap) or when the step ends (then in its TTFT).
+   */
+  secondMs: number[];
   itlMs: number[];
   /** Per gap of `itlMs`: whether it began before the round's last first text (the burst's ramp-up, prompts still being prefilled). */
   itlInRampUp: boolean[];
@@ -118,7 +124,14 @@ async function runWorkload(side: Side, workload: PeerWorkload, round: number): P
   const cpuUsPerToken = Object.fromEntries(
     Object.entries(cpuAfter).map(([part, seconds]) => [part, ((seconds - (cpuBefore[part] ?? 0)) * 1e6) / tokens]),
   );
-  const result: RoundResult = { tokensPerSecond: tokens / (wallMs / 1000), ttftMs: [], itlMs: [], itlInRampUp: [], cpuUsPerToken };
+  const result: RoundResult = {
+    tokensPerSecond: tokens / (wallMs / 1000),
+    ttftMs: [],
+    secondMs: [],
+    itlMs: [],
+    itlInRampUp: [],
+    cpuUsPerToken,
+  };
   if (decodeBefore !== undefined && decodeAfter !== undefined && decodeAfter.steps > decodeBefore.steps) {
     result.decodeStepModelMs = ((decodeAfter.modelSeconds - decodeBefore.modelSeconds) * 1000) / (decodeAfter.steps - decodeBefore.steps);
   }
@@ -128,6 +141,7 @@ async function runWorkload(side: Side, workload: PeerWorkload, round: number): P
     const [first] = stream.textAt;
     if (first === undefined) continue;
     result.ttftMs.push(first - stream.sentAt);
+    if (stream.textAt[1] !== undefined) result.secondMs.push(stream.textAt[1] - stream.sentAt);
     for (let i = 1; i < stream.textAt.length; i++) {
       result.itlMs.push(stream.textAt[i]! - stream.textAt[i - 1]!);
       result.itlInRampUp.push(stream.textAt[i - 1]! < rampUpEnd);
@@ -229,6 +243,9 @@ async function parityCheck(sluice: Side, peer: Side): Promise<Parity> {
 type Summary = Pick<WorkloadResult, 'tokensPerSecond' | 'tokensPerSecondRounds' | 'ttftP50Ms' | 'ttftP99Ms' | 'itlP50Ms' | 'itlP99Ms'> & {
   /** Median over rounds of CPU µs per token, by part of the stack. */
   cpuUsPerToken: Record<string, number>;
+  /** Request sent → second text chunk, over every stream of every round (ms). */
+  secondP50Ms: number;
+  secondP99Ms: number;
   /** The ITL gaps at or above the p99 (all rounds), and how many of them began in a burst's ramp-up. */
   itlTail: { gaps: number; inRampUp: number };
   /** Median over rounds of the mean model time of a decode-only step (ms), where the side reports it. */
@@ -237,6 +254,7 @@ type Summary = Pick<WorkloadResult, 'tokensPerSecond' | 'tokensPerSecondRounds' 
 
 function summarize(results: RoundResult[]): Summary {
   const ttft = results.flatMap((r) => r.ttftMs);
+  const second = results.flatMap((r) => r.secondMs);
   const itl = results.flatMap((r) => r.itlMs);
   const inRampUp = results.flatMap((r) => r.itlInRampUp);
   const p99 = percentile(itl, 99);
@@ -248,6 +266,8 @@ function summarize(results: RoundResult[]): Summary {
     ttftP99Ms: round(percentile(ttft, 99), 1),
     itlP50Ms: round(percentile(itl, 50), 1),
     itlP99Ms: round(percentile(itl, 99), 1),
+    secondP50Ms: round(percentile(second, 50), 1),
+    secondP99Ms: round(percentile(second, 99), 1),
     cpuUsPerToken: Object.fromEntries(
       Object.keys(results[0]?.cpuUsPerToken ?? {}).map((part) => [part, Math.round(median(results.map((r) => r.cpuUsPerToken[part]!)))]),
     ),
@@ -426,6 +446,11 @@ async function main(): Promise<void> {
 function renderTable(summaries: Record<string, Record<string, Summary>>, sides: Side[]): string {
   const sluice = summaries.sluice!;
   const peer = summaries['llama.cpp'];
+  /** `<workload> <side> <figure>, …; …` over every workload and side. */
+  const bySide = (figure: (summary: Summary) => string) =>
+    workloads
+      .map((w) => `${w.name} ${sides.map((side) => `${side.name} ${figure(summaries[side.name]![w.name]!)}`).join(', ')}`)
+      .join('; ');
   const rows = workloads.map((w) => {
     const s = sluice[w.name]!;
     const p = peer?.[w.name];
@@ -516,18 +541,12 @@ function renderTable(summaries: Record<string, Record<string, Summary>>, sides: 
     '',
     "Where each side's ITL tail is: of the gaps at or above its p99 (every round), how many began in the burst's ramp-up " +
       "(before the round's last stream had its first text, while prompts were still being prefilled): " +
-      workloads
-        .map(
-          (w) =>
-            `${w.name} ` +
-            sides
-              .map((side) => {
-                const tail = summaries[side.name]![w.name]!.itlTail;
-                return `${side.name} ${tail.inRampUp} of ${tail.gaps}`;
-              })
-              .join(', '),
-        )
-        .join('; ') +
+      bySide(({ itlTail }) => `${itlTail.inRampUp} of ${itlTail.gaps}`) +
+      '.',
+    '',
+    "Request sent → second text chunk read, p50 / p99 ms (every stream of every round): a side that sends a burst's first tokens as each prefill call ends counts " +
+      "the wait for the step's other prefills in its first ITL gap, one that sends them when the step ends counts it in TTFT; the second token's time holds it either way: " +
+      bySide(({ secondP50Ms, secondP99Ms }) => `${secondP50Ms} / ${secondP99Ms}`) +
       '.',
     '',
     'CPU time per completion token, µs (median over rounds; from /proc, all threads of each process; the load client is the same code for both sides):',

@@ -61,6 +61,14 @@ export const workerEnvSchema = z.object({
     .enum(['true', 'false', '1', '0'])
     .default('false')
     .transform((v) => v === 'true' || v === '1'),
+  /**
+   * A prompt's first token leaves as its own prefill call ends (true), or with the rest of its step's
+   * output (false: a burst's first tokens later, its streams' first gaps shorter). @defaultValue true
+   */
+  EARLY_FIRST_TOKENS: z
+    .enum(['true', 'false', '1', '0'])
+    .default('true')
+    .transform((v) => v === 'true' || v === '1'),
   /** Jobs taken from the queue at once. @defaultValue MAX_BATCH_SIZE */
   WORKER_CONCURRENCY: int(1).optional(),
   /** This worker's id in the registry. @defaultValue host-pid-random */
@@ -108,6 +116,7 @@ export interface WorkerConfig {
   continuationMode: 'replay' | 'prefill';
   kvGrowth: 'spread' | 'in-place';
   kvPreallocate: boolean;
+  earlyFirstTokens: boolean;
   interOpThreads: number;
   concurrency: number;
   workerId: string;
@@ -155,6 +164,7 @@ export function loadWorkerConfig(env: NodeJS.ProcessEnv = process.env): WorkerCo
     continuationMode: e.CONTINUATION_MODE,
     kvGrowth: e.KV_GROWTH,
     kvPreallocate: e.KV_PREALLOCATE,
+    earlyFirstTokens: e.EARLY_FIRST_TOKENS,
     concurrency: e.WORKER_CONCURRENCY ?? e.MAX_BATCH_SIZE,
     workerId: e.WORKER_ID ?? `${hostname().replace(/[^\w.-]/g, '-')}-${process.pid}-${randomBytes(3).toString('hex')}`,
     heartbeatMs: e.WORKER_HEARTBEAT_MS,
@@ -188,5 +198,6 @@ export function engineOptions(config: WorkerConfig, modelDir: string): EngineOpt
     kvGrowth: config.kvGrowth,
     kvPreallocate: config.kvPreallocate,
     maxPrefillBatch: config.maxPrefillBatch,
+    earlyFirstTokens: config.earlyFirstTokens,
   };
 }

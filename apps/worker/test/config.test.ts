@@ -27,6 +27,13 @@ describe('worker configuration', () => {
     expect(() => loadWorkerConfig({ INTRA_OP_SPINNING: 'sometimes' })).toThrow(/INTRA_OP_SPINNING/);
   });
 
+  it("sends a prompt's first token as its prefill call ends unless EARLY_FIRST_TOKENS says otherwise", () => {
+    expect(loadWorkerConfig({}).earlyFirstTokens).toBe(true);
+    expect(loadWorkerConfig({ EARLY_FIRST_TOKENS: 'false' }).earlyFirstTokens).toBe(false);
+    expect(engineOptions(loadWorkerConfig({ EARLY_FIRST_TOKENS: '0' }), '/m')).toMatchObject({ earlyFirstTokens: false });
+    expect(() => loadWorkerConfig({ EARLY_FIRST_TOKENS: 'maybe' })).toThrow(/EARLY_FIRST_TOKENS/);
+  });
+
   it('prefills up to 32 whole prompts a call unless MAX_PREFILL_BATCH says otherwise', () => {
     expect(loadWorkerConfig({}).maxPrefillBatch).toBe(32);
     expect(loadWorkerConfig({ MAX_PREFILL_BATCH: '1' }).maxPrefillBatch).toBe(1);
@@ -46,6 +53,7 @@ describe('worker configuration', () => {
       kvGrowth: 'in-place',
       kvPreallocate: false,
       maxPrefillBatch: 32,
+      earlyFirstTokens: true,
     });
     const env = {
       MAX_CACHED_TOKENS: '4096',

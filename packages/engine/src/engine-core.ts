@@ -30,6 +30,8 @@ export interface EngineCoreOptions extends SchedulerLimits {
   kvPreallocate?: boolean;
   /** See {@link EngineOptions.maxPrefillBatch}. */
   maxPrefillBatch: number;
+  /** See {@link EngineOptions.earlyFirstTokens}. @defaultValue true */
+  earlyFirstTokens?: boolean;
 }
 
 /**
@@ -130,10 +132,10 @@ export class EngineCore {
   }
 
   /**
-   * One step. With `early`, events leave before each prompt chunk's model call instead of with the
-   * step's output: the decode rows' tokens do not wait for the newcomers' prefills, and each prompt's
-   * first token leaves as its own prefill ends, not after every prefill of the step (a burst of
-   * prompts is prefilled one call each).
+   * One step. With `early`, events leave before the step's first prompt chunk's model call instead
+   * of with the step's output, so the decode rows' tokens do not wait for the newcomers' prefills; and
+   * with `earlyFirstTokens` (the default) before each later call too, so each prompt's first token
+   * leaves as its own prefill ends, not after every prefill of the step.
    */
   async step(early?: (events: StepOutput['events']) => void): Promise<StepOutput> {
     const startedAt = now();
@@ -171,7 +173,9 @@ export class EngineCore {
       const chunks = call.filter((chunk) => !chunk.group.finished);
       if (chunks.length === 0) continue;
       prefillCalls++;
-      if (early !== undefined && this.#events.length > 0) early(this.#takeEvents());
+      if (early !== undefined && this.#events.length > 0 && (prefillCalls === 1 || this.#limits.earlyFirstTokens !== false)) {
+        early(this.#takeEvents());
+      }
       const runStart = now();
       try {
         generationTokens += chunks.length === 1 ? await this.#prefill(chunks[0]!) : await this.#prefillTogether(chunks);

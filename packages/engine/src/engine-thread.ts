@@ -58,6 +58,7 @@ async function main(port: MessagePort, { options }: EngineThreadData): Promise<v
       kvGrowth: options.kvGrowth ?? 'in-place',
       kvPreallocate: options.kvPreallocate ?? false,
       maxPrefillBatch: options.maxPrefillBatch ?? DEFAULT_MAX_PREFILL_BATCH,
+      earlyFirstTokens: options.earlyFirstTokens ?? true,
     };
     core = new EngineCore(session, model, limits);
     post({

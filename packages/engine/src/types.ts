@@ -74,6 +74,16 @@ export interface EngineOptions {
    * @defaultValue 32
    */
   maxPrefillBatch?: number;
+  /**
+   * When a step prefills prompts in several model calls, each prompt's first token leaves as its own
+   * call ends (true), or with the step's other output once every call of the step is done (false).
+   * Either way the decode rows' tokens leave before the step's first prefill call, and every later
+   * token comes at the same time: true moves a burst's early first tokens forward, and the wait for
+   * the step's remaining prefills into their stream's first inter-token gap; false keeps it in the
+   * time to first token, as vLLM and llama.cpp do (docs/engine.md, "A step").
+   * @defaultValue true
+   */
+  earlyFirstTokens?: boolean;
 }
 
 export type ContinuationMode = 'replay' | 'prefill';

@@ -5,6 +5,7 @@ import { createEngine, type EngineOptions } from '../src/index.js';
 describe('createEngine options', () => {
   it.each([
     [{ kvPreallocate: 'yes' }, /EngineOptions\.kvPreallocate must be a boolean, got yes/],
+    [{ earlyFirstTokens: 'no' }, /EngineOptions\.earlyFirstTokens must be a boolean, got no/],
     [{ kvGrowth: 'sideways' }, /EngineOptions\.kvGrowth must be spread or in-place, got sideways/],
     [{ maxBatchSize: 0 }, /maxBatchSize/],
     [{ maxPrefillBatch: 0 }, /EngineOptions\.maxPrefillBatch must be an integer ≥ 1, got 0/],

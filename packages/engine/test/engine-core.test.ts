@@ -21,8 +21,9 @@ afterAll(async () => {
   await session?.dispose();
 });
 
-function newCore(): EngineCore {
+function newCore(options: { earlyFirstTokens?: boolean } = {}): EngineCore {
   return new EngineCore(session, model, {
+    ...options,
     maxBatchSize: 4,
     maxStepTokens: 64,
     maxCachedTokens: 4 * 2048,
@@ -69,16 +70,22 @@ describe('EngineCore', () => {
     expect(core.cachedTokens).toBe(0);
   });
 
-  it("with an early listener, hands over each prompt's first token as its prefill ends and the decode tokens before any prefill", async () => {
-    const core = newCore();
+  /** Request 1 decodes while 2 and 3 arrive and are prefilled in the same step (one call each), with an early listener. */
+  async function stepWithNewcomers(core: EngineCore) {
     core.add(1, request('one'), performance.timeOrigin + performance.now());
     await core.step();
-    // Request 1 decodes while 2 and 3 arrive and are prefilled in the same step (one call each).
     core.add(2, request('two'), performance.timeOrigin + performance.now());
     core.add(3, request('three'), performance.timeOrigin + performance.now());
     const handed: Array<Array<[number, EngineEvent]>> = [];
     const { events, stats } = await core.step((early) => handed.push(early));
     expect(stats?.phase).toBe('mixed');
+    expect(stats?.prefillCalls).toBe(2);
+    return { handed, events };
+  }
+
+  it("with an early listener, hands over each prompt's first token as its prefill ends and the decode tokens before any prefill", async () => {
+    const core = newCore();
+    const { handed, events } = await stepWithNewcomers(core);
     // Before the first prefill: 1's decode token and the newcomers' scheduled events.
     expect(handed[0]!.map(([key, event]) => `${key}:${event.type}`)).toEqual(['2:scheduled', '3:scheduled', '1:text-delta']);
     // Before the second prefill: 2's first token. The step's own output: 3's.
@@ -89,6 +96,16 @@ describe('EngineCore', () => {
     // Without a listener, the same step's events all come with its output.
     const whole = await core.step();
     expect([1, 2, 3].map((key) => tokensOf(whole.events, key))).toEqual([1, 1, 1]);
+  });
+
+  it('without earlyFirstTokens, hands over the decode tokens before the first prefill and every first token with the step', async () => {
+    const { handed, events } = await stepWithNewcomers(newCore({ earlyFirstTokens: false }));
+    // Once, before the first prefill: 1's decode token and the newcomers' scheduled events.
+    expect(handed.map((batch) => batch.map(([key, event]) => `${key}:${event.type}`))).toEqual([
+      ['2:scheduled', '3:scheduled', '1:text-delta'],
+    ]);
+    // Both newcomers' first tokens come with the step's output, after both prefill calls.
+    expect([1, 2, 3].map((key) => tokensOf(events, key))).toEqual([0, 1, 1]);
   });
 
   it('gives the same tokens with the engine-owned cache as on the present.* fallback, rows joining and leaving', async () => {
