@@ -443,6 +443,12 @@ async function main(): Promise<void> {
   }
 }
 
+/** The median over rounds of `a ÷ b` in the same round (rounds in order on both sides). */
+function pairedRatio(a: Summary, b: Summary): number {
+  const n = Math.min(a.tokensPerSecondRounds.length, b.tokensPerSecondRounds.length);
+  return median(Array.from({ length: n }, (_, i) => a.tokensPerSecondRounds[i]! / b.tokensPerSecondRounds[i]!));
+}
+
 function renderTable(summaries: Record<string, Record<string, Summary>>, sides: Side[]): string {
   const sluice = summaries.sluice!;
   const peer = summaries['llama.cpp'];
@@ -456,8 +462,9 @@ function renderTable(summaries: Record<string, Record<string, Summary>>, sides: 
     const p = peer?.[w.name];
     const cell = (value: number | undefined) => (value === undefined ? '—' : String(value));
     const ratio = p === undefined ? '—' : `${(s.tokensPerSecond / p.tokensPerSecond).toFixed(2)}×`;
+    const paired = p === undefined ? '—' : `${pairedRatio(s, p).toFixed(2)}×`;
     return (
-      `| ${w.streams} × ${w.tokens} | ${s.tokensPerSecond} | ${cell(p?.tokensPerSecond)} | **${ratio}** | ` +
+      `| ${w.streams} × ${w.tokens} | ${s.tokensPerSecond} | ${cell(p?.tokensPerSecond)} | **${ratio}** | ${paired} | ` +
       `${s.ttftP50Ms} / ${s.ttftP99Ms} | ${p === undefined ? '—' : `${p.ttftP50Ms} / ${p.ttftP99Ms}`} | ` +
       `${s.itlP50Ms} / ${s.itlP99Ms} | ${p === undefined ? '—' : `${p.itlP50Ms} / ${p.itlP99Ms}`} | ` +
       `${s.tokensPerSecondRounds.join(' / ')} | ${p === undefined ? '—' : p.tokensPerSecondRounds.join(' / ')} |`
@@ -529,9 +536,12 @@ function renderTable(summaries: Record<string, Record<string, Summary>>, sides: 
           ...decodeRows,
         ];
   return [
-    '| workload | Sluice tok/s | llama.cpp tok/s | Sluice ÷ llama.cpp | Sluice TTFT p50 / p99 (ms) | llama.cpp TTFT p50 / p99 | Sluice ITL p50 / p99 (ms) | llama.cpp ITL p50 / p99 | Sluice tok/s per round | llama.cpp tok/s per round |',
-    '|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|',
+    '| workload | Sluice tok/s | llama.cpp tok/s | Sluice ÷ llama.cpp | the same, round by round (median) | Sluice TTFT p50 / p99 (ms) | llama.cpp TTFT p50 / p99 | Sluice ITL p50 / p99 (ms) | llama.cpp ITL p50 / p99 | Sluice tok/s per round | llama.cpp tok/s per round |',
+    '|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|',
     ...rows,
+    '',
+    '"Sluice ÷ llama.cpp" divides the two medians; "round by round" is the median of each round\'s own ratio, the two sides ' +
+      'measured minutes apart in the same round: on a VM whose speed drifts between rounds, the steadier of the two.',
     '',
     `Throughput at 768 tokens ÷ at 128 tokens (32 streams): Sluice **${contextRatio(sluice)}**` +
       (peer === undefined ? '' : `, llama.cpp **${contextRatio(peer)}**`) +
