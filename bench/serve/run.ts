@@ -473,7 +473,8 @@ function renderTable(summaries: Record<string, Record<string, Summary>>, sides: 
   const contextRatio = (side: Record<string, Summary> | undefined) => {
     const short = side?.['32x128'];
     const long = side?.['32x768'];
-    return short === undefined || long === undefined ? '—' : (long.tokensPerSecond / short.tokensPerSecond).toFixed(2);
+    if (short === undefined || long === undefined) return '—';
+    return `**${(long.tokensPerSecond / short.tokensPerSecond).toFixed(2)}** (round by round ${pairedRatio(long, short).toFixed(2)})`;
   };
   const others = sides.filter((side) => side.name === 'sluice-b' || side.name === 'engine');
   const otherLabel = (name: Side['name']) =>
@@ -543,9 +544,9 @@ function renderTable(summaries: Record<string, Record<string, Summary>>, sides: 
     '"Sluice ÷ llama.cpp" divides the two medians; "round by round" is the median of each round\'s own ratio, the two sides ' +
       'measured minutes apart in the same round: on a VM whose speed drifts between rounds, the steadier of the two.',
     '',
-    `Throughput at 768 tokens ÷ at 128 tokens (32 streams): Sluice **${contextRatio(sluice)}**` +
-      (peer === undefined ? '' : `, llama.cpp **${contextRatio(peer)}**`) +
-      others.map((side) => `, ${side.name} **${contextRatio(summaries[side.name])}**`).join('') +
+    `Throughput at 768 tokens ÷ at 128 tokens (32 streams): Sluice ${contextRatio(sluice)}` +
+      (peer === undefined ? '' : `, llama.cpp ${contextRatio(peer)}`) +
+      others.map((side) => `, ${side.name} ${contextRatio(summaries[side.name])}`).join('') +
       ' (issue 12 target for Sluice: ≥ 0.95).',
     ...otherRows,
     '',
