@@ -542,7 +542,7 @@ function renderTable(summaries: Record<string, Record<string, Summary>>, sides: 
     ...rows,
     '',
     '"Sluice ÷ llama.cpp" divides the two medians; "round by round" is the median of each round\'s own ratio, the two sides ' +
-      'measured minutes apart in the same round: on a VM whose speed drifts between rounds, the steadier of the two.',
+      'measured one after the other within the round: on a VM whose speed drifts between rounds, the steadier of the two.',
     '',
     `Throughput at 768 tokens ÷ at 128 tokens (32 streams): Sluice ${contextRatio(sluice)}` +
       (peer === undefined ? '' : `, llama.cpp ${contextRatio(peer)}`) +
