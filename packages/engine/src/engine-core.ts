@@ -366,6 +366,10 @@ export class EngineCore {
       sequence.sampler.prime(generated);
       for (const tokenId of generated) sequence.streamer.push(tokenId);
       group.sequences.push(sequence);
+    }
+    // Every sibling is in the group before any samples: one that ends on its first token (max_tokens 1,
+    // a stop, EOS) must not finish the group while its siblings are still to come.
+    for (const sequence of group.sequences) {
       if (!group.replays) this.#accept(sequence, sequence.sampler.sample(logits, offset, vocabSize));
       if (sequence.finishReason === undefined) this.#joining.push({ sequence, source });
     }

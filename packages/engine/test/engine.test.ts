@@ -190,6 +190,48 @@ describe('createEngine on the tiny model', () => {
     expect(again.tokens).toEqual(result.tokens);
   });
 
+  it('runs every sibling when the first one ends on its first token, and leaves no row behind', async () => {
+    const steps: StepStats[] = [];
+    const off = engine.onStep((stats) => steps.push(stats));
+    // max_tokens 1: every choice ends on its first token, each with its own end event. A seed whose
+    // choice 0 draws a first token its siblings do not (the draws are deterministic per seed).
+    let sampling = { temperature: 4, seed: 0, n: 3, ignoreEos: true };
+    let firstOfChoice0 = -1;
+    for (let seed = 1; seed <= 50 && firstOfChoice0 < 0; seed++) {
+      sampling = { ...sampling, seed };
+      const one = await collect(engine.generate({ id: `n3-one-${seed}`, promptTokenIds: prompt, sampling: { ...sampling, maxTokens: 1 } }));
+      expect(one.tokens.map((tokens) => tokens.length)).toEqual([1, 1, 1]);
+      expect(one.endReasons).toEqual(['length', 'length', 'length']);
+      expect(one.finish.usage.completionTokens).toBe(3);
+      expect(one.events.filter((event) => event.type === 'finish')).toHaveLength(1);
+      if (!one.tokens.slice(1).some((tokens) => tokens[0] === one.tokens[0]![0])) firstOfChoice0 = one.tokens[0]![0]!;
+    }
+    expect(firstOfChoice0).toBeGreaterThanOrEqual(0);
+    // Choice 0's first token as a stop token: choice 0 stops at once, its siblings still run to the end.
+    const stopped = await collect(
+      engine.generate({
+        id: 'n3-stop',
+        promptTokenIds: prompt,
+        sampling: { ...sampling, maxTokens: 16, stopTokenIds: [firstOfChoice0] },
+      }),
+    );
+    off();
+    expect(stopped.tokens[0]).toEqual([firstOfChoice0]);
+    expect(stopped.endReasons[0]).toBe('stop');
+    for (const index of [1, 2]) {
+      const tokens = stopped.tokens[index]!;
+      const reason = stopped.endReasons[index];
+      // Each sibling ends on its own: at its 16th token, or at the stop token if it draws it.
+      expect(reason === 'length' ? tokens.length === 16 : reason === 'stop' && tokens.at(-1) === firstOfChoice0).toBe(true);
+    }
+    expect(stopped.finish.usage.completionTokens).toBe(stopped.tokens.reduce((sum, tokens) => sum + tokens.length, 0));
+    // No sequence outlives its request (they used to decode on as rows of a finished group).
+    for (let waited = 0; steps.at(-1)?.running !== 0 && waited < 10_000; waited += 10) {
+      await new Promise((resolve) => setTimeout(resolve, 10));
+    }
+    expect(steps.at(-1)).toMatchObject({ cachedTokens: 0, running: 0 });
+  });
+
   it('ends an aborted request with finish reason abort and frees its cache', async () => {
     const steps: StepStats[] = [];
     const off = engine.onStep((stats) => steps.push(stats));
