@@ -1,7 +1,15 @@
 import { Queue, Worker } from 'bullmq';
 import { pino } from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { GENERATE_QUEUE, redisNames } from '@sluice/protocol';
+import {
+  attemptJobId,
+  decodeLogRange,
+  decodeRequestMeta,
+  encodeRequestMeta,
+  GENERATE_QUEUE,
+  LOG_FIELD,
+  redisNames,
+} from '@sluice/protocol';
 import { hasRedisServer, startRedis, type RedisServer } from './support/redis-server.js';
 import { RedisJobQueue } from '../apps/gateway/dist/job-queue.js';
 import type { RequestSession } from '../apps/gateway/dist/request-session.js';
@@ -59,5 +67,40 @@ describe.skipIf(!hasRedisServer())('cancel markers', () => {
     expect(ttl).toBeGreaterThan(0);
     expect(ttl).toBeLessThanOrEqual(30_000);
     await worker.close(true);
+  });
+
+  it('cancel a migrated request by removing its waiting continuation, and end its stream after what its log holds', async () => {
+    const requestId = 'migrated-1';
+    const fields = encodeRequestMeta({
+      channel: 'gw-live',
+      graceMs: 0,
+      attempt: 2,
+      enqueuedAt: Date.now(),
+      deadlineAt: Date.now() + 600_000,
+      format: { endpoint: 'completion', model: 'm', created: 1, includeUsage: false, n: 2, maxTokensParam: 'max_tokens' },
+    });
+    await redis.hset(names.metaKey(requestId), fields);
+    const sent = [
+      { requestId, seq: 0, type: 'accepted', workerId: 'w-lost', promptTokens: 4 },
+      { requestId, seq: 1, type: 'text-delta', index: 0, text: 'a', tokenIds: [5, 6], tokens: 2 },
+      { requestId, seq: 2, type: 'text-end', index: 1, finishReason: 'length' },
+    ];
+    for (const entry of sent) await redis.xadd(names.logKey(requestId), `${entry.seq}-1`, LOG_FIELD, JSON.stringify(entry));
+    // The lost attempt's job stays active under the request's id; the continuation waits under its own.
+    await queue.add('generate', { any: 1 }, { jobId: attemptJobId(requestId, 2) });
+    const live: string[] = [];
+    const sub = server.client();
+    await sub.subscribe('gw-live');
+    sub.on('message', (_channel: string, raw: string) => live.push(raw));
+    await jobs.cancelRequest(requestId, decodeRequestMeta(await redis.hgetall(names.metaKey(requestId)))!);
+    expect(await queue.getJob(attemptJobId(requestId, 2))).toBeUndefined();
+    const ending = [
+      { requestId, seq: 3, type: 'text-end', index: 0, finishReason: 'abort', attempt: 2 },
+      { requestId, seq: 4, type: 'finish', usage: { promptTokens: 4, completionTokens: 2 }, attempt: 2 },
+    ];
+    expect(decodeLogRange(await redis.xrange(names.logKey(requestId), '-', '+')).slice(sent.length)).toEqual(ending);
+    await expect.poll(() => live.length).toBe(1);
+    expect(JSON.parse(live[0]!)).toEqual({ workerId: '', entries: ending });
+    sub.disconnect();
   });
 });

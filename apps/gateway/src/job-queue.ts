@@ -13,6 +13,7 @@ import {
   RequestScripts,
   continuationJob,
   continuationJobOptions,
+  readLog,
   type CancelReason,
   type GenerateJob,
   type RedisNames,
@@ -138,9 +139,12 @@ export class RedisJobQueue implements JobSubmitter, WorkCanceller {
     }
   }
 
-  /** Removes a waiting job; once it is gone, its marker has nobody left to tell. Resolves true when removed. */
-  private async removeQueued(requestId: string): Promise<boolean> {
-    const removed = (await this.queue.remove(requestId)) === 1;
+  /**
+   * Removes a waiting job; once it is gone, its marker has nobody left to tell. Resolves true when removed.
+   * @param jobId the job's BullMQ id (a continuation's differs from its request's)
+   */
+  private async removeQueued(requestId: string, jobId = requestId): Promise<boolean> {
+    const removed = (await this.queue.remove(jobId)) === 1;
     if (removed) await this.redis.del(this.names.cancelMarkerKey(requestId));
     return removed;
   }
@@ -229,14 +233,36 @@ export class RedisJobQueue implements JobSubmitter, WorkCanceller {
       .set(this.names.cancelMarkerKey(requestId), 'cancelled', 'PX', markerTtlMs(meta.deadlineAt))
       .publish(this.names.controlChannel, encodeControlMessage({ type: 'cancel', requestIds: [requestId], reason: 'cancelled' }))
       .exec();
-    if (!(await this.removeQueued(requestId))) return;
-    const entries: GatewayEntry[] = [{ requestId, seq: 0, type: 'accepted', workerId: '', promptTokens: 0 }];
-    for (let index = 0; index < meta.format.n; index++)
-      entries.push({ requestId, seq: entries.length, type: 'text-end', index, finishReason: 'abort' });
-    entries.push({ requestId, seq: entries.length, type: 'finish', usage: { promptTokens: 0, completionTokens: 0 } });
+    // The current attempt's job: after a migration, the continuation waits under its own id.
+    if (!(await this.removeQueued(requestId, attemptJobId(requestId, meta.attempt)))) return;
+    const entries: GatewayEntry[] = [];
+    const attempt = meta.attempt > 1 ? { attempt: meta.attempt } : {};
+    let open = Array.from({ length: meta.format.n }, (_, index) => index);
+    let usage = { promptTokens: 0, completionTokens: 0 };
+    let seq = 0;
+    if (meta.attempt === 1) {
+      entries.push({ requestId, seq: seq++, type: 'accepted', workerId: '', promptTokens: 0 });
+    } else {
+      // A continuation goes on after what the lost worker logged: its open choices end, its tokens count.
+      const log = readLog(await this.redis.xrange(this.names.logKey(requestId), '-', '+'), meta.format.n);
+      if (log.ended || log.lastSeq < 0) return;
+      open = log.choices.flatMap((choice, index) => (choice.ended ? [] : [index]));
+      usage = { promptTokens: log.promptTokens, completionTokens: log.choices.reduce((sum, choice) => sum + choice.tokenIds.length, 0) };
+      seq = log.lastSeq + 1;
+    }
+    for (const index of open) entries.push({ requestId, seq: seq++, type: 'text-end', index, finishReason: 'abort', ...attempt });
+    entries.push({ requestId, seq, type: 'finish', usage, ...attempt });
     const pairs = entries.flatMap((entry) => [String(entry.seq), JSON.stringify(entry)]);
     const pipeline = this.redis.pipeline();
-    this.scripts.appendLog(pipeline, { requestId, attempt: meta.attempt, maxEntries: 100, ttlMs: this.retentionMs, workerId: '', pairs });
+    // The cap leaves a continuation's earlier entries in place (the log is capped where workers write it).
+    this.scripts.appendLog(pipeline, {
+      requestId,
+      attempt: meta.attempt,
+      maxEntries: seq + 100,
+      ttlMs: this.retentionMs,
+      workerId: '',
+      pairs,
+    });
     if (meta.channel !== '') pipeline.publish(meta.channel, encodeGatewayMessage({ workerId: '', entries }));
     await pipeline.exec();
   }

@@ -2,11 +2,18 @@ import { randomInt } from 'node:crypto';
 import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
 import type { Engine, EngineErrorCode, EngineEvent, SamplingParams } from '@sluice/engine';
-import { decodeRequestMeta, generateJobSchema, type GenerateJob, type RedisNames, type WireError } from '@sluice/protocol';
+import {
+  cancelReasonSchema,
+  decodeRequestMeta,
+  generateJobSchema,
+  readLog,
+  type GenerateJob,
+  type RedisNames,
+  type WireError,
+} from '@sluice/protocol';
 import type { ControlListener } from './control-listener.js';
 import { REDIS_UNAVAILABLE, type Route, type RouteTiming, type StepRouter } from './step-router.js';
 import type { RequestHandover } from './handover.js';
-import { readLog } from './token-log-state.js';
 
 type FinishEvent = Extract<EngineEvent, { type: 'finish' }>;
 
@@ -15,6 +22,9 @@ export const SHUTDOWN_REASON = 'worker_shutdown';
 
 /** The reason a job whose checks failed after the engine took it passes to `abort()` (see `start`). */
 export const SKIPPED_REASON = 'skipped';
+
+/** An abort reason that is a cancel from a gateway (a control message), not this worker's own stop. */
+const isCancel = (reason: unknown): boolean => cancelReasonSchema.safeParse(reason).success;
 
 /** The reason a drain passes to `abort()` at its bound: the request moves to another worker ({@link RequestHandover}). */
 export const HANDOVER_REASON = 'worker_draining';
@@ -300,7 +310,17 @@ export class JobProcessor {
     timing.checkedAt = epochMs();
     const cancelled = replies[0]?.[1] === 1;
     const meta = decodeRequestMeta((replies[1]?.[1] as Record<string, string> | undefined) ?? {});
-    if (cancelled || signal.aborted) return skip();
+    if (cancelled || isCancel(signal.reason)) {
+      // Cancelled while the job waited, but this worker took it before the queue could drop it: the
+      // canceller found nothing to remove and wrote nothing, so the answer's end is written here.
+      const outcome = skip();
+      // (A first attempt BullMQ retried may have written entries before its worker died: it stays silent.)
+      if (meta !== undefined && meta.attempt === route.attempt && (bullAttempt === 1 || job.continuation !== undefined)) {
+        this.endCancelled(job, route, meta.channel, promptTokenIds.length, replies[2]?.[1] as Array<[string, string[]]> | undefined);
+      }
+      return outcome;
+    }
+    if (signal.aborted) return skip();
     if (meta !== undefined && meta.attempt > route.attempt) {
       // A newer attempt (a continuation elsewhere) owns the request: this job was superseded.
       return skip('superseded');
@@ -448,6 +468,38 @@ export class JobProcessor {
       // A cancel ends the log like an answer (its choices ended `abort`): a late resume sees why it ended.
       router.push(route, { type: 'finish', usage: event.usage });
     }
+  }
+
+  /**
+   * Ends a cancelled request that never ran here as its canceller would have: every open choice
+   * `abort`, then `finish` — after an `accepted` for a first attempt, after what its log holds for a
+   * continuation — so its stream (or a later resume) ends now, not at a timeout.
+   * @param channel the request's route from its meta ('' = detached)
+   * @param range a continuation's log (XRANGE), read with the checks
+   */
+  private endCancelled(
+    job: GenerateJob,
+    route: Route,
+    channel: string,
+    promptTokens: number,
+    range: Array<[string, string[]]> | undefined,
+  ): void {
+    const { router, workerId } = this.deps;
+    const n = job.sampling.n ?? 1;
+    route.channel = channel === '' ? null : channel;
+    let open = Array.from({ length: n }, (_, index) => index);
+    let completionTokens = 0;
+    if (job.continuation === undefined) {
+      router.push(route, { type: 'accepted', workerId, promptTokens });
+    } else {
+      const log = readLog(range, n);
+      if (log.ended || log.lastSeq < 0) return;
+      route.nextSeq = log.lastSeq + 1;
+      open = log.choices.flatMap((choice, index) => (choice.ended ? [] : [index]));
+      for (const choice of log.choices) completionTokens += choice.tokenIds.length;
+    }
+    for (const index of open) router.push(route, { type: 'text-end', index, finishReason: 'abort' });
+    router.push(route, { type: 'finish', usage: { promptTokens, completionTokens } });
   }
 
   private skip(logger: Logger, why = 'cancelled or expired'): false {

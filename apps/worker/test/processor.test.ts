@@ -299,7 +299,7 @@ describe('a first attempt starts in the engine while its checks are out', () => 
     await h.close();
   });
 
-  it('stops the engine and writes nothing when the checks fail (a cancel marker), counting a skip', async () => {
+  it('stops the engine and writes nothing it made when the checks fail (a cancel marker), counting a skip; the answer ends abort', async () => {
     const h = await harness();
     const live = await listen('gw-skip');
     const j = job('gw-skip');
@@ -316,10 +316,47 @@ describe('a first attempt starts in the engine while its checks are out', () => 
       [j.requestId, finish(1)],
     ]);
     await done;
-    expect(await logOf(j.requestId)).toEqual([]);
-    expect(live.messages).toEqual([]);
+    await h.router.drained();
+    // The canceller could not remove the job (this worker held it): the end it would have written
+    // comes from here, so the stream ends now rather than at its queue timeout.
+    const ending = [
+      { requestId: j.requestId, seq: 0, type: 'accepted', workerId: 'w1', promptTokens: 3 },
+      { requestId: j.requestId, seq: 1, type: 'text-end', index: 0, finishReason: 'abort' },
+      { requestId: j.requestId, seq: 2, type: 'finish', usage: { promptTokens: 3, completionTokens: 0 } },
+    ];
+    expect(await logOf(j.requestId)).toEqual(ending);
+    await waitFor('live ending', () => (live.messages.length > 0 ? true : undefined));
+    expect(live.messages.flat()).toEqual(ending);
     expect(h.finished).toEqual([]);
     expect(h.processor.counters).toMatchObject({ running: 0, skipped: 1, processed: 1 });
+    await live.close();
+    await h.close();
+  });
+
+  it('ends a cancelled continuation after its log: the open choices abort, the usage counts what was sent', async () => {
+    const h = await harness();
+    const live = await listen('gw-skip-cont');
+    const j = job('gw-skip-cont', { sampling: { maxTokens: 8, n: 2 }, continuation: { attempt: 2 } });
+    await writeMeta(j, { attempt: '2' });
+    const sent = [
+      { requestId: j.requestId, seq: 0, type: 'accepted', workerId: 'w-lost', promptTokens: 3, seed: 7 },
+      { requestId: j.requestId, seq: 1, type: 'text-delta', index: 0, text: 'a', tokenIds: [5], tokens: 1 },
+      { requestId: j.requestId, seq: 2, type: 'text-delta', index: 1, text: 'b', tokenIds: [6], tokens: 1 },
+      { requestId: j.requestId, seq: 3, type: 'text-end', index: 1, finishReason: 'stop' },
+    ];
+    for (const entry of sent) await redis.xadd(names.logKey(j.requestId), `${entry.seq}-1`, LOG_FIELD, JSON.stringify(entry));
+    await redis.set(names.cancelMarkerKey(j.requestId), 'cancelled');
+    await h.processor.process(j, 1);
+    await h.router.drained();
+    expect(h.submitted).toEqual([]);
+    const ending = [
+      { requestId: j.requestId, seq: 4, type: 'text-end', index: 0, finishReason: 'abort', attempt: 2 },
+      { requestId: j.requestId, seq: 5, type: 'finish', usage: { promptTokens: 3, completionTokens: 2 }, attempt: 2 },
+    ];
+    expect((await logOf(j.requestId)).slice(sent.length)).toEqual(ending);
+    await waitFor('live ending', () => (live.messages.length > 0 ? true : undefined));
+    expect(live.messages.flat()).toEqual(ending);
+    expect(h.processor.counters).toMatchObject({ running: 0, skipped: 1 });
     await live.close();
     await h.close();
   });

@@ -5,6 +5,7 @@ export * from './gateway-message.js';
 export * from './control-message.js';
 export * from './request-meta.js';
 export * from './token-log.js';
+export * from './log-state.js';
 export * from './request-scripts.js';
 export * from './worker-record.js';
 export * from './model-card.js';

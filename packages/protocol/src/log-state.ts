@@ -1,0 +1,49 @@
+import { decodeLogRange } from './token-log.js';
+
+/** Where a request stood when its worker was lost, as its token log tells it. */
+export interface LogState {
+  /** Sequence number of the last entry (-1: none). */
+  lastSeq: number;
+  /** The seed the first attempt ran with. */
+  seed: number | undefined;
+  /** The prompt's length in tokens, as the first `accepted` said (0: none in the log). */
+  promptTokens: number;
+  /** Per choice: the token ids sent so far, and whether the choice ended. */
+  choices: Array<{ tokenIds: number[]; ended: boolean }>;
+  /** The request already finished (or failed): nothing to continue. */
+  ended: boolean;
+}
+
+/** Reads an XRANGE of a request's token log (see packages/protocol token-log.ts). */
+export function readLog(range: Array<[string, string[]]> | undefined, n: number): LogState {
+  const entries = decodeLogRange(range);
+  const state: LogState = {
+    lastSeq: -1,
+    seed: undefined,
+    promptTokens: 0,
+    choices: Array.from({ length: n }, () => ({ tokenIds: [], ended: false })),
+    ended: false,
+  };
+  for (const entry of entries) {
+    state.lastSeq = entry.seq;
+    switch (entry.type) {
+      case 'accepted':
+        state.seed ??= entry.seed;
+        state.promptTokens ||= entry.promptTokens;
+        break;
+      case 'scheduled':
+        break;
+      case 'text-delta':
+        state.choices[entry.index]?.tokenIds.push(...(entry.tokenIds ?? []));
+        break;
+      case 'text-end': {
+        const choice = state.choices[entry.index];
+        if (choice !== undefined) choice.ended = true;
+        break;
+      }
+      default:
+        state.ended = true;
+    }
+  }
+  return state;
+}
