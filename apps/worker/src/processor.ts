@@ -360,6 +360,21 @@ export class JobProcessor {
       const log = readLog(replies[2]?.[1] as Array<[string, string[]]> | undefined, sampling.n ?? 1);
       if (log.ended) return this.skip(logger, 'already ended');
       route.nextSeq = log.lastSeq + 1;
+      if (!log.whole) {
+        // Its cap trimmed the log's start: the tokens (and seed) sent before are not all there to go
+        // on from, and a continuation from what is left would not follow what the client has.
+        this.counters.skipped++;
+        logger.warn({ lastSeq: log.lastSeq }, "continuation impossible: the request's log lost its start");
+        router.push(route, {
+          type: 'error',
+          error: {
+            code: 'worker_lost',
+            message: "The worker serving the request stopped, and the request's log no longer holds its start.",
+            param: null,
+          },
+        });
+        return false;
+      }
       const seed = log.seed ?? sampling.seed;
       const open = log.choices.flatMap((choice, index) => (choice.ended ? [] : [index]));
       try {
@@ -494,6 +509,7 @@ export class JobProcessor {
     } else {
       const log = readLog(range, n);
       if (log.ended || log.lastSeq < 0) return;
+      // (With its start trimmed, the usage counts what is left: the ending still goes out.)
       route.nextSeq = log.lastSeq + 1;
       open = log.choices.flatMap((choice, index) => (choice.ended ? [] : [index]));
       for (const choice of log.choices) completionTokens += choice.tokenIds.length;

@@ -333,6 +333,43 @@ describe('a first attempt starts in the engine while its checks are out', () => 
     await h.close();
   });
 
+  it('fails a continuation whose log lost its start (trimmed by its cap) instead of going on from part of it', async () => {
+    const h = await harness();
+    const live = await listen('gw-trimmed');
+    const j = job('gw-trimmed', { continuation: { attempt: 2 } });
+    await writeMeta(j, { attempt: '2' });
+    // Entries 0–4 (the accepted with its seed, the first tokens) are gone.
+    const kept = [5, 6].map((seq) => ({
+      requestId: j.requestId,
+      seq,
+      type: 'text-delta',
+      index: 0,
+      text: 'x',
+      tokenIds: [seq],
+      tokens: 1,
+    }));
+    for (const entry of kept) await redis.xadd(names.logKey(j.requestId), `${entry.seq}-1`, LOG_FIELD, JSON.stringify(entry));
+    await h.processor.process(j, 1);
+    await h.router.drained();
+    expect(h.submitted).toEqual([]);
+    const failure = {
+      requestId: j.requestId,
+      seq: 7,
+      type: 'error',
+      error: {
+        code: 'worker_lost',
+        message: "The worker serving the request stopped, and the request's log no longer holds its start.",
+        param: null,
+      },
+      attempt: 2,
+    };
+    expect((await logOf(j.requestId)).slice(kept.length)).toEqual([failure]);
+    await waitFor('live failure', () => (live.messages.length > 0 ? true : undefined));
+    expect(live.messages.flat()).toEqual([failure]);
+    await live.close();
+    await h.close();
+  });
+
   it('ends a cancelled continuation after its log: the open choices abort, the usage counts what was sent', async () => {
     const h = await harness();
     const live = await listen('gw-skip-cont');

@@ -12,6 +12,11 @@ export interface LogState {
   choices: Array<{ tokenIds: number[]; ended: boolean }>;
   /** The request already finished (or failed): nothing to continue. */
   ended: boolean;
+  /**
+   * The log holds every entry from seq 0 on, none missing: what it says of the choices is the whole
+   * answer so far. False once its cap (`STREAM_MAX_ENTRIES`) trimmed its start.
+   */
+  whole: boolean;
 }
 
 /** Reads an XRANGE of a request's token log (see packages/protocol token-log.ts). */
@@ -23,8 +28,10 @@ export function readLog(range: Array<[string, string[]]> | undefined, n: number)
     promptTokens: 0,
     choices: Array.from({ length: n }, () => ({ tokenIds: [], ended: false })),
     ended: false,
+    whole: true,
   };
   for (const entry of entries) {
+    if (entry.seq !== state.lastSeq + 1) state.whole = false;
     state.lastSeq = entry.seq;
     switch (entry.type) {
       case 'accepted':
