@@ -12,14 +12,25 @@ import type { ServedModel } from './worker-registry.js';
 export function promptTokenIds(request: ParsedRequest, tokenizer: ModelTokenizer, model: ServedModel): number[] {
   const promptParam = request.endpoint === 'chat' ? 'messages' : 'prompt';
   const input = request.input;
-  const ids =
+  const maxContext = Math.min(tokenizer.maxContextLength, model.maxContextLength);
+  // A prompt whose byte length alone proves it cannot fit is refused unencoded: encoding megabytes
+  // would hold the gateway's thread (every other stream) for seconds.
+  const encoded =
     input.kind === 'chat'
       ? tokenizer.encodeChat(
           input.messages.map((m) => (m.name === undefined ? { role: m.role, content: m.content } : { ...m, name: m.name })),
+          maxContext,
         )
       : input.kind === 'text'
-        ? tokenizer.encodeText(input.prompt)
+        ? tokenizer.encodeText(input.prompt, maxContext)
         : input.promptTokenIds;
+  if (!Array.isArray(encoded)) {
+    throw tooLong(
+      `This model's maximum context length is ${maxContext} tokens. However, your prompt is at least ${encoded.atLeast} tokens long.`,
+      promptParam,
+    );
+  }
+  const ids = encoded;
   if (ids.length === 0) throw new GatewayError('invalid_request', { message: 'The prompt is empty.', param: promptParam });
   if (input.kind === 'tokens') {
     const bad = ids.find((id) => id >= tokenizer.vocabSize);
@@ -30,7 +41,6 @@ export function promptTokenIds(request: ParsedRequest, tokenizer: ModelTokenizer
       });
     }
   }
-  const maxContext = Math.min(tokenizer.maxContextLength, model.maxContextLength);
   if (ids.length >= maxContext) {
     throw tooLong(
       `This model's maximum context length is ${maxContext} tokens. However, your prompt is ${ids.length} tokens long.`,

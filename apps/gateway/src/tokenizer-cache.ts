@@ -3,6 +3,7 @@ import type { Logger } from 'pino';
 import { ChatTemplateError, loadPromptModel, type ChatMessage, type PromptModel } from '@sluice/model';
 import { decodeModelCard, type RedisNames } from '@sluice/protocol';
 import { GatewayError } from './errors.js';
+import { tokenCountBound, type TokenCountBound } from './token-count-bound.js';
 import type { ServedModel } from './worker-registry.js';
 
 /**
@@ -20,10 +21,23 @@ export interface ModelTokenizer {
    * @throws GatewayError `invalid_request` (param `messages`) when the template refuses or fails
    */
   encodeChat(messages: readonly ChatMessage[]): number[];
+  /**
+   * @param fitsBelow the prompt must have fewer tokens than this: one whose byte length alone proves
+   *   it has at least as many is not encoded (seconds for a multi-megabyte prompt), and the result is
+   *   that lower bound instead of the ids
+   */
+  encodeChat(messages: readonly ChatMessage[], fitsBelow: number): number[] | TooManyTokens;
   /** A raw completion prompt as token ids, with the tokenizer's own special tokens (as vLLM does). */
   encodeText(prompt: string): number[];
+  /** @param fitsBelow as for {@link encodeChat} */
+  encodeText(prompt: string, fitsBelow: number): number[] | TooManyTokens;
   /** Token ids → text (special tokens dropped unless `skipSpecialTokens` is false). */
   decode(ids: readonly number[], options?: { skipSpecialTokens?: boolean }): string;
+}
+
+/** A prompt left unencoded: its byte length proves it has at least `atLeast` tokens. */
+export interface TooManyTokens {
+  atLeast: number;
 }
 
 /** Where the gateway gets a model's tokenizer. */
@@ -32,28 +46,48 @@ export interface TokenizerSource {
   forModel(model: ServedModel): Promise<ModelTokenizer>;
 }
 
-/** Builds a ModelTokenizer from a loaded prompt model. */
-export function modelTokenizer(prompt: PromptModel, maxContextLength: number): ModelTokenizer {
+/**
+ * Builds a ModelTokenizer from a loaded prompt model.
+ * @param bound a lower bound on token counts (see token-count-bound.ts); without one every prompt is encoded
+ */
+export function modelTokenizer(prompt: PromptModel, maxContextLength: number, bound?: TokenCountBound): ModelTokenizer {
   const { tokenizer, chatTemplate } = prompt;
+  /** The ids of `text`, unless its byte length proves it has `fitsBelow` tokens or more. */
+  const encodeWithin = (text: string, addSpecialTokens: boolean, fitsBelow: number): number[] | TooManyTokens => {
+    if (bound !== undefined && fitsBelow !== Infinity) {
+      const atLeast = bound.atLeast(text);
+      if (atLeast >= fitsBelow) return { atLeast };
+    }
+    return tokenizer.encode(text, { addSpecialTokens });
+  };
+  function encodeChat(messages: readonly ChatMessage[]): number[];
+  function encodeChat(messages: readonly ChatMessage[], fitsBelow: number): number[] | TooManyTokens;
+  function encodeChat(messages: readonly ChatMessage[], fitsBelow = Infinity): number[] | TooManyTokens {
+    let text: string;
+    try {
+      text = chatTemplate.render(messages, { addGenerationPrompt: true });
+    } catch (error) {
+      // The template's own raise_exception speaks to the client; anything else stays generic.
+      const message =
+        error instanceof ChatTemplateError && error.raisedByTemplate
+          ? error.message
+          : 'The messages cannot be rendered with the model chat template.';
+      throw new GatewayError('invalid_request', { message, param: 'messages', cause: error });
+    }
+    // The template writes the special tokens (BOS, role markers) itself. The bound is taken on the
+    // rendered text: a template may add to the messages, or cut them.
+    return encodeWithin(text, false, fitsBelow);
+  }
+  function encodeText(prompt: string): number[];
+  function encodeText(prompt: string, fitsBelow: number): number[] | TooManyTokens;
+  function encodeText(prompt: string, fitsBelow = Infinity): number[] | TooManyTokens {
+    return encodeWithin(prompt, true, fitsBelow);
+  }
   return {
     maxContextLength,
     vocabSize: tokenizer.vocabSize,
-    encodeChat(messages) {
-      let text: string;
-      try {
-        text = chatTemplate.render(messages, { addGenerationPrompt: true });
-      } catch (error) {
-        // The template's own raise_exception speaks to the client; anything else stays generic.
-        const message =
-          error instanceof ChatTemplateError && error.raisedByTemplate
-            ? error.message
-            : 'The messages cannot be rendered with the model chat template.';
-        throw new GatewayError('invalid_request', { message, param: 'messages', cause: error });
-      }
-      // The template writes the special tokens (BOS, role markers) itself.
-      return tokenizer.encode(text, { addSpecialTokens: false });
-    },
-    encodeText: (prompt) => tokenizer.encode(prompt, { addSpecialTokens: true }),
+    encodeChat,
+    encodeText,
     decode: (ids, options = {}) => tokenizer.decode(ids, { skipSpecialTokens: options.skipSpecialTokens ?? true }),
   };
 }
@@ -111,8 +145,12 @@ export class TokenizerCache implements TokenizerSource {
     if (card === undefined) throw new GatewayError('no_workers', { message: 'The model card of this model is missing.' });
     try {
       const started = performance.now();
-      const tokenizer = modelTokenizer(loadPromptModel(card), card.maxContextLength);
-      this.logger.info({ hash, ms: Math.round(performance.now() - started) }, 'model card loaded');
+      const bound = tokenCountBound(JSON.parse(card.tokenizerJson), JSON.parse(card.tokenizerConfigJson));
+      const tokenizer = modelTokenizer(loadPromptModel(card), card.maxContextLength, bound);
+      this.logger.info(
+        { hash, ms: Math.round(performance.now() - started), maxTokenBytes: bound?.maxTokenBytes ?? null },
+        'model card loaded',
+      );
       return tokenizer;
     } catch (cause) {
       this.logger.error({ err: cause, hash }, 'model card does not load');

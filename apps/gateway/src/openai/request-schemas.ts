@@ -22,8 +22,11 @@ export const messageSchema = z
   })
   .meta({ id: 'ChatMessage', description: 'A chat message. Content parts other than text (images, audio) are refused.' });
 
-const stopSchema = opt(z.union([z.string(), z.array(z.string()).max(16)])).meta({
-  description: 'Up to 16 sequences where generation stops; the stop sequence is not included in the text.',
+// Non-empty, as the engine requires (resolve-request.ts): an empty stop sequence would match at once.
+const stopString = z.string().min(1, 'must be a non-empty string.');
+
+const stopSchema = opt(z.union([stopString, z.array(stopString).max(16)])).meta({
+  description: 'Up to 16 non-empty sequences where generation stops; the stop sequence is not included in the text.',
 });
 
 const streamOptionsSchema = z

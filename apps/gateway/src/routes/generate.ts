@@ -30,7 +30,17 @@ export function generateHandler(deps: AppDeps, endpoint: Endpoint) {
   return async (c: Context<AppEnv>): Promise<Response> => {
     const receivedAt = Date.now();
     const receivedAtMono = performance.now();
-    const body = await readJsonBody(c.env.incoming, c.env.outgoing, config.maxBodyBytes);
+    const res = c.env.outgoing;
+    // Node emits `close` once, and a listener added after it never runs: a client that leaves while
+    // this handler awaits (the body, the tokenizer, the key's limits, the enqueue) is noticed only by
+    // a listener registered before the first await. What leaving does depends on how far admission got.
+    let clientGone = false;
+    let onClientGone = () => {};
+    res.once('close', () => {
+      clientGone = true;
+      onClientGone();
+    });
+    const body = await readJsonBody(c.env.incoming, res, config.maxBodyBytes);
     const request = endpoint === 'chat' ? parseChatRequest(body) : parseCompletionRequest(body);
     checkInputLimits(request, config.access);
     if (deps.isDraining()) throw new GatewayError('shutting_down');
@@ -42,6 +52,8 @@ export function generateHandler(deps: AppDeps, endpoint: Endpoint) {
     if (sessions.queuedCount + prompts.length > config.maxQueuedRequests) throw new GatewayError('queue_full');
     // Tokenized here, not on a worker: a prompt that cannot fit is a 400 before the 200 under any load.
     const tokenizer = await deps.tokenizers.forModel(served);
+    // Gone before anything was taken: refused as a client that left mid-body is (nobody gets the reply).
+    if (clientGone) throw new GatewayError('client_closed');
     const promptIds = prompts.map((input) => promptTokenIds({ ...request, input }, tokenizer, served));
 
     const formatOptions: ResponseFormatOptions = { fingerprint: systemFingerprint(request.model) };
@@ -56,7 +68,16 @@ export function generateHandler(deps: AppDeps, endpoint: Endpoint) {
     const grant =
       apiKey === undefined || admission === undefined
         ? undefined
-        : await admission.admit(apiKey, request, promptIds, served.maxContextLength, jobId, c.env.outgoing);
+        : await admission.admit(apiKey, request, promptIds, served.maxContextLength, jobId, res);
+    if (clientGone) {
+      // Gone while the key's limits were decided: nothing is enqueued, and the grant (token
+      // reservation, stream slot) is settled at once, as if the request had used nothing.
+      if (grant !== undefined && admission !== undefined) {
+        const settle = admission.observe(grant, noObserver());
+        settle.finished({ end: { outcome: 'disconnect' }, status: 499, promptTokens: 0, completionTokens: 0 });
+      }
+      throw new GatewayError('client_closed');
+    }
     const started =
       hooks.requestStarted?.({ requestId, jobId, endpoint, model: request.model, stream: request.stream, receivedAt: receivedAtMono }) ??
       noObserver();
@@ -75,7 +96,6 @@ export function generateHandler(deps: AppDeps, endpoint: Endpoint) {
       observer,
       timing: new RequestTiming(receivedAtMono, performance.now()),
     };
-    const res = c.env.outgoing;
     const responder = request.stream
       ? new StreamResponder(ctx, res, heartbeats, {
           headersWaitMs: config.headersWaitMs,
@@ -108,13 +128,17 @@ export function generateHandler(deps: AppDeps, endpoint: Endpoint) {
       return session;
     });
     // The stream owns its cleanup: a client that leaves at any stage cancels the work (or, with a
-    // resume grace, leaves it running for a resume from any gateway).
-    res.once('close', () => {
+    // resume grace, leaves it running for a resume from any gateway). One that leaves while the job is
+    // being enqueued is answered at once and its work cancelled as soon as the enqueue is done (a
+    // cancel sent before the job exists could miss it).
+    let enqueued = false;
+    const leave = () => {
       if (responder.done) return;
       if (responder instanceof StreamResponder) responder.clientClosed(graceMs > 0);
       else responder.clientClosed();
-      for (const session of opened) sessions.clientLeft(session);
-    });
+      if (enqueued) for (const session of opened) sessions.clientLeft(session);
+    };
+    onClientGone = leave;
 
     const format: StreamFormat = {
       endpoint,
@@ -153,7 +177,12 @@ export function generateHandler(deps: AppDeps, endpoint: Endpoint) {
       observer.finished({ end: { outcome: 'error', code: refusal.code }, status: refusal.status, promptTokens: 0, completionTokens: 0 });
       throw refusal;
     }
+    enqueued = true;
     observer.enqueued?.();
+    if (clientGone) {
+      for (const session of opened) sessions.clientLeft(session);
+      return responder.reply;
+    }
     responder.begin();
     return responder.reply;
   };
