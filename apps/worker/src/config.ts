@@ -22,7 +22,10 @@ export const workerEnvSchema = z.object({
   MAX_STEP_TOKENS: int(1).default(512),
   /** Whole prompts prefilled together in one model call, at most (1 = one prompt per call). @defaultValue 32 */
   MAX_PREFILL_BATCH: int(1).default(32),
-  /** Cap on tokens in the KV cache over all sequences. @defaultValue MAX_BATCH_SIZE × context length */
+  /**
+   * Cap on tokens in the KV cache over all sequences; below the model's context length it is also the
+   * context a request may have here (what the worker advertises). @defaultValue MAX_BATCH_SIZE × context length
+   */
   MAX_CACHED_TOKENS: int(1).optional(),
   /** onnxruntime execution provider. @defaultValue cpu */
   EXECUTION_PROVIDER: z.enum(['cpu', 'cuda', 'webgpu']).default('cpu'),

@@ -47,11 +47,14 @@ async function main(port: MessagePort, { options }: EngineThreadData): Promise<v
       intraOpSpinning: options.intraOpSpinning ?? true,
     });
     const maxBatchSize = options.maxBatchSize ?? DEFAULT_MAX_BATCH_SIZE;
-    const maxContextLength = model.generation.maxContextLength;
+    const maxCachedTokens = options.maxCachedTokens ?? maxBatchSize * model.generation.maxContextLength;
+    // A sequence never holds more than the whole cache: that is the context a request can have here
+    // (what the worker advertises, what a default max_tokens fills), not the model's.
+    const maxContextLength = Math.min(model.generation.maxContextLength, maxCachedTokens);
     const limits = {
       maxBatchSize,
       maxStepTokens: options.maxStepTokens ?? DEFAULT_MAX_STEP_TOKENS,
-      maxCachedTokens: options.maxCachedTokens ?? maxBatchSize * maxContextLength,
+      maxCachedTokens,
       laneCost: await estimateLaneCost(model, session),
       exactLengthBatches: model.io.usesGroupQueryAttention,
       continuationMode: options.continuationMode ?? 'replay',

@@ -219,6 +219,7 @@ export interface StepStats {
 
 export interface EngineInfo {
   modelId: string;
+  /** Prompt + completion tokens a request may have: the model's context, or the whole KV cache (`maxCachedTokens`) if smaller. */
   maxContextLength: number;
   maxBatchSize: number;
   executionProvider: ExecutionProvider;

@@ -31,6 +31,31 @@ describe('createEngine on the tiny model', () => {
     });
   });
 
+  it('offers no more context than its whole KV cache holds', async () => {
+    const small = await createEngine({
+      modelDir: await ensureBuiltinModel('tiny'),
+      maxBatchSize: 2,
+      maxCachedTokens: 300,
+      intraOpThreads: 1,
+    });
+    try {
+      expect(small.info.maxContextLength).toBe(300);
+      expect(() => small.generate({ id: 'too-long', promptTokenIds: prompt, sampling: { maxTokens: 300 } })).toThrow(
+        /context length of 300 tokens/,
+      );
+      const served = await collect(
+        small.generate({
+          id: 'fits',
+          promptTokenIds: prompt,
+          sampling: { maxTokens: 300 - prompt.length, ignoreEos: true, temperature: 0 },
+        }),
+      );
+      expect(served.tokens[0]).toHaveLength(300 - prompt.length);
+    } finally {
+      await small.close();
+    }
+  });
+
   it('runs one intra-op thread per physical core unless told otherwise', async () => {
     const defaults = await createEngine({ modelDir: await ensureBuiltinModel('tiny'), maxBatchSize: 1 });
     try {
