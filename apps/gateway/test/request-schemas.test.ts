@@ -65,6 +65,19 @@ describe('chat requests', () => {
     expect(refusal(() => parseChatRequest({ model: 'm', messages: [{ role: 'user', content: 'x' }], tools: [{}] })).param).toBe('tools');
     expect(refusal(() => parseChatRequest([])).status).toBe(400);
   });
+
+  it('says what a field of several forms takes, or where inside it the value went wrong', () => {
+    const content = refusal(() => parseChatRequest({ model: 'm', messages: [{ role: 'user', content: 5 }] }));
+    expect(content.message).toBe('messages[0].content: must be a string or an array, not a number.');
+    const part = refusal(() => parseChatRequest({ model: 'm', messages: [{ role: 'user', content: [{ type: 'text', text: 5 }] }] }));
+    expect(part.param).toBe('messages[0].content[0].text');
+    expect(part.message).toMatch(/^messages\[0\]\.content\[0\]\.text: .*expected string, received number/);
+    const stop = refusal(() => parseChatRequest({ model: 'm', messages: [{ role: 'user', content: 'x' }], stop: ['a', 5] }));
+    expect(stop.param).toBe('stop[1]');
+    expect(refusal(() => parseCompletionRequest({ model: 'm', prompt: {} })).message).toBe(
+      'prompt: must be a string or an array, not an object.',
+    );
+  });
 });
 
 describe('completion requests', () => {

@@ -170,9 +170,48 @@ function toInvalidRequest(error: z.ZodError, body: unknown): GatewayError {
     const param = formatPath([...issue.path, issue.keys[0] ?? '']);
     return new GatewayError('invalid_request', { message: `${param}: is not supported by this server.`, param });
   }
-  const param = formatPath(issue.path);
-  const message = valueAt(body, issue.path) === undefined ? 'is required.' : issue.message;
+  const described = describeIssue(issue, valueAt(body, issue.path));
+  const path = [...issue.path, ...described.path];
+  const param = formatPath(path);
+  const message = valueAt(body, path) === undefined ? 'is required.' : described.message;
   return new GatewayError('invalid_request', { message: param === null ? message : `${param}: ${message}`, param });
+}
+
+/**
+ * What to say of an issue (zod says only "Invalid input" of a union): inside a union, the branch that
+ * got furthest names the field within the value; a union whose every branch refused the value's type
+ * says which types it takes. @returns the path within the value, and the message
+ */
+function describeIssue(issue: z.core.$ZodIssue, value: unknown): { path: PropertyKey[]; message: string } {
+  if (issue.code !== 'invalid_union') return { path: [], message: issue.message };
+  const firsts = issue.errors.flatMap((branch) => branch.slice(0, 1));
+  const deepest = firsts.reduce<z.core.$ZodIssue | undefined>(
+    (best, next) => (next.path.length > (best?.path.length ?? 0) ? next : best),
+    undefined,
+  );
+  if (deepest !== undefined) {
+    const inner = describeIssue(deepest, valueAt(value, deepest.path));
+    return { path: [...deepest.path, ...inner.path], message: inner.message };
+  }
+  if (firsts.length === 0 || !firsts.every((first) => first.code === 'invalid_type')) return { path: [], message: issue.message };
+  const expected = new Set(firsts.map((first) => (first.code === 'invalid_type' ? (TYPE_NAMES[first.expected] ?? first.expected) : '')));
+  return { path: [], message: `must be ${[...expected].join(' or ')}, not ${kindOf(value)}.` };
+}
+
+const TYPE_NAMES: Partial<Record<string, string>> = {
+  string: 'a string',
+  number: 'a number',
+  int: 'an integer',
+  boolean: 'a boolean',
+  array: 'an array',
+  object: 'an object',
+  null: 'null',
+};
+
+function kindOf(value: unknown): string {
+  if (value === null) return 'null';
+  if (Array.isArray(value)) return 'an array';
+  return TYPE_NAMES[typeof value] ?? typeof value;
 }
 
 export function parseWith<T extends z.ZodType>(schema: T, body: unknown): z.infer<T> {
