@@ -9,12 +9,24 @@ import { GatewayError } from './errors.js';
  *   is not destroyed (that would take the 413 with it); the reply closes the connection instead, so
  *   the rest of the body is never read.
  * - The client left before the body ended: `client_closed` (a client event, not an internal error).
+ * - A `Content-Encoding` other than identity: `unsupported_media_type` (415), the body unread.
  */
 export function readJsonBody(incoming: IncomingMessage, outgoing: ServerResponse, maxBytes: number): Promise<unknown> {
   const tooLarge = () => {
     outgoing.shouldKeepAlive = false;
     return new GatewayError('request_too_large');
   };
+  const encoding = incoming.headers['content-encoding']?.trim().toLowerCase();
+  if (encoding !== undefined && encoding !== '' && encoding !== 'identity') {
+    // A compressed body is not decoded here (RFC 7694: 415 says so); it is left unread, so the
+    // connection closes after the reply.
+    outgoing.shouldKeepAlive = false;
+    return Promise.reject(
+      new GatewayError('unsupported_media_type', {
+        message: `Content-Encoding '${encoding}' is not supported: send the body uncompressed.`,
+      }),
+    );
+  }
   const declared = Number(incoming.headers['content-length'] ?? 0);
   if (declared > maxBytes) return Promise.reject(tooLarge());
   if (incoming.destroyed) return Promise.reject(new GatewayError('client_closed'));

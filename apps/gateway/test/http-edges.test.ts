@@ -219,6 +219,22 @@ describe('HTTP edges', () => {
     expect(h.jobs).toEqual([]);
   });
 
+  it('answers a compressed body with 415 naming its encoding, and closes the connection', async () => {
+    const h = await start();
+    const reply = await rawExchange(h, (s) => {
+      const gzip = Buffer.from([0x1f, 0x8b, 0x08, 0x00, 0x00, 0x00, 0x00, 0x00]);
+      s.write(
+        `POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Encoding: gzip\r\nContent-Length: ${gzip.length}\r\n\r\n`,
+      );
+      s.write(gzip);
+    });
+    const { status, headers, body } = parseReply(reply);
+    expect(status).toBe(415);
+    expect(headers.toLowerCase()).toContain('connection: close');
+    expect(body).toMatchObject({ error: { code: 'unsupported_media_type', message: expect.stringContaining("'gzip'") as unknown } });
+    expect(h.jobs).toEqual([]);
+  });
+
   it('counts a client that leaves mid-body as a client event, not an internal error', async () => {
     const h = await start();
     await rawExchange(h, (s) => {
