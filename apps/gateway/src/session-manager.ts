@@ -53,12 +53,12 @@ export class SessionManager {
     this.sweepTimer.unref();
   }
 
-  /** Sessions waiting for a worker (the admission bound counts these). */
   /** Whether this gateway holds a session of the request. */
   has(requestId: string): boolean {
     return this.sessions.has(requestId);
   }
 
+  /** Sessions waiting for a worker (the admission bound counts these). */
   get queuedCount(): number {
     return this.queued;
   }
@@ -71,12 +71,15 @@ export class SessionManager {
    * @param options.nextSeq first entry the session wants (a resumed stream starts after its cursor)
    * @param options.graceMs how long the request outlives its client (see {@link clientLeft})
    * @param options.accepted a worker already accepted it (a resumed stream past its first entry)
+   * @param options.workerId the worker running it (a resumed stream: the meta's), so that its loss
+   *   migrates the stream as it would one opened here (its `accepted` entry is before the cursor)
+   * @param options.attempt the attempt whose entries count (a resumed stream: the meta's)
    */
   open(
     requestId: string,
     deadlineAt: number,
     listener: (event: SessionEvent) => void,
-    options: { nextSeq?: number; graceMs?: number; accepted?: boolean } = {},
+    options: { nextSeq?: number; graceMs?: number; accepted?: boolean; workerId?: string | undefined; attempt?: number } = {},
   ): RequestSession {
     const previous = this.sessions.get(requestId);
     if (previous !== undefined) {
@@ -90,6 +93,9 @@ export class SessionManager {
     }
     const session = new RequestSession(requestId, Date.now(), deadlineAt, listener, options.graceMs ?? 0);
     session.nextSeq = options.nextSeq ?? 0;
+    session.attempt = options.attempt ?? 1;
+    // '' is no worker (a cancel's synthetic `accepted`, a meta between attempts).
+    if (options.workerId !== undefined && options.workerId !== '') session.workerId = options.workerId;
     this.sessions.set(requestId, session);
     if (options.accepted === true) {
       // A resumed stream past its `accepted`: it waits for entries, not for a worker. (Counted where

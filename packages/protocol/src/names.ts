@@ -47,3 +47,11 @@ export type RedisNames = ReturnType<typeof redisNames>;
 export function attemptJobId(requestId: string, attempt: number): string {
   return attempt === 1 ? requestId : `${requestId}.a${attempt}`;
 }
+
+/**
+ * Request (and first job) id of prompt `k` of a completions batch whose reply has id `requestId`: the
+ * first keeps the reply's id, so a cancel by that id finds the others.
+ */
+export function batchRequestId(requestId: string, k: number): string {
+  return k === 0 ? requestId : `${requestId}.p${k}`;
+}

@@ -12,6 +12,11 @@ export const streamFormatSchema = z.object({
   maxTokensParam: z.enum(['max_tokens', 'max_completion_tokens']),
   /** `stream_options.continuous_usage_stats`: every chunk carries the usage so far, resumed ones too. */
   continuousUsage: z.boolean().optional(),
+  /**
+   * A completions request with a batch of prompts: how many. Prompt k runs as request
+   * `batchRequestId(id, k)`, each with this format; the batch's stream is not resumable.
+   */
+  prompts: z.number().int().min(2).optional(),
 });
 export type StreamFormat = z.infer<typeof streamFormatSchema>;
 

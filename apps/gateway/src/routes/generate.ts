@@ -1,6 +1,6 @@
 import { randomUUID } from 'node:crypto';
 import type { Context } from 'hono';
-import type { JobInput, StreamFormat } from '@sluice/protocol';
+import { batchRequestId, type JobInput, type StreamFormat } from '@sluice/protocol';
 import type { AppDeps } from '../app.js';
 import { GatewayError } from '../errors.js';
 import { promptTokenIds } from '../prompt-tokens.js';
@@ -121,7 +121,7 @@ export function generateHandler(deps: AppDeps, endpoint: Endpoint) {
           )
         : undefined;
     // Prompt k of a batch runs as its own job; the first keeps the reply's id.
-    const jobIds = prompts.map((_, k) => (k === 0 ? jobId : randomUUID()));
+    const jobIds = prompts.map((_, k) => batchRequestId(jobId, k));
     const opened: RequestSession[] = jobIds.map((id, k) => {
       const session = sessions.open(id, deadlineAt, batch?.listenerFor(k) ?? ((event) => responder.handle(event)), { graceMs });
       batch?.add(session);
@@ -148,6 +148,7 @@ export function generateHandler(deps: AppDeps, endpoint: Endpoint) {
       n: request.n,
       maxTokensParam: request.maxTokensParam,
       ...(request.continuousUsage === true && request.stream ? { continuousUsage: true } : {}),
+      ...(prompts.length > 1 ? { prompts: prompts.length } : {}),
     };
     try {
       await Promise.all(

@@ -1,11 +1,12 @@
 import type { Context } from 'hono';
 import type { AppDeps, AppEnv } from '../app.js';
 import { GatewayError } from '../errors.js';
-import { endsRequest, type GatewayEntry, type RequestMeta } from '@sluice/protocol';
+import { batchRequestId, endsRequest, type GatewayEntry, type RequestMeta } from '@sluice/protocol';
 import type { Endpoint, ParsedRequest } from '../openai/request-schemas.js';
 import { ResponseFormat } from '../openai/response-format.js';
 import { noObserver, type ResponderContext } from '../responders/responder-context.js';
 import { StreamResponder } from '../responders/stream-responder.js';
+import { SSE_HEADERS } from '../sse-writer.js';
 import { systemFingerprint } from '../version.js';
 
 /** The job id inside a chunk id (`chatcmpl-<id>` / `cmpl-<id>`), or undefined when it is not one of ours. */
@@ -42,10 +43,24 @@ function ownedByCaller(c: Context<AppEnv>, meta: RequestMeta): boolean {
  * `GET /v1/chat/completions/{id}?stream=true` (and `/v1/completions/{id}`): the rest of a stream after
  * a cursor, from whichever gateway the client reaches, while the request runs and for the retention
  * after it ended. Live delivery moves here; what was written before comes from the token log.
+ *
+ * `HEAD` (which Hono serves with this handler) answers what a GET would, status and headers, and
+ * takes nothing over: HEAD is a safe method (RFC 9110 §9.3.2), sent by link checkers, proxies and
+ * monitors, and a GET takes the stream over from the connection that holds it.
  */
 export function resumeHandler(deps: AppDeps, endpoint: Endpoint) {
   const { sessions, jobs, log, heartbeats, config, hooks } = deps;
   return async (c: Context<AppEnv>): Promise<Response> => {
+    const res = c.env.outgoing;
+    // Node emits `close` once, and a listener added after it never runs: a client that leaves while
+    // this handler awaits (the meta, the log, the attach) is noticed only by a listener registered
+    // before the first await. What leaving does depends on how far the resume got.
+    let clientGone = false;
+    let onClientGone = () => {};
+    res.once('close', () => {
+      clientGone = true;
+      onClientGone();
+    });
     const chunkId = c.req.param('id') ?? '';
     const jobId = jobIdOf(endpoint, chunkId);
     if (jobId === undefined) throw notFound(chunkId);
@@ -64,9 +79,20 @@ export function resumeHandler(deps: AppDeps, endpoint: Endpoint) {
       });
     }
     const { format } = meta;
+    if (format.prompts !== undefined) {
+      // Each prompt of the batch ran as its own request with its own log; this id's log holds only
+      // the first prompt's choices, which would pass for the whole answer.
+      throw new GatewayError('invalid_request', {
+        message: `The stream of '${chunkId}' cannot be resumed: it answers a batch of ${format.prompts} prompts, whose streams are not resumable.`,
+        param: 'id',
+      });
+    }
+    if (c.req.method === 'HEAD') return c.body(null, 200, { ...SSE_HEADERS, 'X-Request-Id': c.get('requestId') });
     // Usage on every chunk: what the events up to the cursor counted, then the responder's count.
     const usageBefore =
       format.continuousUsage !== true ? undefined : cursor < 0 ? usageOf([]) : usageOf((await log.read(jobId, 0, cursor)).entries);
+    // Gone before anything was taken over: nobody gets the reply, and the stream stays as it was.
+    if (clientGone || res.destroyed) throw new GatewayError('client_closed');
     let responderUsage = () => ({ promptTokens: 0, completionTokens: 0 });
     const request: ParsedRequest = {
       endpoint,
@@ -95,7 +121,6 @@ export function resumeHandler(deps: AppDeps, endpoint: Endpoint) {
       // The request was counted where it started; a resume is one more delivery of it.
       observer: noObserver(),
     };
-    const res = c.env.outgoing;
     const responder: StreamResponder = new StreamResponder(ctx, res, heartbeats, {
       headersWaitMs: 0,
       streamIntervalMs: config.streamIntervalMs,
@@ -112,16 +137,24 @@ export function resumeHandler(deps: AppDeps, endpoint: Endpoint) {
       hooks.streamResumed?.();
       return responder.reply;
     }
+    // Past its `accepted` (before the cursor), the session learns its worker and attempt from the meta:
+    // a worker lost from now on migrates the stream as it would one opened here.
     const session = sessions.open(jobId, meta.deadlineAt, (event) => responder.handle(event), {
       nextSeq: cursor + 1,
       graceMs: meta.graceMs,
       accepted: cursor >= 0,
+      workerId: meta.workerId,
+      attempt: meta.attempt,
     });
-    res.once('close', () => {
+    // A client that leaves while the route moves here is answered at once; the session leaves (its
+    // work cancelled, or detached with a grace) once the attach is done, so that the detach comes
+    // after it (a detach sent before the attach would be undone by it).
+    let attached = false;
+    onClientGone = () => {
       if (responder.done) return;
       responder.clientClosed(meta.graceMs > 0);
-      sessions.clientLeft(session);
-    });
+      if (attached) sessions.clientLeft(session);
+    };
     responder.begin();
     try {
       await jobs.attach(jobId);
@@ -129,13 +162,21 @@ export function resumeHandler(deps: AppDeps, endpoint: Endpoint) {
       sessions.release(session);
       throw new GatewayError('no_workers', { message: 'The stream store is unavailable.', cause: error });
     }
+    attached = true;
+    if (clientGone) {
+      sessions.clientLeft(session);
+      return responder.reply;
+    }
     hooks.streamResumed?.();
     sessions.repair(session);
     return responder.reply;
   };
 }
 
-/** `POST /v1/chat/completions/{id}/cancel` (and `/v1/completions/{id}/cancel`), from any gateway. */
+/**
+ * `POST /v1/chat/completions/{id}/cancel` (and `/v1/completions/{id}/cancel`), from any gateway. A
+ * completions batch is cancelled whole: each of its prompts runs as its own request.
+ */
 export function cancelHandler(deps: AppDeps, endpoint: Endpoint) {
   const { jobs, log } = deps;
   return async (c: Context<AppEnv>): Promise<Response> => {
@@ -144,7 +185,16 @@ export function cancelHandler(deps: AppDeps, endpoint: Endpoint) {
     if (jobId === undefined) throw notFound(chunkId);
     const meta = await log.meta(jobId);
     if (meta === undefined || meta.format.endpoint !== endpoint || !ownedByCaller(c, meta)) throw notFound(chunkId);
-    await jobs.cancelRequest(jobId, meta);
+    const others = Array.from({ length: (meta.format.prompts ?? 1) - 1 }, (_, k) => batchRequestId(jobId, k + 1));
+    const otherMetas = await Promise.all(others.map((id) => log.meta(id)));
+    await Promise.all([
+      jobs.cancelRequest(jobId, meta),
+      // A prompt whose meta expired has nothing left to stop.
+      ...others.map((id, k) => {
+        const otherMeta = otherMetas[k];
+        return otherMeta === undefined ? undefined : jobs.cancelRequest(id, otherMeta);
+      }),
+    ]);
     return c.json({ id: chunkId, object: endpoint === 'chat' ? 'chat.completion' : 'text_completion', cancelled: true });
   };
 }
