@@ -214,8 +214,11 @@ export async function startGateway(config: GatewayConfig, logger: Logger, option
     await Promise.race([sessions.whenEmpty(), new Promise<void>((resolve) => (timer = setTimeout(resolve, config.drainTimeoutMs)))]);
     clearTimeout(timer);
     if (sessions.size > 0) {
-      logger.warn({ open: sessions.size }, 'drain timeout: ending the remaining streams');
-      sessions.failAll(new GatewayError('shutting_down'), 'shutdown');
+      logger.warn(
+        { open: sessions.size },
+        'drain timeout: ending the remaining streams (those with a resume grace go on for a resume elsewhere)',
+      );
+      sessions.shutDown(new GatewayError('shutting_down'));
     }
     // Each cleanup runs even when another fails.
     const steps: Array<[string, () => unknown]> = [

@@ -262,6 +262,27 @@ export class SessionManager {
   }
 
   /**
+   * This gateway stops with streams still open (its drain bound ran out): each ends with `error`. A
+   * request with a resume grace is detached, not cancelled — it goes on into its log for its client
+   * to resume on another gateway, as it would if this gateway had crashed; the rest are cancelled.
+   */
+  shutDown(error: GatewayError): void {
+    const resumable = new GatewayError(error.code, {
+      message: `${error.message} The request goes on: resume its stream on another gateway (Last-Event-ID) within its resume grace.`,
+    });
+    for (const session of [...this.sessions.values()]) {
+      if (session.state === 'closed') continue;
+      if (session.graceMs === 0) {
+        this.fail(session, error, 'shutdown');
+        continue;
+      }
+      this.remove(session);
+      this.canceller.detach(session);
+      this.emit(session, { type: 'failed', error: resumable });
+    }
+  }
+
+  /**
    * Moves the streams of workers missing from a registry snapshot taken after they accepted to
    * another worker: the client sees a pause, then the rest of the same answer.
    */
