@@ -219,6 +219,20 @@ describe('HTTP edges', () => {
     expect(h.jobs).toEqual([]);
   });
 
+  it('answers a cancel that declares a body over MAX_BODY_BYTES with 413, without reading it', async () => {
+    const h = await start({ MAX_BODY_BYTES: '1024' });
+    const reply = await rawExchange(h, (s) => {
+      s.write(
+        'POST /v1/chat/completions/chatcmpl-x/cancel HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 50000000\r\n\r\n',
+      );
+      s.write('x'.repeat(4096));
+    });
+    const { status, headers, body } = parseReply(reply);
+    expect(status).toBe(413);
+    expect(headers.toLowerCase()).toContain('connection: close');
+    expect(body).toMatchObject({ error: { code: 'request_too_large' } });
+  });
+
   it('answers a compressed body with 415 naming its encoding, and closes the connection', async () => {
     const h = await start();
     const reply = await rawExchange(h, (s) => {

@@ -178,8 +178,15 @@ export function resumeHandler(deps: AppDeps, endpoint: Endpoint) {
  * completions batch is cancelled whole: each of its prompts runs as its own request.
  */
 export function cancelHandler(deps: AppDeps, endpoint: Endpoint) {
-  const { jobs, log } = deps;
+  const { jobs, log, config } = deps;
   return async (c: Context<AppEnv>): Promise<Response> => {
+    // The cancel takes no body, and reads none: one over MAX_BODY_BYTES is refused as any route's
+    // would be, and with any body the connection closes after the reply (Node would otherwise read
+    // and discard it to keep the connection).
+    const { incoming, outgoing } = c.env;
+    const declared = Number(incoming.headers['content-length'] ?? 0);
+    if (declared > 0 || incoming.headers['transfer-encoding'] !== undefined) outgoing.shouldKeepAlive = false;
+    if (declared > config.maxBodyBytes) throw new GatewayError('request_too_large');
     const chunkId = c.req.param('id') ?? '';
     const jobId = jobIdOf(endpoint, chunkId);
     if (jobId === undefined) throw notFound(chunkId);
