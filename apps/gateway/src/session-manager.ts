@@ -1,5 +1,6 @@
-import type { CancelReason, GatewayEntry, GatewayMessage } from '@sluice/protocol';
+import { endsRequest, type CancelReason, type GatewayEntry, type GatewayMessage } from '@sluice/protocol';
 import type { Logger } from 'pino';
+import { CancelledRequests } from './cancelled-requests.js';
 import { GatewayError } from './errors.js';
 import { isWaiting, RequestSession, type SessionEvent } from './request-session.js';
 import type { MigrationResult } from './job-queue.js';
@@ -37,6 +38,8 @@ export class SessionManager {
   private queued = 0;
   private readonly sweepTimer: NodeJS.Timeout;
   private emptyWaiters: Array<() => void> = [];
+  /** Cancels sent, to send again if the request's entries keep coming (a worker missed the message). */
+  private readonly cancelled = new CancelledRequests();
 
   constructor(
     private readonly options: SessionManagerOptions,
@@ -113,9 +116,18 @@ export class SessionManager {
   dispatch(message: GatewayMessage): void {
     for (const entry of message.entries) {
       const session = this.sessions.get(entry.requestId);
-      // A late entry of a session that already ended (cancelled, timed out): nothing waits for it.
       if (session !== undefined) this.deliver(session, entry, false);
+      // A late entry of a session that already ended: nothing waits for it, but a cancelled request
+      // still publishing may have missed its cancel.
+      else if (this.cancelled.size > 0) this.cancelAgain(entry);
     }
+  }
+
+  private cancelAgain(entry: GatewayEntry): void {
+    const again = this.cancelled.stillRunning(entry.requestId, endsRequest(entry), Date.now());
+    if (again === undefined) return;
+    this.logger.warn({ requestId: entry.requestId, reason: again.reason }, 'a cancelled request still runs: cancelling it again');
+    this.canceller.cancel(again.session, again.reason, false);
   }
 
   /**
@@ -248,6 +260,7 @@ export class SessionManager {
     const wasQueued = session.state === 'queued';
     this.remove(session);
     this.canceller.cancel(session, reason, wasQueued);
+    this.cancelled.add(session, reason, Date.now());
   }
 
   /** Ends a session with a gateway-side error: its responder gets `failed`, the work is cancelled. */
@@ -345,6 +358,7 @@ export class SessionManager {
 
   /** Runs the timeouts; exposed for tests. */
   sweep(now: number): void {
+    this.cancelled.sweep(now);
     for (const session of [...this.sessions.values()]) {
       if (now >= session.deadlineAt) {
         this.fail(session, new GatewayError('deadline_exceeded'), 'timeout');

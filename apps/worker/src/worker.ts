@@ -60,10 +60,19 @@ export async function startWorker(
   // The command connection (step pipelines, request state, heartbeat) queues nothing while Redis is
   // away: a step that cannot be written fails now, and its streams are ended (StepRouter), instead
   // of piling up in memory and replaying to gateways that already failed them.
-  const redis = new Redis(config.redisUrl, { maxRetriesPerRequest: 1, enableOfflineQueue: false, lazyConnect: true, retryStrategy });
+  // Named (CLIENT LIST shows whose connection is whose): `sluice-worker:<workerId>:<role>` (a name
+  // may not hold spaces).
+  const named = (role: string) => ({ connectionName: `sluice-worker:${config.workerId.replace(/[^\w.:-]/g, '-')}:${role}` });
+  const redis = new Redis(config.redisUrl, {
+    maxRetriesPerRequest: 1,
+    enableOfflineQueue: false,
+    lazyConnect: true,
+    retryStrategy,
+    ...named('commands'),
+  });
   // BullMQ needs `maxRetriesPerRequest: null` on its connections (blocking commands).
-  const subscriber = new Redis(config.redisUrl, { maxRetriesPerRequest: null, lazyConnect: true, retryStrategy });
-  const bullConnection = new Redis(config.redisUrl, { maxRetriesPerRequest: null, lazyConnect: true, retryStrategy });
+  const subscriber = new Redis(config.redisUrl, { maxRetriesPerRequest: null, lazyConnect: true, retryStrategy, ...named('subscriber') });
+  const bullConnection = new Redis(config.redisUrl, { maxRetriesPerRequest: null, lazyConnect: true, retryStrategy, ...named('queue') });
   for (const [name, connection] of [
     ['commands', redis],
     ['subscriber', subscriber],

@@ -1,0 +1,94 @@
+import type { Redis } from 'ioredis';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { decodeLogRange, redisNames } from '@sluice/protocol';
+import { Cluster, MODEL } from './support/cluster.js';
+import { freezeMidAnswers, retryMidAnswer, thaw } from './support/mid-answer.js';
+import { waitFor } from './support/processes.js';
+import { LiveStream } from './support/sse.js';
+import type { GatewayProcess, WorkerProcess } from './support/sluice.js';
+
+/**
+ * A cancel is a pub/sub message: a worker whose control subscriber is reconnecting when it goes out
+ * never hears it. The gateway notices by the entries that keep coming for a request it cancelled, and
+ * cancels it again, so the work stops instead of running to max_tokens. Real redis-server, gateway and
+ * worker (the tiny model); the worker frozen with SIGSTOP while its subscriber's connection is killed
+ * (CLIENT KILL), so the cancel is lost whatever the machine's speed.
+ */
+const MAX_TOKENS = 2000;
+const names = redisNames('sluice');
+
+describe('a cancel the worker never heard', () => {
+  let cluster: Cluster;
+  let redis: Redis;
+  let worker: WorkerProcess;
+  let gateway: GatewayProcess;
+
+  beforeAll(async () => {
+    cluster = await Cluster.start();
+    // A long TTL: the worker is frozen below, and must not look lost meanwhile.
+    worker = await cluster.worker({ WORKER_TTL_MS: '60000' });
+    gateway = await cluster.gateway();
+    redis = cluster.redis.client();
+  }, 120_000);
+
+  afterAll(async () => {
+    thaw([worker]);
+    redis?.disconnect();
+    await cluster?.stop();
+  });
+
+  it('is sent again when the cancelled request keeps publishing, and the work stops', async () => {
+    const body = {
+      model: MODEL,
+      prompt: 'A story that nobody reads',
+      max_tokens: MAX_TOKENS,
+      temperature: 0,
+      ignore_eos: true,
+      stream: true,
+    };
+    const stream = await retryMidAnswer('the stream', async () => {
+      const s = new LiveStream(`${gateway.url}/v1/completions`, body);
+      await s.until('streaming', () => s.contentChunks >= 2);
+      if ((await freezeMidAnswers([worker], redis, [s], MAX_TOKENS)) !== null) return s;
+      s.abort();
+      await s.ended;
+      return undefined;
+    });
+    const jobId = stream.jobId;
+    const heard: string[] = [];
+    const spy = cluster.redis.client();
+    try {
+      // The frozen worker's control subscriber loses its connection; it cannot reconnect while frozen.
+      const clients = await redis.client('LIST');
+      const line = String(clients)
+        .split('\n')
+        .find((client) => / name=sluice-worker:\S+:subscriber /.test(` ${client} `));
+      expect(line, String(clients)).toBeDefined();
+      await redis.client('KILL', 'ID', /\bid=(\d+)/.exec(line!)![1]!);
+      await spy.subscribe(names.controlChannel);
+      spy.on('message', (_channel: string, raw: string) => heard.push(raw));
+      // The client leaves: the gateway's cancel goes out while no worker listens.
+      stream.abort();
+      await waitFor('the cancel published', () => (heard.some((raw) => raw.includes(jobId)) ? true : undefined));
+      // Past the gateway's resend interval (1 s) before the worker runs again: its next entries are
+      // reason enough to send the cancel again.
+      await new Promise((resolve) => setTimeout(resolve, 1_200));
+    } finally {
+      thaw([worker]);
+    }
+    const log = await waitFor(
+      'the request ended',
+      async () => {
+        const entries = decodeLogRange(await redis.xrange(names.logKey(jobId), '-', '+'));
+        return entries.some((entry) => entry.type === 'finish' || entry.type === 'error') ? entries : undefined;
+      },
+      60_000,
+    );
+    const ends = log.filter((entry) => entry.type === 'text-end');
+    expect(ends).toMatchObject([{ finishReason: 'abort' }]);
+    const tokens = log.reduce((sum, entry) => sum + (entry.type === 'text-delta' ? (entry.tokenIds?.length ?? 0) : 0), 0);
+    expect(tokens).toBeLessThan(MAX_TOKENS);
+    expect(heard.filter((raw) => raw.includes(jobId)).length).toBeGreaterThanOrEqual(2);
+    spy.disconnect();
+  }, 120_000);
+});
