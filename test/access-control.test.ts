@@ -311,6 +311,51 @@ describe('access control across two gateways', () => {
         return again.every((r) => r.status === 200) ? true : undefined;
       });
     });
+
+    it('keeps a detached stream (resume grace) in flight under --max-streams until its grace or its resumed stream ends', async () => {
+      const key = await keys('--name', 'graced', '--max-streams', '1');
+      const streamsKey = `sluice:ratelimit:{${hashApiKey(key)}}:streams`;
+      const body = { ...chat('a long one', 300), stream: true, ignore_eos: true, resume_grace_ms: 60_000 };
+      worker.process.signal('SIGSTOP');
+      let resumed: Response | undefined;
+      let member: string | undefined;
+      const redis = cluster.redis.client();
+      try {
+        const first = await post(gateways[0]!, key, body);
+        expect(first.status).toBe(200);
+        [member] = await redis.zrange(streamsKey, '0', '-1');
+        expect(member).toBeDefined();
+        // The client leaves within its grace: the generation goes on unseen, and keeps its slot for the
+        // grace (it used to be freed, letting a key run any number of detached generations).
+        await first.body?.cancel();
+        await waitFor('the slot held for the grace', async () => {
+          const score = await redis.zscore(streamsKey, member!);
+          return score !== null && Number(score) < Date.now() + 120_000 ? true : undefined;
+        });
+        const second = await post(gateways[1]!, key, body);
+        expect(second.status).toBe(429);
+        await second.text();
+        // Resumed on the other gateway: the slot is the resumed stream's while it runs...
+        resumed = await fetch(`${gateways[1]!.url}/v1/chat/completions/chatcmpl-${member!}?stream=true`, {
+          headers: { Authorization: `Bearer ${key}` },
+        });
+        expect(resumed.status).toBe(200);
+        await waitFor('the slot held to the deadline again', async () => {
+          const score = await redis.zscore(streamsKey, member!);
+          return score !== null && Number(score) > Date.now() + 120_000 ? true : undefined;
+        });
+        worker.process.signal('SIGCONT');
+        // ...and free once it ends.
+        await resumed.text();
+        await waitFor('the slot freed', async () => ((await redis.zscore(streamsKey, member!)) === null ? true : undefined));
+        const third = await post(gateways[0]!, key, chat('after', 2));
+        expect(third.status).toBe(200);
+        await third.text();
+      } finally {
+        worker.process.signal('SIGCONT');
+        redis.disconnect();
+      }
+    });
   });
 
   describe('browser safety', () => {

@@ -35,6 +35,9 @@ export function rateLimitHeaders(state: LimitState): Record<string, string> {
   return headers;
 }
 
+/** How long a stream slot outlives what holds it (a detached request's grace, a resumed one's deadline). */
+const SLOT_SLACK_MS = 1_000;
+
 /** What a granted request holds until it ends. */
 export interface KeyGrant {
   readonly key: AuthenticatedKey;
@@ -121,9 +124,11 @@ export class KeyAdmission {
   /**
    * The request's observer, plus the settlement when it finishes: tokens settle to prompt +
    * completion tokens as the responder counted them; a client that detached (resume grace) keeps its
-   * whole reservation, as its work goes on unseen.
+   * whole reservation, and its stream slot for the grace, as its work goes on unseen (a stream resumed
+   * meanwhile takes the slot on: {@link resumedSlot}).
+   * @param graceMs the request's resume grace
    */
-  observe(grant: KeyGrant, observer: RequestObserver): RequestObserver {
+  observe(grant: KeyGrant, observer: RequestObserver, graceMs = 0): RequestObserver {
     let settled = false;
     return {
       accepted: () => observer.accepted(),
@@ -137,15 +142,29 @@ export class KeyAdmission {
         const detached = info.end.outcome === 'disconnect' && info.end.detached === true;
         const used = detached ? grant.reservedTokens : info.promptTokens + info.completionTokens;
         this.#usage.used(grant.key.record.name, info.promptTokens, info.completionTokens);
-        this.settle(grant, used);
+        this.settle(grant, used, detached ? graceMs + SLOT_SLACK_MS : 0);
       },
     };
   }
 
-  private settle(grant: KeyGrant, used: number): void {
+  /**
+   * A stream resumed here of a request admitted under the key with hash `keyHash`: its stream slot is
+   * held again until the request's deadline, and when the stream ends it is freed — or held for the
+   * grace again when this client detaches too. @returns the observer of the resumed stream's ending
+   */
+  resumedSlot(keyHash: string, requestId: string, deadlineAt: number, graceMs: number): RequestObserver['finished'] {
+    const slot = (holdMs: number) =>
+      this.#limiter
+        .slot(keyHash, requestId, holdMs)
+        .catch((error: unknown) => this.#logger.warn({ err: error, requestId }, 'holding a resumed stream slot failed'));
+    void slot(Math.max(1, deadlineAt - Date.now()) + SLOT_SLACK_MS);
+    return (info) => void slot(info.end.outcome === 'disconnect' && info.end.detached === true ? graceMs + SLOT_SLACK_MS : 0);
+  }
+
+  private settle(grant: KeyGrant, used: number, holdMs: number): void {
     const { limits, name } = grant.key.record;
     if (limits.tpm === undefined && limits.maxStreams === undefined) return;
-    this.#limiter.settle(grant.key.hash, grant.requestId, limits.tpm === undefined ? 0 : used).then(
+    this.#limiter.settle(grant.key.hash, grant.requestId, limits.tpm === undefined ? 0 : used, holdMs).then(
       (delta) => {
         if (delta > 0)
           this.#logger.warn(

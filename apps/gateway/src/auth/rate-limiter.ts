@@ -111,7 +111,7 @@ return {refused, retryMs, reqCount, reqReset, total, tokReset, streams}
 `;
 
 const SETTLE = `
-local id, used = ARGV[1], tonumber(ARGV[2])
+local id, used, holdMs = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local reserved = redis.call('HGET', KEYS[3], id)
 local delta = 0
 if reserved then
@@ -120,8 +120,28 @@ if reserved then
   redis.call('HSET', KEYS[3], id, used)
   redis.call('INCRBY', KEYS[4], delta)
 end
-redis.call('ZREM', KEYS[5], id)
+if holdMs > 0 then
+  -- Its client detached: the generation goes on unseen, and keeps its slot for as long (Redis's clock).
+  local t = redis.call('TIME')
+  redis.call('ZADD', KEYS[5], 'XX', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + holdMs, id)
+  if redis.call('PTTL', KEYS[5]) < holdMs then redis.call('PEXPIRE', KEYS[5], holdMs) end
+else
+  redis.call('ZREM', KEYS[5], id)
+end
 return delta
+`;
+
+/** A resumed stream takes its slot again for ARGV[2] ms (Redis's clock), or gives it back (0). */
+const SLOT = `
+local id, holdMs = ARGV[1], tonumber(ARGV[2])
+if holdMs > 0 then
+  local t = redis.call('TIME')
+  redis.call('ZADD', KEYS[5], tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + holdMs, id)
+  if redis.call('PTTL', KEYS[5]) < holdMs then redis.call('PEXPIRE', KEYS[5], holdMs) end
+else
+  redis.call('ZREM', KEYS[5], id)
+end
+return 1
 `;
 
 /** Which limit refused a request. */
@@ -162,6 +182,7 @@ class Script {
 
 const admitScript = new Script(ADMIT);
 const settleScript = new Script(SETTLE);
+const slotScript = new Script(SLOT);
 
 export class RateLimiter {
   readonly #redis: Redis;
@@ -198,9 +219,17 @@ export class RateLimiter {
     return { admitted: false, refused: refused as LimitName, retryAfterMs: Math.max(0, retryMs), state };
   }
 
-  /** The request ended having used `tokens`: settle its reservation and free its stream slot. */
-  async settle(keyHash: string, requestId: string, tokens: number): Promise<number> {
-    return (await settleScript.run(this.#redis, this.keys(keyHash), [requestId, tokens])) as number;
+  /**
+   * The request ended having used `tokens`: settle its reservation and free its stream slot — or,
+   * @param holdMs when its client detached (the generation goes on unseen): keep the slot this long
+   */
+  async settle(keyHash: string, requestId: string, tokens: number, holdMs = 0): Promise<number> {
+    return (await settleScript.run(this.#redis, this.keys(keyHash), [requestId, tokens, holdMs])) as number;
+  }
+
+  /** A request's stream slot held for `holdMs` from now (a resumed stream), or freed (0). */
+  async slot(keyHash: string, requestId: string, holdMs: number): Promise<void> {
+    await slotScript.run(this.#redis, this.keys(keyHash), [requestId, holdMs]);
   }
 
   /** Tokens reserved or used in the current window (tests, `keys list`). */

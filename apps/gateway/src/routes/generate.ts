@@ -81,7 +81,10 @@ export function generateHandler(deps: AppDeps, endpoint: Endpoint) {
     const started =
       hooks.requestStarted?.({ requestId, jobId, endpoint, model: request.model, stream: request.stream, receivedAt: receivedAtMono }) ??
       noObserver();
-    const observer = grant === undefined || admission === undefined ? started : admission.observe(grant, started);
+    // Only a stream can be resumed (and a batch of prompts cannot: see PromptBatch).
+    const graceMs =
+      request.stream && prompts.length === 1 ? Math.min(request.resumeGraceMs ?? config.resumeGraceMs, config.maxResumeGraceMs) : 0;
+    const observer = grant === undefined || admission === undefined ? started : admission.observe(grant, started, graceMs);
     // Usage so far on every chunk: read from the responder, which counts the tokens it writes.
     let responderUsage = () => ({ promptTokens: 0, completionTokens: 0 });
     if (request.continuousUsage === true && request.stream) formatOptions.liveUsage = () => responderUsage();
@@ -109,9 +112,6 @@ export function generateHandler(deps: AppDeps, endpoint: Endpoint) {
       : new CompleteResponder(ctx);
     if (responder instanceof StreamResponder) responderUsage = () => responder.usage;
     const deadlineAt = receivedAt + config.requestTimeoutMs;
-    // Only a stream can be resumed (and a batch of prompts cannot: see PromptBatch).
-    const graceMs =
-      request.stream && prompts.length === 1 ? Math.min(request.resumeGraceMs ?? config.resumeGraceMs, config.maxResumeGraceMs) : 0;
     const batch =
       prompts.length > 1
         ? new PromptBatch(

@@ -4,6 +4,7 @@ import { GatewayError } from '../errors.js';
 import { batchRequestId, endsRequest, type GatewayEntry, type RequestMeta } from '@sluice/protocol';
 import type { Endpoint, ParsedRequest } from '../openai/request-schemas.js';
 import { ResponseFormat } from '../openai/response-format.js';
+import type { RequestObserver } from '../hooks.js';
 import { noObserver, type ResponderContext } from '../responders/responder-context.js';
 import { StreamResponder } from '../responders/stream-responder.js';
 import { SSE_HEADERS } from '../sse-writer.js';
@@ -94,6 +95,7 @@ export function resumeHandler(deps: AppDeps, endpoint: Endpoint) {
     // Gone before anything was taken over: nobody gets the reply, and the stream stays as it was.
     if (clientGone || res.destroyed) throw new GatewayError('client_closed');
     let responderUsage = () => ({ promptTokens: 0, completionTokens: 0 });
+    let slotEnded: RequestObserver['finished'] | undefined;
     const request: ParsedRequest = {
       endpoint,
       model: format.model,
@@ -118,8 +120,9 @@ export function resumeHandler(deps: AppDeps, endpoint: Endpoint) {
       receivedAt: Date.now(),
       retryAfterS: config.retryAfterS,
       hooks,
-      // The request was counted where it started; a resume is one more delivery of it.
-      observer: noObserver(),
+      // The request was counted where it started; a resume is one more delivery of it (under a key,
+      // holding the request's stream slot while it runs: below).
+      observer: { ...noObserver(), finished: (info) => slotEnded?.(info) },
     };
     const responder: StreamResponder = new StreamResponder(ctx, res, heartbeats, {
       headersWaitMs: 0,
@@ -136,6 +139,11 @@ export function resumeHandler(deps: AppDeps, endpoint: Endpoint) {
       responder.endedAtCursor();
       hooks.streamResumed?.();
       return responder.reply;
+    }
+    // Under a key, the resumed stream holds the request's stream slot while it runs (max-streams).
+    const admission = deps.access?.admission;
+    if (admission !== undefined && meta.owner !== undefined && meta.owner !== '') {
+      slotEnded = admission.resumedSlot(meta.owner, jobId, meta.deadlineAt, meta.graceMs);
     }
     // Past its `accepted` (before the cursor), the session learns its worker and attempt from the meta:
     // a worker lost from now on migrates the stream as it would one opened here.
