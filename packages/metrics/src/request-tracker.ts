@@ -103,10 +103,13 @@ export class RequestTracker {
     this.#instruments.streamTokens.inc(tokens);
   }
 
-  /** The answer is complete (finish reason `stop` or `length`, or `abort`: cancelled) and its last byte was written. */
+  /**
+   * The answer is complete (finish reason `stop` or `length`, or `abort`: cancelled) and its last byte
+   * was written. The end-to-end latency is of whole answers only (a cancelled one is cut short).
+   */
   finish(reason: 'stop' | 'length' | 'cancelled'): void {
     if (!this.#end(reason)) return;
-    this.#instruments.e2eRequestLatency.observe(this.#secondsSince(this.receivedAt));
+    if (reason !== 'cancelled') this.#instruments.e2eRequestLatency.observe(this.#secondsSince(this.receivedAt));
   }
 
   /**

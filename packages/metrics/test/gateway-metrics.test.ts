@@ -145,6 +145,17 @@ describe('createGatewayMetrics', () => {
       expect(scraped.histogram('sluice_e2e_request_latency_seconds').count).toBe(0);
       expect(scraped.value('sluice_gateway_active_streams')).toBe(0);
     });
+
+    it('counts a cancelled answer among the outcomes but not in the end-to-end latency (whole answers only)', async () => {
+      const { metrics, scrape } = setup();
+      const cancelled = metrics.trackRequest({ stream: true });
+      cancelled.started();
+      cancelled.contentWritten(1);
+      cancelled.finish('cancelled');
+      const scraped = await scrape();
+      expect(scraped.value('sluice_gateway_request_outcomes_total', { outcome: 'cancelled' })).toBe(1);
+      expect(scraped.histogram('sluice_e2e_request_latency_seconds').count).toBe(0);
+    });
   });
 
   it('counts timeouts by kind and errors by code', async () => {
