@@ -36,6 +36,32 @@ describe.skipIf(FAKE_ENGINE)('a KV cache smaller than the context', () => {
       const body = filled.json as { choices: Array<{ finish_reason: string }>; usage: { total_tokens: number } };
       expect(body.choices[0]!.finish_reason).toBe('length');
       expect(body.usage.total_tokens).toBe(256);
+
+      // n choices share the cache: a default max_tokens fills each one's share, ...
+      const shared = await postRaw(`${gateway.url}/v1/chat/completions`, {
+        model: MODEL,
+        messages: [{ role: 'user', content: 'Hello there' }],
+        n: 2,
+        ignore_eos: true,
+        temperature: 0,
+      });
+      expect(shared.status, cluster.logs()).toBe(200);
+      const both = shared.json as {
+        choices: Array<{ finish_reason: string }>;
+        usage: { prompt_tokens: number; completion_tokens: number };
+      };
+      expect(both.choices.map((choice) => choice.finish_reason)).toEqual(['length', 'length']);
+      expect(both.usage.completion_tokens).toBe(2 * (128 - both.usage.prompt_tokens));
+      // ... and choices that cannot all fit are refused before the 200, naming what the client sent.
+      const crowded = await postRaw(`${gateway.url}/v1/completions`, {
+        model: MODEL,
+        prompt: 'Once upon a time',
+        n: 2,
+        max_tokens: 200,
+        stream: true,
+      });
+      expect(crowded.status, cluster.logs()).toBe(400);
+      expect(crowded.json).toMatchObject({ error: { code: 'context_length_exceeded', param: 'max_tokens' } });
     } finally {
       await cluster.stop();
     }

@@ -134,6 +134,7 @@ export function createFakeEngine(options: FakeEngineOptions): Engine {
       modelId: options.modelId ?? 'fake',
       maxContextLength: options.maxContextLength ?? 4096,
       maxBatchSize,
+      maxCachedTokens: maxBatchSize * (options.maxContextLength ?? 4096),
       executionProvider: 'cpu',
       kvReservedBytes: 0,
       intraOpThreads: 0,

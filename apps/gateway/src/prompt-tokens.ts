@@ -1,3 +1,4 @@
+import { resolveMaxTokens } from '@sluice/protocol';
 import { GatewayError } from './errors.js';
 import type { ParsedRequest } from './openai/request-schemas.js';
 import type { ModelTokenizer } from './tokenizer-cache.js';
@@ -47,8 +48,12 @@ export function promptTokenIds(request: ParsedRequest, tokenizer: ModelTokenizer
       promptParam,
     );
   }
-  const maxTokens =
-    request.sampling.maxTokens ?? (request.defaultMaxTokens === 'context' ? maxContext - ids.length : request.defaultMaxTokens);
+  const maxTokens = resolveMaxTokens(request.sampling.maxTokens, request.defaultMaxTokens, {
+    promptTokens: ids.length,
+    maxContextLength: maxContext,
+    maxCachedTokens: model.maxCachedTokens,
+    n: request.n,
+  });
   if (ids.length + maxTokens > maxContext) {
     throw tooLong(
       `This model's maximum context length is ${maxContext} tokens. However, you requested ${ids.length + maxTokens} tokens ` +
@@ -58,6 +63,16 @@ export function promptTokenIds(request: ParsedRequest, tokenizer: ModelTokenizer
   }
   if (model.maxBatchSize !== undefined && request.n > model.maxBatchSize) {
     throw new GatewayError('invalid_request', { message: `n: must be at most ${model.maxBatchSize} for this model.`, param: 'n' });
+  }
+  // The n choices share the workers' KV cache: all of them must fit it at once.
+  const cache = model.maxCachedTokens;
+  if (cache !== undefined && (maxTokens < 1 || request.n * (ids.length + maxTokens) > cache)) {
+    throw tooLong(
+      `This model's KV cache holds ${cache} tokens for all the choices of a request. However, n (${request.n}) × ` +
+        `(${ids.length} in the prompt + ${Math.max(1, maxTokens)} for the completion) = ${request.n * (ids.length + Math.max(1, maxTokens))} tokens.` +
+        (request.sampling.maxTokens === undefined ? ' Lower n.' : ` Lower ${request.maxTokensParam} or n.`),
+      request.sampling.maxTokens === undefined ? 'n' : request.maxTokensParam,
+    );
   }
   return ids;
 }

@@ -9,6 +9,8 @@ export interface ServedModel {
   workers: number;
   /** Smallest max batch of its workers: the most choices (`n`) one request may ask for. */
   maxBatchSize?: number;
+  /** Smallest KV cache of its workers (tokens over all sequences): a request's n × (prompt + max_tokens) must fit. */
+  maxCachedTokens?: number;
   /** Content hash of the model card (tokenizer, chat template) its workers publish. */
   modelCard?: string;
 }
@@ -93,12 +95,15 @@ export class WorkerRegistry implements ModelCatalog {
           workers: 1,
           maxBatchSize: record.maxBatchSize,
         };
+        if (record.maxCachedTokens !== undefined) served.maxCachedTokens = record.maxCachedTokens;
         if (record.modelCard !== undefined) served.modelCard = record.modelCard;
         byModel.set(record.modelId, served);
       } else {
         model.workers++;
         model.maxContextLength = Math.min(model.maxContextLength, record.maxContextLength);
         model.maxBatchSize = Math.min(model.maxBatchSize ?? record.maxBatchSize, record.maxBatchSize);
+        if (record.maxCachedTokens !== undefined)
+          model.maxCachedTokens = Math.min(model.maxCachedTokens ?? record.maxCachedTokens, record.maxCachedTokens);
         if (model.modelCard === undefined && record.modelCard !== undefined) model.modelCard = record.modelCard;
       }
     }

@@ -7,6 +7,7 @@ import {
   decodeRequestMeta,
   generateJobSchema,
   readLog,
+  resolveMaxTokens,
   type GenerateJob,
   type RedisNames,
   type WireError,
@@ -247,8 +248,12 @@ export class JobProcessor {
         logger,
       );
     }
-    const maxTokens =
-      job.sampling.maxTokens ?? (job.defaultMaxTokens === 'context' ? maxContext - promptTokenIds.length : job.defaultMaxTokens);
+    const maxTokens = resolveMaxTokens(job.sampling.maxTokens, job.defaultMaxTokens, {
+      promptTokens: promptTokenIds.length,
+      maxContextLength: maxContext,
+      maxCachedTokens: engine.info.maxCachedTokens,
+      n: job.sampling.n ?? 1,
+    });
     if (promptTokenIds.length + maxTokens > maxContext) {
       return this.reject(
         route,

@@ -128,6 +128,7 @@ export async function startWorker(
       modelId,
       maxContextLength: engine.info.maxContextLength,
       maxBatchSize: engine.info.maxBatchSize,
+      maxCachedTokens: engine.info.maxCachedTokens,
       running: processor.counters.running,
       draining,
     }),

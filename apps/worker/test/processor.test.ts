@@ -32,7 +32,15 @@ async function harness(connection: Redis = redis, refuse?: (request: GenerateReq
   const lines: Array<Record<string, unknown>> = [];
   const processor = new JobProcessor({
     engine: {
-      info: { modelId: 'm', maxContextLength: 100, maxBatchSize: 4, executionProvider: 'cpu', kvReservedBytes: 0, intraOpThreads: 1 },
+      info: {
+        modelId: 'm',
+        maxContextLength: 100,
+        maxBatchSize: 4,
+        maxCachedTokens: 400,
+        executionProvider: 'cpu',
+        kvReservedBytes: 0,
+        intraOpThreads: 1,
+      },
       submit: (request, signal) => {
         const refusal = refuse?.(request);
         if (refusal !== undefined) throw refusal;

@@ -70,6 +70,7 @@ async function main(port: MessagePort, { options }: EngineThreadData): Promise<v
         modelId: model.id,
         maxContextLength,
         maxBatchSize,
+        maxCachedTokens,
         executionProvider: options.executionProvider ?? 'cpu',
         kvReservedBytes: core.kvReservedBytes,
         intraOpThreads,

@@ -222,6 +222,8 @@ export interface EngineInfo {
   /** Prompt + completion tokens a request may have: the model's context, or the whole KV cache (`maxCachedTokens`) if smaller. */
   maxContextLength: number;
   maxBatchSize: number;
+  /** Tokens the KV cache holds over all sequences (`maxCachedTokens`): n choices of a request share it. */
+  maxCachedTokens: number;
   executionProvider: ExecutionProvider;
   /** Bytes of KV cache reserved and written at start ({@link EngineOptions.kvPreallocate}); 0 without it. */
   kvReservedBytes: number;

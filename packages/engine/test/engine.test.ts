@@ -25,6 +25,7 @@ describe('createEngine on the tiny model', () => {
       modelId: 'tiny',
       maxContextLength: 2048,
       maxBatchSize: 8,
+      maxCachedTokens: 8 * 2048,
       executionProvider: 'cpu',
       kvReservedBytes: 0,
       intraOpThreads: 1,

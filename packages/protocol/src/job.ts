@@ -95,3 +95,20 @@ export function continuationJob(job: GenerateJob, attempt: number, channel: stri
 export function continuationJobOptions(requestId: string, attempt: number) {
   return { jobId: attemptJobId(requestId, attempt), lifo: true, removeOnComplete: true, removeOnFail: true, attempts: 1 } as const;
 }
+
+/**
+ * A request's max_tokens: the client's, else its default — with `'context'`, the rest of the context
+ * after the prompt, for each of its n choices within the KV cache they share (`maxCachedTokens`).
+ * Gateways (to refuse before the 200) and workers (to run it) work it out alike.
+ */
+export function resolveMaxTokens(
+  requested: number | undefined,
+  defaultMaxTokens: GenerateJob['defaultMaxTokens'],
+  limits: { promptTokens: number; maxContextLength: number; maxCachedTokens: number | undefined; n: number },
+): number {
+  if (requested !== undefined) return requested;
+  if (defaultMaxTokens !== 'context') return defaultMaxTokens;
+  const { promptTokens, maxContextLength, maxCachedTokens, n } = limits;
+  const perChoice = maxCachedTokens === undefined ? maxContextLength : Math.min(maxContextLength, Math.floor(maxCachedTokens / n));
+  return perChoice - promptTokens;
+}

@@ -8,6 +8,8 @@ export const workerRecordSchema = z.object({
   /** Max prompt + completion tokens. */
   maxContextLength: z.number().int().positive(),
   maxBatchSize: z.number().int().positive(),
+  /** Tokens its KV cache holds over all sequences: a request's n × (prompt + max_tokens) must fit. */
+  maxCachedTokens: z.number().int().positive().optional(),
   /** ms since epoch. */
   startedAt: z.number(),
   /** ms since epoch of this record's write. */
