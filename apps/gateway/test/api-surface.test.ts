@@ -184,6 +184,28 @@ describe('request features peers have', () => {
     }
   });
 
+  it('writes each top_logprobs object most likely first, tokens of digits too, streamed and whole', async () => {
+    const h = await start();
+    for (const stream of [false, true]) {
+      const job = h.nextJob();
+      const reply = post(h, '/v1/completions', { model: 'm', prompt: 'x', logprobs: 3, stream });
+      await job;
+      const top = [
+        { token: 'ian', logprob: -0.01 },
+        { token: ' tw', logprob: -5.3 },
+        { token: '80', logprob: -6.3 },
+      ];
+      h.send([
+        { type: 'accepted', workerId: 'w1', promptTokens: 1 },
+        { type: 'text-delta', index: 0, text: 'ian', tokens: 1, logprobs: [{ token: 'ian', logprob: -0.01, top }] },
+        { type: 'text-end', index: 0, finishReason: 'stop' },
+        { type: 'finish', usage: { promptTokens: 1, completionTokens: 1 } },
+      ]);
+      // A parsed object would list "80" first whatever the text said: the order is read off the raw text.
+      expect(await (await reply).text()).toContain('"top_logprobs":[{"ian":-0.01," tw":-5.3,"80":-6.3}]');
+    }
+  });
+
   it('refuses an unsupported field with a 400 naming it', async () => {
     const h = await start();
     const res = await post(h, '/v1/chat/completions', { model: 'm', messages: [{ role: 'user', content: 'x' }], tool_choice: 'auto' });

@@ -125,7 +125,7 @@ export class ResponseFormat {
         this.endpoint === 'chat' ? `${this.head}{"index":${index},"delta":{"content":` : `${this.head}{"index":${index},"text":`);
       return prefix + JSON.stringify(text) + this.deltaSuffix + this.end();
     }
-    const lp = JSON.stringify(this.logprobsJson(index, logprobs));
+    const lp = this.logprobsJson(index, logprobs);
     if (this.endpoint === 'chat') {
       return `${this.head}{"index":${index},"delta":{"content":${JSON.stringify(text)}},"logprobs":${lp},"finish_reason":null}${this.end()}`;
     }
@@ -144,8 +144,8 @@ export class ResponseFormat {
     return `${this.head}],"usage":${JSON.stringify(usageJson(usage))}}\n\n`;
   }
 
-  /** The whole `stream: false` reply. */
-  complete(choices: readonly ChoiceResult[], usage: UsageNumbers): object {
+  /** The whole `stream: false` reply, as JSON text (a completion's logprobs keep their order: {@link logprobsJson}). */
+  complete(choices: readonly ChoiceResult[], usage: UsageNumbers): string {
     const base = {
       id: this.id,
       created: this.created,
@@ -153,7 +153,7 @@ export class ResponseFormat {
       ...(this.options.fingerprint === undefined ? {} : { system_fingerprint: this.options.fingerprint }),
     };
     if (this.endpoint === 'chat') {
-      return {
+      return JSON.stringify({
         ...base,
         object: 'chat.completion',
         choices: choices.map((c) => ({
@@ -163,23 +163,23 @@ export class ResponseFormat {
           finish_reason: c.finishReason,
         })),
         usage: usageJson(usage),
-      };
+      });
     }
-    return {
-      ...base,
-      object: 'text_completion',
-      choices: choices.map((c) => ({
-        index: c.index,
-        text: c.text,
-        logprobs: c.logprobs === undefined ? null : this.logprobsJson(c.index, c.logprobs),
-        finish_reason: c.finishReason,
-      })),
-      usage: usageJson(usage),
-    };
+    const head = JSON.stringify({ ...base, object: 'text_completion' }).slice(0, -1);
+    const parts = choices.map(
+      (c) =>
+        `{"index":${c.index},"text":${JSON.stringify(c.text)},"logprobs":${c.logprobs === undefined ? 'null' : this.logprobsJson(c.index, c.logprobs)},"finish_reason":${JSON.stringify(c.finishReason)}}`,
+    );
+    return `${head},"choices":[${parts.join(',')}],"usage":${JSON.stringify(usageJson(usage))}}`;
   }
 
-  private logprobsJson(index: number, logprobs: readonly TokenLogprobWire[]): object {
-    if (this.endpoint === 'chat') return chatLogprobs(logprobs);
+  /**
+   * A choice's logprobs as JSON text. A completion's `top_logprobs` are objects from token to logprob,
+   * most likely first as OpenAI writes them: written by hand, since a JavaScript object lists keys such
+   * as "80" or "0" before all others whatever order they were set in.
+   */
+  private logprobsJson(index: number, logprobs: readonly TokenLogprobWire[]): string {
+    if (this.endpoint === 'chat') return JSON.stringify(chatLogprobs(logprobs));
     let offset = this.textOffsets.get(index) ?? 0;
     const textOffset: number[] = [];
     for (const lp of logprobs) {
@@ -187,14 +187,21 @@ export class ResponseFormat {
       offset += lp.token.length;
     }
     this.textOffsets.set(index, offset);
-    return {
-      tokens: logprobs.map((lp) => lp.token),
-      token_logprobs: logprobs.map((lp) => lp.logprob),
-      // OpenAI's top_logprobs hold the sampled token too: up to logprobs + 1 entries (1 for logprobs: 0).
-      top_logprobs: logprobs.map((lp) =>
-        Object.fromEntries([...(lp.top ?? []).map((t) => [t.token, t.logprob] as const), [lp.token, lp.logprob]]),
-      ),
-      text_offset: textOffset,
-    };
+    // OpenAI's top_logprobs hold the sampled token too: up to logprobs + 1 entries (1 for logprobs: 0).
+    // Tokens whose text is the same are one key: the first (the likeliest) keeps it.
+    const top = logprobs.map((lp) => {
+      const seen = new Set<string>();
+      const pairs: string[] = [];
+      for (const [token, logprob] of [...(lp.top ?? []).map((t) => [t.token, t.logprob] as const), [lp.token, lp.logprob] as const]) {
+        if (seen.has(token)) continue;
+        seen.add(token);
+        pairs.push(`${JSON.stringify(token)}:${JSON.stringify(logprob)}`);
+      }
+      return `{${pairs.join(',')}}`;
+    });
+    return (
+      `{"tokens":${JSON.stringify(logprobs.map((lp) => lp.token))},"token_logprobs":${JSON.stringify(logprobs.map((lp) => lp.logprob))},` +
+      `"top_logprobs":[${top.join(',')}],"text_offset":${JSON.stringify(textOffset)}}`
+    );
   }
 }

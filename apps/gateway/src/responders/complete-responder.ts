@@ -67,7 +67,7 @@ export class CompleteResponder {
         this.outcome.promptTokens = event.usage.promptTokens;
         const body = this.ctx.format.complete(this.choices, event.usage);
         this.resolveReply(
-          new Response(JSON.stringify(body), {
+          new Response(body, {
             status: 200,
             headers: {
               'Content-Type': 'application/json',
