@@ -17,7 +17,7 @@ import type { GatewayProcess, WorkerProcess } from './support/sluice.js';
 const MAX_TOKENS = 2000;
 const names = redisNames('sluice');
 
-describe('a cancel the worker never heard', () => {
+describe('control messages the worker never heard', () => {
   let cluster: Cluster;
   let redis: Redis;
   let worker: WorkerProcess;
@@ -36,6 +36,25 @@ describe('a cancel the worker never heard', () => {
     redis?.disconnect();
     await cluster?.stop();
   });
+
+  /** Kills the (frozen) worker's control subscriber connection: it cannot reconnect until thawed. */
+  async function killSubscriber(): Promise<void> {
+    const clients = String(await redis.client('LIST'));
+    const line = clients.split('\n').find((client) => / name=sluice-worker:\S+:subscriber /.test(` ${client} `));
+    expect(line, clients).toBeDefined();
+    await redis.client('KILL', 'ID', /\bid=(\d+)/.exec(line!)![1]!);
+  }
+
+  /** The request's log once it has ended: its entries. */
+  const endedLog = (jobId: string) =>
+    waitFor(
+      'the request ended',
+      async () => {
+        const entries = decodeLogRange(await redis.xrange(names.logKey(jobId), '-', '+'));
+        return entries.some((entry) => entry.type === 'finish' || entry.type === 'error') ? entries : undefined;
+      },
+      60_000,
+    );
 
   it('is sent again when the cancelled request keeps publishing, and the work stops', async () => {
     const body = {
@@ -59,12 +78,7 @@ describe('a cancel the worker never heard', () => {
     const spy = cluster.redis.client();
     try {
       // The frozen worker's control subscriber loses its connection; it cannot reconnect while frozen.
-      const clients = await redis.client('LIST');
-      const line = String(clients)
-        .split('\n')
-        .find((client) => / name=sluice-worker:\S+:subscriber /.test(` ${client} `));
-      expect(line, String(clients)).toBeDefined();
-      await redis.client('KILL', 'ID', /\bid=(\d+)/.exec(line!)![1]!);
+      await killSubscriber();
       await spy.subscribe(names.controlChannel);
       spy.on('message', (_channel: string, raw: string) => heard.push(raw));
       // The client leaves: the gateway's cancel goes out while no worker listens.
@@ -76,19 +90,48 @@ describe('a cancel the worker never heard', () => {
     } finally {
       thaw([worker]);
     }
-    const log = await waitFor(
-      'the request ended',
-      async () => {
-        const entries = decodeLogRange(await redis.xrange(names.logKey(jobId), '-', '+'));
-        return entries.some((entry) => entry.type === 'finish' || entry.type === 'error') ? entries : undefined;
-      },
-      60_000,
-    );
+    const log = await endedLog(jobId);
     const ends = log.filter((entry) => entry.type === 'text-end');
     expect(ends).toMatchObject([{ finishReason: 'abort' }]);
     const tokens = log.reduce((sum, entry) => sum + (entry.type === 'text-delta' ? (entry.tokenIds?.length ?? 0) : 0), 0);
     expect(tokens).toBeLessThan(MAX_TOKENS);
     expect(heard.filter((raw) => raw.includes(jobId)).length).toBeGreaterThanOrEqual(2);
     spy.disconnect();
+  }, 120_000);
+
+  it('a detach the worker never heard is read back from the meta when its subscriber reconnects: the grace still ends the work', async () => {
+    const body = {
+      model: MODEL,
+      prompt: 'A story whose reader walks away',
+      max_tokens: MAX_TOKENS,
+      temperature: 0,
+      ignore_eos: true,
+      stream: true,
+      resume_grace_ms: 500,
+    };
+    const stream = await retryMidAnswer('the stream', async () => {
+      const s = new LiveStream(`${gateway.url}/v1/completions`, body);
+      await s.until('streaming', () => s.contentChunks >= 2);
+      if ((await freezeMidAnswers([worker], redis, [s], MAX_TOKENS)) !== null) return s;
+      s.abort();
+      await s.ended;
+      return undefined;
+    });
+    const jobId = stream.jobId;
+    try {
+      await killSubscriber();
+      // The client leaves within its grace: the gateway detaches the request (its meta's route cleared)
+      // and tells the worker, which does not hear it.
+      stream.abort();
+      await waitFor('the request detached', async () => ((await redis.hget(names.metaKey(jobId), 'channel')) === '' ? true : undefined));
+      // The grace (0.5 s) runs out while the worker is frozen.
+      await new Promise((resolve) => setTimeout(resolve, 700));
+    } finally {
+      thaw([worker]);
+    }
+    const log = await endedLog(jobId);
+    expect(log.filter((entry) => entry.type === 'text-end')).toMatchObject([{ finishReason: 'abort' }]);
+    const tokens = log.reduce((sum, entry) => sum + (entry.type === 'text-delta' ? (entry.tokenIds?.length ?? 0) : 0), 0);
+    expect(tokens).toBeLessThan(MAX_TOKENS);
   }, 120_000);
 });

@@ -11,6 +11,8 @@ import type { StepRouter } from './step-router.js';
  */
 export class ControlListener {
   private readonly running = new Map<string, AbortController>();
+  private subscribedOnce = false;
+  private closing = false;
 
   constructor(
     private readonly subscriber: Redis,
@@ -41,7 +43,16 @@ export class ControlListener {
         this.logger.error({ err: error }, 'malformed control message dropped');
       }
     });
+    this.subscriber.on('ready', () => {
+      // ioredis resubscribes on its own after a reconnect; what was published meanwhile is gone. Lost
+      // cancels are sent again by their gateways (they see the request still publishing); lost route
+      // moves are read back from the requests' metas.
+      if (!this.subscribedOnce || this.closing) return;
+      this.logger.warn("control subscriber reconnected: reading the running requests' routes again");
+      this.router.resyncRoutes().catch((error: unknown) => this.logger.warn({ err: error }, 'reading the routes again failed'));
+    });
     await this.subscriber.subscribe(this.channel);
+    this.subscribedOnce = true;
   }
 
   register(requestId: string, controller: AbortController): void {
@@ -58,6 +69,7 @@ export class ControlListener {
   }
 
   async close(): Promise<void> {
+    this.closing = true;
     await this.subscriber.quit();
   }
 }

@@ -282,6 +282,31 @@ export class StepRouter {
     route.graceTimer.unref();
   }
 
+  /**
+   * Route messages sent while this worker's control subscriber was away (reconnecting) never came:
+   * each running request's route is read again from its meta, the authority, and applied (a detach
+   * starts its grace from when it happened).
+   */
+  async resyncRoutes(): Promise<void> {
+    const routes = [...new Set(this.#routes.values())].filter((route) => !route.ended);
+    if (routes.length === 0) return;
+    const reads = this.#redis.pipeline();
+    for (const route of routes) reads.hmget(this.options.names.metaKey(route.requestId), 'channel', 'detachedAt');
+    const replies = (await reads.exec()) ?? [];
+    routes.forEach((route, i) => {
+      const [error, fields] = replies[i] ?? [];
+      if (error !== null && error !== undefined) return;
+      const [channel, detachedAt] = fields as [string | null, string | null];
+      // No meta (expired): nothing to go by.
+      if (channel === null) return;
+      if (channel === '') {
+        if (route.channel !== null) this.detach(route.requestId, null, Number(detachedAt) || Date.now());
+      } else if (channel !== route.channel) {
+        this.attach(route.requestId, channel);
+      }
+    });
+  }
+
   /** Resolves when everything pushed so far has been handed to Redis. */
   async drained(): Promise<void> {
     if (this.#turnFlush) await new Promise<void>((resolve) => setImmediate(resolve));
