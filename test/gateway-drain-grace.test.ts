@@ -3,6 +3,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Cluster, MODEL } from './support/cluster.js';
 import { freezeMidAnswers, retryMidAnswer, thaw } from './support/mid-answer.js';
 import { waitFor } from './support/processes.js';
+import { scrapePrometheus } from './support/prometheus.js';
 import { readSse, type SseItem } from './support/sse.js';
 import type { GatewayProcess, WorkerProcess } from './support/sluice.js';
 
@@ -130,5 +131,9 @@ describe('a gateway that stops with a resumable stream still open', () => {
     expect(after.errors).toEqual([]);
     expect(after.finishReason).toBe('length');
     expect(before.text + after.text).toBe(alone.text);
+    // The tokens the resume wrote count where they were written: the run alone's MAX_TOKENS, and more.
+    const written = (await scrapePrometheus(`${other.url}/metrics`)).value('sluice_gateway_stream_tokens_total');
+    expect(written).toBeGreaterThan(MAX_TOKENS);
+    expect(written).toBeLessThanOrEqual(2 * MAX_TOKENS);
   }, 120_000);
 });

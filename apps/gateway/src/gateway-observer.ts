@@ -17,6 +17,7 @@ export function createGatewayObserver(metrics: GatewayMetrics, logger: Logger): 
     sseWritten: metrics.sseWritten,
     streamGap: () => metrics.streamGaps.inc(),
     streamResumed: () => metrics.streamResumes.inc(),
+    resumedTokensWritten: (tokens) => metrics.streamTokens.inc(tokens),
     streamMigrated: (byThisGateway) => {
       if (byThisGateway) metrics.streamMigrations.inc();
     },

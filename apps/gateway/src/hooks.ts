@@ -56,6 +56,11 @@ export interface GatewayHooks {
    * it to counter increments.
    */
   sseWritten?: (kind: SseFrameKind, bytes: number, frames: number) => void;
+  /**
+   * A resumed stream wrote `tokens` completion tokens (its request is counted where it started; the
+   * tokens written here are written to a client all the same).
+   */
+  resumedTokensWritten?(tokens: number): void;
   /** A stream's worker was lost and the request moved to another worker (`byThisGateway`: this gateway moved it). */
   streamMigrated?(byThisGateway: boolean): void;
   /** A client resumed a stream here (`GET .../{id}?stream=true`). */

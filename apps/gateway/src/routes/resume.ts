@@ -120,9 +120,14 @@ export function resumeHandler(deps: AppDeps, endpoint: Endpoint) {
       receivedAt: Date.now(),
       retryAfterS: config.retryAfterS,
       hooks,
-      // The request was counted where it started; a resume is one more delivery of it (under a key,
-      // holding the request's stream slot while it runs: below).
-      observer: { ...noObserver(), finished: (info) => slotEnded?.(info) },
+      // The request was counted where it started; a resume is one more delivery of it: only the tokens
+      // it writes count here (and, under a key, it holds the request's stream slot while it runs: below).
+      observer: {
+        ...noObserver(),
+        contentWritten: (tokens) => hooks.resumedTokensWritten?.(tokens),
+        tokensWithoutText: (tokens) => hooks.resumedTokensWritten?.(tokens),
+        finished: (info) => slotEnded?.(info),
+      },
     };
     const responder: StreamResponder = new StreamResponder(ctx, res, heartbeats, {
       headersWaitMs: 0,
