@@ -45,6 +45,17 @@ describe('control messages the worker never heard', () => {
     await redis.client('KILL', 'ID', /\bid=(\d+)/.exec(line!)![1]!);
   }
 
+  /** A stream of `body` mid-answer whatever the machine's speed: the worker frozen with it unfinished in its log. */
+  const frozenMidStream = (body: Record<string, unknown>) =>
+    retryMidAnswer('the stream', async () => {
+      const s = new LiveStream(`${gateway.url}/v1/completions`, body);
+      await s.until('streaming', () => s.contentChunks >= 2);
+      if ((await freezeMidAnswers([worker], redis, [s], MAX_TOKENS)) !== null) return s;
+      s.abort();
+      await s.ended;
+      return undefined;
+    });
+
   /** The request's log once it has ended: its entries. */
   const endedLog = (jobId: string) =>
     waitFor(
@@ -65,14 +76,7 @@ describe('control messages the worker never heard', () => {
       ignore_eos: true,
       stream: true,
     };
-    const stream = await retryMidAnswer('the stream', async () => {
-      const s = new LiveStream(`${gateway.url}/v1/completions`, body);
-      await s.until('streaming', () => s.contentChunks >= 2);
-      if ((await freezeMidAnswers([worker], redis, [s], MAX_TOKENS)) !== null) return s;
-      s.abort();
-      await s.ended;
-      return undefined;
-    });
+    const stream = await frozenMidStream(body);
     const jobId = stream.jobId;
     const heard: string[] = [];
     const spy = cluster.redis.client();
@@ -109,14 +113,7 @@ describe('control messages the worker never heard', () => {
       stream: true,
       resume_grace_ms: 500,
     };
-    const stream = await retryMidAnswer('the stream', async () => {
-      const s = new LiveStream(`${gateway.url}/v1/completions`, body);
-      await s.until('streaming', () => s.contentChunks >= 2);
-      if ((await freezeMidAnswers([worker], redis, [s], MAX_TOKENS)) !== null) return s;
-      s.abort();
-      await s.ended;
-      return undefined;
-    });
+    const stream = await frozenMidStream(body);
     const jobId = stream.jobId;
     try {
       await killSubscriber();

@@ -2,6 +2,7 @@ import { randomUUID } from 'node:crypto';
 import type { Context } from 'hono';
 import { batchRequestId, type JobInput, type StreamFormat } from '@sluice/protocol';
 import type { AppDeps } from '../app.js';
+import { ClientPresence } from '../client-presence.js';
 import { GatewayError } from '../errors.js';
 import { promptTokenIds } from '../prompt-tokens.js';
 import { checkInputLimits } from '../openai/input-limits.js';
@@ -31,15 +32,8 @@ export function generateHandler(deps: AppDeps, endpoint: Endpoint) {
     const receivedAt = Date.now();
     const receivedAtMono = performance.now();
     const res = c.env.outgoing;
-    // Node emits `close` once, and a listener added after it never runs: a client that leaves while
-    // this handler awaits (the body, the tokenizer, the key's limits, the enqueue) is noticed only by
-    // a listener registered before the first await. What leaving does depends on how far admission got.
-    let clientGone = false;
-    let onClientGone = () => {};
-    res.once('close', () => {
-      clientGone = true;
-      onClientGone();
-    });
+    // Watched before the first await (the body, the tokenizer, the key's limits, the enqueue).
+    const client = new ClientPresence(res);
     const body = await readJsonBody(c.env.incoming, res, config.maxBodyBytes);
     const request = endpoint === 'chat' ? parseChatRequest(body) : parseCompletionRequest(body);
     checkInputLimits(request, config.access);
@@ -53,7 +47,7 @@ export function generateHandler(deps: AppDeps, endpoint: Endpoint) {
     // Tokenized here, not on a worker: a prompt that cannot fit is a 400 before the 200 under any load.
     const tokenizer = await deps.tokenizers.forModel(served);
     // Gone before anything was taken: refused as a client that left mid-body is (nobody gets the reply).
-    if (clientGone) throw new GatewayError('client_closed');
+    if (client.gone) throw new GatewayError('client_closed');
     const promptIds = prompts.map((input) => promptTokenIds({ ...request, input }, tokenizer, served));
 
     const formatOptions: ResponseFormatOptions = { fingerprint: systemFingerprint(request.model) };
@@ -69,7 +63,7 @@ export function generateHandler(deps: AppDeps, endpoint: Endpoint) {
       apiKey === undefined || admission === undefined
         ? undefined
         : await admission.admit(apiKey, request, promptIds, served.maxContextLength, jobId, res);
-    if (clientGone) {
+    if (client.gone) {
       // Gone while the key's limits were decided: nothing is enqueued, and the grant (token
       // reservation, stream slot) is settled at once, as if the request had used nothing.
       if (grant !== undefined && admission !== undefined) {
@@ -138,7 +132,7 @@ export function generateHandler(deps: AppDeps, endpoint: Endpoint) {
       else responder.clientClosed();
       if (enqueued) for (const session of opened) sessions.clientLeft(session);
     };
-    onClientGone = leave;
+    client.onLeave(leave);
 
     const format: StreamFormat = {
       endpoint,
@@ -180,7 +174,7 @@ export function generateHandler(deps: AppDeps, endpoint: Endpoint) {
     }
     enqueued = true;
     observer.enqueued?.();
-    if (clientGone) {
+    if (client.gone) {
       for (const session of opened) sessions.clientLeft(session);
       return responder.reply;
     }

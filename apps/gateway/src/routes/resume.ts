@@ -1,5 +1,6 @@
 import type { Context } from 'hono';
 import type { AppDeps, AppEnv } from '../app.js';
+import { ClientPresence } from '../client-presence.js';
 import { GatewayError } from '../errors.js';
 import { batchRequestId, endsRequest, type GatewayEntry, type RequestMeta } from '@sluice/protocol';
 import type { Endpoint, ParsedRequest } from '../openai/request-schemas.js';
@@ -53,15 +54,8 @@ export function resumeHandler(deps: AppDeps, endpoint: Endpoint) {
   const { sessions, jobs, log, heartbeats, config, hooks } = deps;
   return async (c: Context<AppEnv>): Promise<Response> => {
     const res = c.env.outgoing;
-    // Node emits `close` once, and a listener added after it never runs: a client that leaves while
-    // this handler awaits (the meta, the log, the attach) is noticed only by a listener registered
-    // before the first await. What leaving does depends on how far the resume got.
-    let clientGone = false;
-    let onClientGone = () => {};
-    res.once('close', () => {
-      clientGone = true;
-      onClientGone();
-    });
+    // Watched before the first await (the meta, the log, the attach).
+    const client = new ClientPresence(res);
     const chunkId = c.req.param('id') ?? '';
     const jobId = jobIdOf(endpoint, chunkId);
     if (jobId === undefined) throw notFound(chunkId);
@@ -93,7 +87,7 @@ export function resumeHandler(deps: AppDeps, endpoint: Endpoint) {
     const usageBefore =
       format.continuousUsage !== true ? undefined : cursor < 0 ? usageOf([]) : usageOf((await log.read(jobId, 0, cursor)).entries);
     // Gone before anything was taken over: nobody gets the reply, and the stream stays as it was.
-    if (clientGone || res.destroyed) throw new GatewayError('client_closed');
+    if (client.gone || res.destroyed) throw new GatewayError('client_closed');
     let responderUsage = () => ({ promptTokens: 0, completionTokens: 0 });
     let slotEnded: RequestObserver['finished'] | undefined;
     const request: ParsedRequest = {
@@ -163,11 +157,11 @@ export function resumeHandler(deps: AppDeps, endpoint: Endpoint) {
     // work cancelled, or detached with a grace) once the attach is done, so that the detach comes
     // after it (a detach sent before the attach would be undone by it).
     let attached = false;
-    onClientGone = () => {
+    client.onLeave(() => {
       if (responder.done) return;
       responder.clientClosed(meta.graceMs > 0);
       if (attached) sessions.clientLeft(session);
-    };
+    });
     responder.begin();
     try {
       await jobs.attach(jobId);
@@ -176,7 +170,7 @@ export function resumeHandler(deps: AppDeps, endpoint: Endpoint) {
       throw new GatewayError('no_workers', { message: 'The stream store is unavailable.', cause: error });
     }
     attached = true;
-    if (clientGone) {
+    if (client.gone) {
       sessions.clientLeft(session);
       return responder.reply;
     }
