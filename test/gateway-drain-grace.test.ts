@@ -4,7 +4,7 @@ import { Cluster, MODEL } from './support/cluster.js';
 import { freezeMidAnswers, retryMidAnswer, thaw } from './support/mid-answer.js';
 import { waitFor } from './support/processes.js';
 import { scrapePrometheus } from './support/prometheus.js';
-import { readSse, type SseItem } from './support/sse.js';
+import { collect, empty, read } from './support/sse.js';
 import type { GatewayProcess, WorkerProcess } from './support/sluice.js';
 
 /**
@@ -24,45 +24,6 @@ const body = (extra: Record<string, unknown> = {}) => ({
   stream: true,
   ...extra,
 });
-
-interface Read {
-  id?: string | undefined;
-  text: string;
-  lastEventId?: string;
-  finishReason?: string;
-  errors: Array<{ code?: string; message?: string }>;
-  done: boolean;
-}
-
-/** Reads an SSE reply until `[DONE]` (or `until` holds; a later call goes on from there). */
-async function read(items: AsyncGenerator<SseItem>, into: Read, until?: (r: Read) => boolean): Promise<void> {
-  for (let next = await items.next(); next.done !== true; next = await items.next()) {
-    const item = next.value;
-    if (item.kind !== 'data') continue;
-    if (item.id !== undefined) into.lastEventId = item.id;
-    if (item.data === '[DONE]') {
-      into.done = true;
-      return;
-    }
-    const chunk = JSON.parse(item.data) as {
-      id?: string;
-      error?: Read['errors'][number];
-      choices?: Array<{ delta?: { content?: string }; finish_reason?: string | null }>;
-    };
-    if (chunk.error !== undefined) into.errors.push(chunk.error);
-    into.id ??= chunk.id;
-    for (const choice of chunk.choices ?? []) {
-      into.text += choice.delta?.content ?? '';
-      if (choice.finish_reason) into.finishReason = choice.finish_reason;
-    }
-    if (until?.(into) === true) return;
-  }
-}
-
-async function stream(url: string, init: RequestInit = {}): Promise<{ status: number; items: AsyncGenerator<SseItem> }> {
-  const res = await fetch(url, init);
-  return { status: res.status, items: readSse(res.body!) };
-}
 
 describe('a gateway that stops with a resumable stream still open', () => {
   let cluster: Cluster;
@@ -87,30 +48,29 @@ describe('a gateway that stops with a resumable stream still open', () => {
 
   it('detaches it at the drain bound: the client resumes it elsewhere and gets the whole answer', async () => {
     const post = (url: string, extra: Record<string, unknown> = {}) =>
-      stream(`${url}/v1/chat/completions`, {
+      fetch(`${url}/v1/chat/completions`, {
         method: 'POST',
         headers: { 'content-type': 'application/json' },
         body: JSON.stringify(body(extra)),
       });
-    const alone: Read = { text: '', errors: [], done: false };
-    await read((await post(other.url)).items, alone);
-    expect(alone.finishReason).toBe('length');
+    const alone = await collect(await post(other.url));
+    expect(alone.finishReasons[0]).toBe('length');
 
     // Mid-answer whatever the machine's speed: the worker frozen with the answer unfinished in its log.
     const { started, before, jobId } = await retryMidAnswer('the stream', async () => {
       const started = await post(stopping.url, { resume_grace_ms: 60_000 });
       expect(started.status).toBe(200);
-      const before: Read = { text: '', errors: [], done: false };
-      await read(started.items, before, (r) => r.text.length > 10);
+      const before = empty();
+      await read(started, before, (r) => r.text.length > 10);
       const jobId = before.id!.replace(/^chatcmpl-/, '');
       if ((await freezeMidAnswers([worker], redis, [{ jobId }], MAX_TOKENS)) !== null) return { started, before, jobId };
-      await read(started.items, before);
+      await read(started, before);
       return undefined;
     });
     try {
       stopping.process.signal('SIGTERM');
       // The drain bound runs out with the stream open: it ends with an error frame that says it goes on.
-      await read(started.items, before);
+      await read(started, before);
       expect(before.done).toBe(true);
       expect(before.errors).toHaveLength(1);
       expect(before.errors[0]).toMatchObject({ code: 'shutting_down', message: expect.stringContaining('resume') as unknown });
@@ -122,14 +82,13 @@ describe('a gateway that stops with a resumable stream still open', () => {
     } finally {
       thaw([worker]);
     }
-    const resumed = await stream(`${other.url}/v1/chat/completions/${before.id}?stream=true`, {
+    const resumed = await fetch(`${other.url}/v1/chat/completions/${before.id}?stream=true`, {
       headers: { 'Last-Event-ID': before.lastEventId! },
     });
     expect(resumed.status).toBe(200);
-    const after: Read = { text: '', errors: [], done: false };
-    await read(resumed.items, after);
+    const after = await collect(resumed);
     expect(after.errors).toEqual([]);
-    expect(after.finishReason).toBe('length');
+    expect(after.finishReasons[0]).toBe('length');
     expect(before.text + after.text).toBe(alone.text);
     // The tokens the resume wrote count where they were written: the run alone's MAX_TOKENS, and more.
     const written = (await scrapePrometheus(`${other.url}/metrics`)).value('sluice_gateway_stream_tokens_total');

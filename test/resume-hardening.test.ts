@@ -6,7 +6,7 @@ import { Cluster, MODEL } from './support/cluster.js';
 import { freezeMidAnswers, retryMidAnswer, thaw, unfinishedInLog } from './support/mid-answer.js';
 import { waitFor } from './support/processes.js';
 import { scrapePrometheus } from './support/prometheus.js';
-import { readSse, type SseItem } from './support/sse.js';
+import { collect, empty, read } from './support/sse.js';
 import type { GatewayProcess, WorkerProcess } from './support/sluice.js';
 
 /**
@@ -38,59 +38,6 @@ const chatBody = (maxTokens: number, extra: Record<string, unknown> = {}) => ({
   stream: true,
   ...extra,
 });
-
-interface Collected {
-  id: string | undefined;
-  /** Choice 0's text. */
-  text: string;
-  lastEventId: string | undefined;
-  finishReasons: Record<number, string>;
-  errors: unknown[];
-  done: boolean;
-}
-
-const empty = (): Collected => ({ id: undefined, text: '', lastEventId: undefined, finishReasons: {}, errors: [], done: false });
-
-/** An SSE reply's items, read on by each {@link read} (the body stays open between reads). */
-const itemsOf = new WeakMap<Response, AsyncGenerator<SseItem>>();
-
-/** Reads an SSE reply into `into` until `[DONE]`, the end of the body, or `until(into)` (a later read goes on from there). */
-async function read(res: Response, into: Collected, until?: (c: Collected) => boolean): Promise<void> {
-  let items = itemsOf.get(res);
-  if (items === undefined) itemsOf.set(res, (items = readSse(res.body!)));
-  try {
-    for (let next = await items.next(); next.done !== true; next = await items.next()) {
-      const item = next.value;
-      if (item.kind !== 'data') continue;
-      if (item.id !== undefined) into.lastEventId = item.id;
-      if (item.data === '[DONE]') {
-        into.done = true;
-        return;
-      }
-      const chunk = JSON.parse(item.data) as {
-        id?: string;
-        error?: unknown;
-        choices?: Array<{ index: number; delta?: { content?: string }; text?: string; finish_reason?: string | null }>;
-      };
-      if (chunk.error !== undefined) into.errors.push(chunk.error);
-      into.id ??= chunk.id;
-      for (const choice of chunk.choices ?? []) {
-        if (choice.index === 0) into.text += choice.delta?.content ?? choice.text ?? '';
-        if (choice.finish_reason) into.finishReasons[choice.index] = choice.finish_reason;
-      }
-      if (until?.(into) === true) return;
-    }
-  } catch (error) {
-    // The connection was cut under us (the test aborted it).
-    if (!(error instanceof Error)) throw error;
-  }
-}
-
-async function collect(res: Response): Promise<Collected> {
-  const out = empty();
-  await read(res, out);
-  return out;
-}
 
 function post(url: string, path: string, payload: unknown, signal?: AbortSignal): Promise<Response> {
   return fetch(`${url}${path}`, {
