@@ -13,7 +13,9 @@ import {
   RequestScripts,
   continuationJob,
   continuationJobOptions,
+  openChoices,
   readLog,
+  sentTokens,
   type CancelReason,
   type GenerateJob,
   type RedisNames,
@@ -246,8 +248,8 @@ export class RedisJobQueue implements JobSubmitter, WorkCanceller {
       // A continuation goes on after what the lost worker logged: its open choices end, its tokens count.
       const log = readLog(await this.redis.xrange(this.names.logKey(requestId), '-', '+'), meta.format.n);
       if (log.ended || log.lastSeq < 0) return;
-      open = log.choices.flatMap((choice, index) => (choice.ended ? [] : [index]));
-      usage = { promptTokens: log.promptTokens, completionTokens: log.choices.reduce((sum, choice) => sum + choice.tokenIds.length, 0) };
+      open = openChoices(log);
+      usage = { promptTokens: log.promptTokens, completionTokens: sentTokens(log) };
       seq = log.lastSeq + 1;
     }
     for (const index of open) entries.push({ requestId, seq: seq++, type: 'text-end', index, finishReason: 'abort', ...attempt });

@@ -289,8 +289,7 @@ export class SessionManager {
         this.fail(session, error, 'shutdown');
         continue;
       }
-      this.remove(session);
-      this.canceller.detach(session);
+      this.clientLeft(session);
       this.emit(session, { type: 'failed', error: resumable });
     }
   }

@@ -6,8 +6,10 @@ import {
   cancelReasonSchema,
   decodeRequestMeta,
   generateJobSchema,
+  openChoices,
   readLog,
   resolveMaxTokens,
+  sentTokens,
   type GenerateJob,
   type RedisNames,
   type WireError,
@@ -381,7 +383,7 @@ export class JobProcessor {
         return false;
       }
       const seed = log.seed ?? sampling.seed;
-      const open = log.choices.flatMap((choice, index) => (choice.ended ? [] : [index]));
+      const open = openChoices(log);
       try {
         for (const index of open) {
           const partId = `${job.requestId}#${index}`;
@@ -516,8 +518,8 @@ export class JobProcessor {
       if (log.ended || log.lastSeq < 0) return;
       // (With its start trimmed, the usage counts what is left: the ending still goes out.)
       route.nextSeq = log.lastSeq + 1;
-      open = log.choices.flatMap((choice, index) => (choice.ended ? [] : [index]));
-      for (const choice of log.choices) completionTokens += choice.tokenIds.length;
+      open = openChoices(log);
+      completionTokens = sentTokens(log);
     }
     for (const index of open) router.push(route, { type: 'text-end', index, finishReason: 'abort' });
     router.push(route, { type: 'finish', usage: { promptTokens, completionTokens } });

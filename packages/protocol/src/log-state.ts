@@ -54,3 +54,13 @@ export function readLog(range: Array<[string, string[]]> | undefined, n: number)
   }
   return state;
 }
+
+/** The choices the log has not ended, by index. */
+export function openChoices(state: LogState): number[] {
+  return state.choices.flatMap((choice, index) => (choice.ended ? [] : [index]));
+}
+
+/** The completion tokens the log holds, all choices. */
+export function sentTokens(state: LogState): number {
+  return state.choices.reduce((sum, choice) => sum + choice.tokenIds.length, 0);
+}

@@ -147,6 +147,11 @@ export class KeyAdmission {
     };
   }
 
+  /** A grant whose request was never enqueued (its client left meanwhile): all it holds goes back. */
+  release(grant: KeyGrant): void {
+    this.settle(grant, 0, 0);
+  }
+
   /**
    * A stream resumed here of a request admitted under the key with hash `keyHash`: its stream slot is
    * held again until the request's deadline, and when the stream ends it is freed — or held for the

@@ -110,6 +110,19 @@ end
 return {refused, retryMs, reqCount, reqReset, total, tokReset, streams}
 `;
 
+/**
+ * Lua (with `id` and `holdMs` set): stream slot `id` held `holdMs` from now on Redis's clock (a
+ * detached generation goes on unseen; a resumed stream runs), or freed (0).
+ */
+const HOLD_SLOT = `
+if holdMs > 0 then
+  local t = redis.call('TIME')
+  redis.call('ZADD', KEYS[5], tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + holdMs, id)
+  if redis.call('PTTL', KEYS[5]) < holdMs then redis.call('PEXPIRE', KEYS[5], holdMs) end
+else
+  redis.call('ZREM', KEYS[5], id)
+end`;
+
 const SETTLE = `
 local id, used, holdMs = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local reserved = redis.call('HGET', KEYS[3], id)
@@ -120,27 +133,14 @@ if reserved then
   redis.call('HSET', KEYS[3], id, used)
   redis.call('INCRBY', KEYS[4], delta)
 end
-if holdMs > 0 then
-  -- Its client detached: the generation goes on unseen, and keeps its slot for as long (Redis's clock).
-  local t = redis.call('TIME')
-  redis.call('ZADD', KEYS[5], 'XX', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + holdMs, id)
-  if redis.call('PTTL', KEYS[5]) < holdMs then redis.call('PEXPIRE', KEYS[5], holdMs) end
-else
-  redis.call('ZREM', KEYS[5], id)
-end
+${HOLD_SLOT}
 return delta
 `;
 
-/** A resumed stream takes its slot again for ARGV[2] ms (Redis's clock), or gives it back (0). */
+/** A resumed stream takes its slot again for ARGV[2] ms, or gives it back (0). */
 const SLOT = `
 local id, holdMs = ARGV[1], tonumber(ARGV[2])
-if holdMs > 0 then
-  local t = redis.call('TIME')
-  redis.call('ZADD', KEYS[5], tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + holdMs, id)
-  if redis.call('PTTL', KEYS[5]) < holdMs then redis.call('PEXPIRE', KEYS[5], holdMs) end
-else
-  redis.call('ZREM', KEYS[5], id)
-end
+${HOLD_SLOT}
 return 1
 `;
 

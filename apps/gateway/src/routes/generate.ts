@@ -66,10 +66,7 @@ export function generateHandler(deps: AppDeps, endpoint: Endpoint) {
     if (client.gone) {
       // Gone while the key's limits were decided: nothing is enqueued, and the grant (token
       // reservation, stream slot) is settled at once, as if the request had used nothing.
-      if (grant !== undefined && admission !== undefined) {
-        const settle = admission.observe(grant, noObserver());
-        settle.finished({ end: { outcome: 'disconnect' }, status: 499, promptTokens: 0, completionTokens: 0 });
-      }
+      if (grant !== undefined) admission?.release(grant);
       throw new GatewayError('client_closed');
     }
     const started =

@@ -199,16 +199,14 @@ export function cancelHandler(deps: AppDeps, endpoint: Endpoint) {
     if (jobId === undefined) throw notFound(chunkId);
     const meta = await log.meta(jobId);
     if (meta === undefined || meta.format.endpoint !== endpoint || !ownedByCaller(c, meta)) throw notFound(chunkId);
-    const others = Array.from({ length: (meta.format.prompts ?? 1) - 1 }, (_, k) => batchRequestId(jobId, k + 1));
-    const otherMetas = await Promise.all(others.map((id) => log.meta(id)));
-    await Promise.all([
-      jobs.cancelRequest(jobId, meta),
-      // A prompt whose meta expired has nothing left to stop.
-      ...others.map((id, k) => {
-        const otherMeta = otherMetas[k];
-        return otherMeta === undefined ? undefined : jobs.cancelRequest(id, otherMeta);
+    const requestIds = Array.from({ length: meta.format.prompts ?? 1 }, (_, k) => batchRequestId(jobId, k));
+    await Promise.all(
+      requestIds.map(async (id, k) => {
+        const requestMeta = k === 0 ? meta : await log.meta(id);
+        // A prompt whose meta expired has nothing left to stop.
+        if (requestMeta !== undefined) await jobs.cancelRequest(id, requestMeta);
       }),
-    ]);
+    );
     return c.json({ id: chunkId, object: endpoint === 'chat' ? 'chat.completion' : 'text_completion', cancelled: true });
   };
 }
