@@ -279,6 +279,41 @@ describe('access control across two gateways', () => {
       await exact.text();
     });
 
+    it('refuses a request larger than the whole --tpm budget with a 400 and no Retry-After (a retry could never pass), leaving the window untouched', async () => {
+      const key = await keys('--name', 'tpm-small', '--tpm', '40');
+      for (const gateway of gateways) {
+        const over = await post(gateway, key, chat('hi', 64));
+        expect(over.status).toBe(400);
+        expect(over.headers.get('retry-after')).toBeNull();
+        const body = (await over.json()) as { error: { code: string; type: string; param: string; message: string } };
+        expect(body.error).toMatchObject({ code: 'tokens_over_key_limit', type: 'invalid_request_error', param: 'max_tokens' });
+        expect(body.error.message).toMatch(/more than this key's 40 tokens per minute\. Lower max_tokens\./);
+        // A prompt alone over the budget names the prompt.
+        const prompt = await fetch(`${gateway.url}/v1/completions`, {
+          method: 'POST',
+          headers: { 'Content-Type': 'application/json', Authorization: `Bearer ${key}` },
+          body: JSON.stringify({ model: MODEL, prompt: 'word '.repeat(60), max_tokens: 1 }),
+        });
+        expect(prompt.status).toBe(400);
+        expect(((await prompt.json()) as { error: { param: string } }).error.param).toBe('prompt');
+        // The official client gets a BadRequestError at once (it retries 429s, not 400s).
+        const error = await client(gateway, key)
+          .chat.completions.create({ ...chat('hi', 10), max_completion_tokens: 64, max_tokens: undefined })
+          .catch((e: unknown) => e);
+        expect(error).toBeInstanceOf(OpenAI.BadRequestError);
+        expect((error as InstanceType<typeof OpenAI.BadRequestError>).param).toBe('max_completion_tokens');
+      }
+      // Nothing was reserved: a request that fits is admitted against the whole budget.
+      const fits = await post(gateways[0]!, key, chat('hi', 2));
+      expect(fits.status).toBe(200);
+      const usage = ((await fits.json()) as { usage: { prompt_tokens: number } }).usage;
+      expect(Number(fits.headers.get('x-ratelimit-remaining-tokens'))).toBe(40 - usage.prompt_tokens - 2);
+      const metrics = await Promise.all(gateways.map((g) => scrapePrometheus(`${g.url}/metrics`)));
+      expect(
+        metrics.reduce((sum, m) => sum + m.value('sluice_gateway_key_refusals_total', { key: 'tpm-small', reason: 'tokens' }), 0),
+      ).toBe(6);
+    });
+
     it('caps concurrent streams with --max-streams and frees a slot on every ending (a finished stream, a client that left)', async () => {
       const key = await keys('--name', 'streams2', '--max-streams', '2');
       const stream = (gateway: GatewayProcess) => post(gateway, key, { ...chat('go', 8), stream: true });

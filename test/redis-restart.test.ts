@@ -129,6 +129,11 @@ describe('when Redis is killed and restarted under load', () => {
     expect(endedAt, 'every stream ended with Redis still down').toBeDefined();
     expectEndedByTheOutage(streams);
     expect((await gateway.get('/readyz')).status).toBe(503);
+    // A request meanwhile is refused for what it is: Redis away, not a missing worker.
+    const refused = await postRaw(`${gateway.url}/v1/completions`, { model: MODEL, prompt: 'Hello', max_tokens: 4 });
+    expect(refused.status).toBe(503);
+    expect(refused.json).toMatchObject({ error: { code: 'store_unavailable', type: 'server_error' } });
+    expect(refused.headers.get('retry-after')).toMatch(/^\d+$/);
     console.log(`redis down: streams ended ${Math.max(...endedAt!) - killedAt} ms after the kill, Redis still away`);
     restarted = await startRedis({ port: cluster.redis.port });
     await waitFor('/readyz 200', async () => ((await gateway.get('/readyz')).status === 200 ? true : undefined), 30_000, 50);

@@ -28,7 +28,10 @@ export type GatewayErrorCode =
   | 'invalid_api_key'
   | 'model_not_allowed'
   | 'rate_limit_exceeded'
-  | 'unsupported_media_type';
+  | 'tokens_over_key_limit'
+  | 'unsupported_media_type'
+  // Redis (queue, registry, stream log, keys, limits) did not answer.
+  | 'store_unavailable';
 
 interface CodeInfo {
   status: number;
@@ -64,6 +67,7 @@ const codes: Record<GatewayErrorCode, CodeInfo> = {
     retry: true,
   },
   no_workers: { status: 503, type: 'server_error', message: 'No worker is available.', retry: true },
+  store_unavailable: { status: 503, type: 'server_error', message: 'Redis is unavailable.', retry: true },
   shutting_down: { status: 503, type: 'server_error', message: 'The gateway is shutting down.', retry: true },
   queue_timeout: {
     status: 503,
@@ -84,6 +88,12 @@ const codes: Record<GatewayErrorCode, CodeInfo> = {
   invalid_api_key: { status: 401, type: 'invalid_request_error', message: 'Missing or invalid API key.' },
   model_not_allowed: { status: 403, type: 'invalid_request_error', message: 'This API key may not use this model.' },
   rate_limit_exceeded: { status: 429, type: 'rate_limit_error', message: 'Rate limit reached for this API key.', retry: true },
+  // Not a 429: the request can never pass under the key's budget, so no client should retry it.
+  tokens_over_key_limit: {
+    status: 400,
+    type: 'invalid_request_error',
+    message: "This request may use more tokens than this API key's tokens-per-minute limit.",
+  },
   unsupported_media_type: {
     status: 415,
     type: 'invalid_request_error',

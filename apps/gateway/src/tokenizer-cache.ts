@@ -139,7 +139,7 @@ export class TokenizerCache implements TokenizerSource {
     try {
       raw = await this.redis.get(this.names.modelCardKey(hash));
     } catch (cause) {
-      throw new GatewayError('no_workers', { message: 'The model registry is unavailable.', cause });
+      throw new GatewayError('store_unavailable', { message: 'The model registry is unavailable.', cause });
     }
     const card = raw === null ? undefined : decodeModelCard(raw);
     if (card === undefined) throw new GatewayError('no_workers', { message: 'The model card of this model is missing.' });

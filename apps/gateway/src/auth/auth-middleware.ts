@@ -36,7 +36,7 @@ export function authMiddleware(store: ApiKeyStore, usage: KeyUsageRecorder): Mid
       try {
         record = await store.find(key);
       } catch (error) {
-        throw new GatewayError('no_workers', { message: 'The key store is unavailable.', cause: error });
+        throw new GatewayError('store_unavailable', { message: 'The key store is unavailable.', cause: error });
       }
     }
     if (record === undefined) {

@@ -46,8 +46,8 @@ export interface KeyGrant {
 }
 
 /**
- * Admission of one request under its key: the allowed models (403), then the key's limits in one
- * atomic step (429 with Retry-After), and, when the request ends, the settlement of its tokens and
+ * Admission of one request under its key: the allowed models (403), a reservation larger than the
+ * key's whole TPM (400), then the key's limits in one atomic step (429 with Retry-After), and, when the request ends, the settlement of its tokens and
  * the release of its stream slot. Every ending passes through the request's observer's `finished`,
  * which `observe` wraps, so no ending can leak a reservation.
  */
@@ -95,6 +95,18 @@ export class KeyAdmission {
             promptIds.map((ids) => ids.length),
             maxContextLength,
           );
+    if (limits.tpm !== undefined && reservedTokens > limits.tpm) {
+      // It could never pass: no window is ever empty enough. A 400, so that no client retries it.
+      this.#usage.refused(record.name, 'tokens');
+      const promptTokens = promptIds.reduce((sum, ids) => sum + ids.length, 0);
+      const byPrompt = promptTokens > limits.tpm;
+      throw new GatewayError('tokens_over_key_limit', {
+        message: byPrompt
+          ? `The prompt has ${promptTokens} tokens, more than this key's ${limits.tpm} tokens per minute.`
+          : `This request may use up to ${reservedTokens} tokens (prompt + max_tokens × n), more than this key's ${limits.tpm} tokens per minute. Lower ${request.maxTokensParam}.`,
+        param: byPrompt ? (request.endpoint === 'chat' ? 'messages' : 'prompt') : request.maxTokensParam,
+      });
+    }
     if (limits.rpm === undefined && limits.tpm === undefined && limits.maxStreams === undefined) {
       this.#usage.admitted(record.name);
       return { key, requestId, reservedTokens };
@@ -103,18 +115,16 @@ export class KeyAdmission {
     try {
       admission = await this.#limiter.admit(key.hash, limits, requestId, reservedTokens, this.#leaseMs);
     } catch (error) {
-      throw new GatewayError('no_workers', { message: 'The rate limiter is unavailable.', cause: error });
+      throw new GatewayError('store_unavailable', { message: 'The rate limiter is unavailable.', cause: error });
     }
     for (const [name, value] of Object.entries(rateLimitHeaders(admission.state))) res.setHeader(name, value);
     if (!admission.admitted) {
       this.#usage.refused(record.name, admission.refused);
       const retryAfterS = Math.max(1, Math.ceil(admission.retryAfterMs / 1000));
       const message =
-        admission.refused === 'tokens' && limits.tpm !== undefined && reservedTokens > limits.tpm
-          ? `This request may use up to ${reservedTokens} tokens (prompt + max_tokens × n), more than this key's ${limits.tpm} tokens per minute. Lower max_tokens.`
-          : admission.refused === 'streams'
-            ? `This API key has ${limits.maxStreams} requests in flight already (max-streams). Retry when one ends.`
-            : `Rate limit reached for this API key: ${admission.refused === 'requests' ? `${limits.rpm} requests` : `${limits.tpm} tokens`} per minute. Retry after ${retryAfterS} s.`;
+        admission.refused === 'streams'
+          ? `This API key has ${limits.maxStreams} requests in flight already (max-streams). Retry when one ends.`
+          : `Rate limit reached for this API key: ${admission.refused === 'requests' ? `${limits.rpm} requests` : `${limits.tpm} tokens`} per minute. Retry after ${retryAfterS} s.`;
       throw new GatewayError('rate_limit_exceeded', { message, retryAfterS });
     }
     this.#usage.admitted(record.name);

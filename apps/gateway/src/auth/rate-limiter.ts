@@ -55,17 +55,15 @@ if tpm > 0 then
   end
   if refused == '' and total + cost > tpm then
     refused = 'tokens'
-    if cost > tpm then
-      retryMs = window
-    else
-      -- The earliest time enough reservations leave the window for this one to fit.
-      local entries = redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES')
-      local left = total
-      for i = 1, #entries, 2 do
-        left = left - tonumber(redis.call('HGET', KEYS[3], entries[i]) or '0')
-        retryMs = tonumber(entries[i + 1]) + window - now
-        if left + cost <= tpm then break end
-      end
+    -- The earliest time enough reservations leave the window for this one to fit (the gateway
+    -- refuses a cost over the whole budget before asking; then the window's end).
+    retryMs = window
+    local entries = redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES')
+    local left = total
+    for i = 1, #entries, 2 do
+      left = left - tonumber(redis.call('HGET', KEYS[3], entries[i]) or '0')
+      retryMs = tonumber(entries[i + 1]) + window - now
+      if left + cost <= tpm then break end
     end
   end
 end

@@ -164,7 +164,7 @@ export function generateHandler(deps: AppDeps, endpoint: Endpoint) {
       );
     } catch (error) {
       for (const session of opened) sessions.release(session);
-      const refusal = new GatewayError('no_workers', { message: 'The job queue is unavailable.', cause: error });
+      const refusal = new GatewayError('store_unavailable', { message: 'The job queue is unavailable.', cause: error });
       // Tracked already: it ends as an error outcome, and the app's error handler counts the refusal.
       observer.finished({ end: { outcome: 'error', code: refusal.code }, status: refusal.status, promptTokens: 0, completionTokens: 0 });
       throw refusal;

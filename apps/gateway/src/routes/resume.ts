@@ -167,7 +167,7 @@ export function resumeHandler(deps: AppDeps, endpoint: Endpoint) {
       await jobs.attach(jobId);
     } catch (error) {
       sessions.release(session);
-      throw new GatewayError('no_workers', { message: 'The stream store is unavailable.', cause: error });
+      throw new GatewayError('store_unavailable', { message: 'The stream store is unavailable.', cause: error });
     }
     attached = true;
     if (client.gone) {
