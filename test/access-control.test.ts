@@ -298,7 +298,7 @@ describe('access control across two gateways', () => {
         expect(((await prompt.json()) as { error: { param: string } }).error.param).toBe('prompt');
         // The official client gets a BadRequestError at once (it retries 429s, not 400s).
         const error = await client(gateway, key)
-          .chat.completions.create({ ...chat('hi', 10), max_completion_tokens: 64, max_tokens: undefined })
+          .chat.completions.create({ model: MODEL, messages: [{ role: 'user', content: 'hi' }], max_completion_tokens: 64 })
           .catch((e: unknown) => e);
         expect(error).toBeInstanceOf(OpenAI.BadRequestError);
         expect((error as InstanceType<typeof OpenAI.BadRequestError>).param).toBe('max_completion_tokens');
