@@ -6,7 +6,7 @@ import type { Browser } from 'playwright-core';
 import { createKey, runKeys } from './support/api-keys.js';
 import { hasChromium, launchChromium } from './support/chromium.js';
 import { Cluster, MODEL } from './support/cluster.js';
-import { freePort, startProcess, waitFor } from './support/processes.js';
+import { freePort, sleep, startProcess, waitFor } from './support/processes.js';
 import { scrapePrometheus } from './support/prometheus.js';
 import { GATEWAY_MAIN, type GatewayProcess, type WorkerProcess } from './support/sluice.js';
 import { hashApiKey } from '../apps/gateway/src/auth/api-key.js';
@@ -390,6 +390,100 @@ describe('access control across two gateways', () => {
         worker.process.signal('SIGCONT');
         redis.disconnect();
       }
+    });
+  });
+
+  describe('per-key usage', () => {
+    const keyTokens = async (name: string) => {
+      const metrics = await Promise.all(gateways.map((g) => scrapePrometheus(`${g.url}/metrics`)));
+      const sum = (kind: string) =>
+        metrics.reduce((total, m) => total + m.value('sluice_gateway_key_tokens_total', { key: name, kind }), 0);
+      return { prompt: sum('prompt'), completion: sum('completion') };
+    };
+    const usageOf = (text: string) => {
+      const chunks = text
+        .split('\n')
+        .filter((line) => line.startsWith('data: {'))
+        .map((line) => JSON.parse(line.slice(6)) as { usage?: { prompt_tokens: number; completion_tokens: number } | null });
+      const usage = chunks.find((chunk) => chunk.usage)?.usage;
+      expect(usage, 'the stream ends with its usage').toBeDefined();
+      return { prompt: usage!.prompt_tokens, completion: usage!.completion_tokens };
+    };
+
+    it('counts each token of a stream once under its key, whichever gateways deliver it (detached, resumed, replayed)', async () => {
+      const key = await keys('--name', 'resumed-usage');
+      const auth = { Authorization: `Bearer ${key}` };
+      const body = {
+        ...chat('count me once', 40),
+        stream: true,
+        stream_options: { include_usage: true },
+        ignore_eos: true,
+        resume_grace_ms: 60_000,
+      };
+      const resume = (gateway: GatewayProcess, id: string, cursor?: string) =>
+        fetch(`${gateway.url}/v1/chat/completions/${id}?stream=true`, {
+          headers: { ...auth, ...(cursor === undefined ? {} : { 'Last-Event-ID': cursor }) },
+        });
+
+      // 1. Nothing delivered before the client leaves (worker frozen): the whole answer arrives through
+      //    a resume on the other gateway, and counts there.
+      worker.process.signal('SIGSTOP');
+      let id: string;
+      try {
+        const first = await post(gateways[0]!, key, body);
+        expect(first.status).toBe(200);
+        // The request id is the job's (the client sent none), and the chunks' id is built from it.
+        id = `chatcmpl-${first.headers.get('x-request-id') ?? ''}`;
+        await first.body?.cancel();
+      } finally {
+        worker.process.signal('SIGCONT');
+      }
+      const resumed = await resume(gateways[1]!, id);
+      expect(resumed.status).toBe(200);
+      const whole = usageOf(await resumed.text());
+      expect(whole.completion).toBe(40);
+      await waitFor('the resumed tokens counted under the key', async () => {
+        const counted = await keyTokens('resumed-usage');
+        return counted.prompt === whole.prompt && counted.completion === whole.completion ? true : undefined;
+      });
+      // 2. Replayed again, whole and from a cursor, on either gateway: nothing more is counted.
+      await (await resume(gateways[0]!, id)).text();
+      await (await resume(gateways[1]!, id, '3')).text();
+
+      // 3. Part delivered, the rest resumed elsewhere from the cursor: the two deliveries add up to the answer.
+      const second = await post(gateways[1]!, key, body);
+      expect(second.status).toBe(200);
+      let cursor: string | undefined;
+      let secondId = '';
+      const reader = second.body!.pipeThrough(new TextDecoderStream()).getReader();
+      let buffer = '';
+      while (cursor === undefined) {
+        const { value, done } = await reader.read();
+        if (done) break;
+        buffer += value;
+        const event = /id: (\d+)\ndata: (\{.*"content":"[^"]+".*\})\n\n/.exec(buffer);
+        if (event) {
+          cursor = event[1];
+          secondId = (JSON.parse(event[2]!) as { id: string }).id;
+        }
+      }
+      expect(cursor).toBeDefined();
+      await reader.cancel();
+      const rest = await resume(gateways[0]!, secondId, cursor);
+      expect(rest.status).toBe(200);
+      const secondUsage = usageOf(await rest.text());
+      await waitFor('both deliveries counted, once', async () => {
+        const counted = await keyTokens('resumed-usage');
+        return counted.prompt === whole.prompt + secondUsage.prompt && counted.completion === whole.completion + secondUsage.completion
+          ? true
+          : undefined;
+      });
+      // Nothing late makes it more.
+      await sleep(300);
+      expect(await keyTokens('resumed-usage')).toEqual({
+        prompt: whole.prompt + secondUsage.prompt,
+        completion: whole.completion + secondUsage.completion,
+      });
     });
   });
 

@@ -1,6 +1,6 @@
 import type { ChainableCommander, Redis } from 'ioredis';
 import type { RedisNames } from './names.js';
-import { APPEND_LOG_SCRIPT, CREATE_META_SCRIPT, MIGRATE_SCRIPT, ROUTE_SCRIPT } from './token-log.js';
+import { APPEND_LOG_SCRIPT, CREATE_META_SCRIPT, MIGRATE_SCRIPT, RECORD_USAGE_SCRIPT, ROUTE_SCRIPT } from './token-log.js';
 
 /** One append to a request's token log ({@link APPEND_LOG_SCRIPT}). */
 export interface LogAppend {
@@ -30,6 +30,7 @@ interface ScriptCommands {
   appendLog(meta: string, log: string, ...args: Array<string | number>): Promise<number>;
   routeRequest(meta: string, channel: string, from: string, now: number): Promise<number>;
   migrateRequest(meta: string, ...args: Array<string | number>): Promise<MigrateReply>;
+  recordUsage(meta: string, promptTokens: number, completionTokens: number): Promise<[number, number]>;
 }
 
 /**
@@ -49,6 +50,7 @@ export class RequestScripts {
     redis.defineCommand('appendLog', { numberOfKeys: 2, lua: APPEND_LOG_SCRIPT });
     redis.defineCommand('routeRequest', { numberOfKeys: 1, lua: ROUTE_SCRIPT });
     redis.defineCommand('migrateRequest', { numberOfKeys: 1, lua: MIGRATE_SCRIPT });
+    redis.defineCommand('recordUsage', { numberOfKeys: 1, lua: RECORD_USAGE_SCRIPT });
     this.#redis = redis as Redis & ScriptCommands;
   }
 
@@ -87,5 +89,18 @@ export class RequestScripts {
    */
   migrate(requestId: string, attempt: number, from: string, bound: number, channel: string, now = Date.now()): Promise<MigrateReply> {
     return this.#redis.migrateRequest(this.names.metaKey(requestId), attempt, from, bound, channel, now);
+  }
+
+  /**
+   * Records a delivery's usage totals in the request's meta ({@link RECORD_USAGE_SCRIPT}); resolves the
+   * tokens no earlier delivery recorded.
+   */
+  async recordUsage(
+    requestId: string,
+    promptTokens: number,
+    completionTokens: number,
+  ): Promise<{ promptTokens: number; completionTokens: number }> {
+    const [prompt, completion] = await this.#redis.recordUsage(this.names.metaKey(requestId), promptTokens, completionTokens);
+    return { promptTokens: prompt, completionTokens: completion };
   }
 }

@@ -63,6 +63,24 @@ return 1
 `;
 
 /**
+ * Records a delivery's usage in the request's meta, so that each token counts once under the request's
+ * API key whichever gateways deliver it (the first, then a resumed stream, perhaps several times):
+ * each delivery reports its totals through the last event it handled and records what passes what is
+ * recorded. KEYS: meta. ARGV: prompt tokens, completion tokens. Returns the new prompt and completion
+ * tokens; all of them when the meta is gone (no other delivery can follow).
+ */
+export const RECORD_USAGE_SCRIPT = `
+local prompt, completion = tonumber(ARGV[1]), tonumber(ARGV[2])
+if redis.call('EXISTS', KEYS[1]) == 0 then return {prompt, completion} end
+local recorded = redis.call('HMGET', KEYS[1], 'usagePrompt', 'usageCompletion')
+local newPrompt = math.max(0, prompt - tonumber(recorded[1] or '0'))
+local newCompletion = math.max(0, completion - tonumber(recorded[2] or '0'))
+if newPrompt > 0 then redis.call('HSET', KEYS[1], 'usagePrompt', prompt) end
+if newCompletion > 0 then redis.call('HSET', KEYS[1], 'usageCompletion', completion) end
+return {newPrompt, newCompletion}
+`;
+
+/**
  * Moves a request's live route. KEYS: meta. ARGV: channel ('' = detach), from ('' = whatever the route
  * is now; else only while the route is still `from`), now (ms). Returns 1 when moved, 0 when the meta is
  * gone or the route had already moved.

@@ -2,6 +2,7 @@ import { readFileSync } from 'node:fs';
 import { isIPv4 } from 'node:net';
 import type { MiddlewareHandler } from 'hono';
 import type { Redis } from 'ioredis';
+import { RequestScripts, redisNames } from '@sluice/protocol';
 import type { Logger } from 'pino';
 import type { AppEnv } from '../app.js';
 import type { GatewayConfig } from '../config.js';
@@ -96,6 +97,6 @@ export async function startAccessControl(
   return {
     mode,
     authenticate: authMiddleware(store, usage),
-    admission: new KeyAdmission(limiter, usage, logger, leaseMs),
+    admission: new KeyAdmission(limiter, usage, logger, leaseMs, new RequestScripts(redis, redisNames(config.redisPrefix))),
   };
 }

@@ -1,5 +1,6 @@
 import type { ServerResponse } from 'node:http';
 import type { Logger } from 'pino';
+import type { RequestScripts } from '@sluice/protocol';
 import { GatewayError } from '../errors.js';
 import type { RequestObserver } from '../hooks.js';
 import type { ParsedRequest } from '../openai/request-schemas.js';
@@ -56,12 +57,15 @@ export class KeyAdmission {
   readonly #usage: KeyUsageRecorder;
   readonly #logger: Logger;
   readonly #leaseMs: number;
+  readonly #scripts: RequestScripts;
 
-  constructor(limiter: RateLimiter, usage: KeyUsageRecorder, logger: Logger, leaseMs: number) {
+  /** @param scripts records each delivery's usage in the request's meta, so that a resumed stream's tokens count once */
+  constructor(limiter: RateLimiter, usage: KeyUsageRecorder, logger: Logger, leaseMs: number, scripts: RequestScripts) {
     this.#limiter = limiter;
     this.#usage = usage;
     this.#logger = logger;
     this.#leaseMs = leaseMs;
+    this.#scripts = scripts;
   }
 
   /** 403 unless the key may use `model`. */
@@ -151,7 +155,7 @@ export class KeyAdmission {
         settled = true;
         const detached = info.end.outcome === 'disconnect' && info.end.detached === true;
         const used = detached ? grant.reservedTokens : info.promptTokens + info.completionTokens;
-        this.#usage.used(grant.key.record.name, info.promptTokens, info.completionTokens);
+        this.recordUsage(grant.key.record.name, grant.requestId, info.promptTokens, info.completionTokens);
         this.settle(grant, used, detached ? graceMs + SLOT_SLACK_MS : 0);
       },
     };
@@ -163,17 +167,34 @@ export class KeyAdmission {
   }
 
   /**
-   * A stream resumed here of a request admitted under the key with hash `keyHash`: its stream slot is
-   * held again until the request's deadline, and when the stream ends it is freed — or held for the
-   * grace again when this client detaches too. @returns the observer of the resumed stream's ending
+   * A stream of `key`'s request resumed here: its stream slot is held again until the request's
+   * deadline, and when the stream ends it is freed (or held for the grace again when this client
+   * detaches too), and the tokens it delivered that no earlier delivery recorded count under the key.
+   * @returns the observer of the resumed stream's ending (its usage: totals through its last event)
    */
-  resumedSlot(keyHash: string, requestId: string, deadlineAt: number, graceMs: number): RequestObserver['finished'] {
+  resumed(key: AuthenticatedKey, requestId: string, deadlineAt: number, graceMs: number): RequestObserver['finished'] {
     const slot = (holdMs: number) =>
       this.#limiter
-        .slot(keyHash, requestId, holdMs)
+        .slot(key.hash, requestId, holdMs)
         .catch((error: unknown) => this.#logger.warn({ err: error, requestId }, 'holding a resumed stream slot failed'));
     void slot(Math.max(1, deadlineAt - Date.now()) + SLOT_SLACK_MS);
-    return (info) => void slot(info.end.outcome === 'disconnect' && info.end.detached === true ? graceMs + SLOT_SLACK_MS : 0);
+    return (info) => {
+      void slot(info.end.outcome === 'disconnect' && info.end.detached === true ? graceMs + SLOT_SLACK_MS : 0);
+      this.recordUsage(key.record.name, requestId, info.promptTokens, info.completionTokens);
+    };
+  }
+
+  /** Counts under the key the part of a delivery's usage (totals) that no other delivery of the request recorded. */
+  private recordUsage(name: string, requestId: string, promptTokens: number, completionTokens: number): void {
+    if (promptTokens === 0 && completionTokens === 0) return;
+    this.#scripts.recordUsage(requestId, promptTokens, completionTokens).then(
+      (fresh) => this.#usage.used(name, fresh.promptTokens, fresh.completionTokens),
+      (error: unknown) => {
+        // Counted rather than lost: a later resume of this request may count its tokens again.
+        this.#logger.warn({ err: error, key: name, requestId }, 'recording usage in the request meta failed');
+        this.#usage.used(name, promptTokens, completionTokens);
+      },
+    );
   }
 
   private settle(grant: KeyGrant, used: number, holdMs: number): void {

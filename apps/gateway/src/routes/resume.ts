@@ -83,9 +83,16 @@ export function resumeHandler(deps: AppDeps, endpoint: Endpoint) {
       });
     }
     if (c.req.method === 'HEAD') return c.body(null, 200, { ...SSE_HEADERS, 'X-Request-Id': c.get('requestId') });
-    // Usage on every chunk: what the events up to the cursor counted, then the responder's count.
+    // What the events up to the cursor counted: usage on every chunk counts on from there, and a key's
+    // usage records the stream's totals (each token once, whichever gateways deliver it).
+    const apiKey = c.get('apiKey');
+    const admission = apiKey === undefined ? undefined : deps.access?.admission;
     const usageBefore =
-      format.continuousUsage !== true ? undefined : cursor < 0 ? usageOf([]) : usageOf((await log.read(jobId, 0, cursor)).entries);
+      format.continuousUsage !== true && admission === undefined
+        ? undefined
+        : cursor < 0
+          ? usageOf([])
+          : usageOf((await log.read(jobId, 0, cursor)).entries);
     // Gone before anything was taken over: nobody gets the reply, and the stream stays as it was.
     if (client.gone || res.destroyed) throw new GatewayError('client_closed');
     let responderUsage = () => ({ promptTokens: 0, completionTokens: 0 });
@@ -109,7 +116,7 @@ export function resumeHandler(deps: AppDeps, endpoint: Endpoint) {
       request,
       format: new ResponseFormat(endpoint, jobId, format.model, format.includeUsage, format.created, {
         fingerprint: systemFingerprint(format.model),
-        ...(usageBefore === undefined ? {} : { liveUsage: () => responderUsage() }),
+        ...(format.continuousUsage === true ? { liveUsage: () => responderUsage() } : {}),
       }),
       receivedAt: Date.now(),
       retryAfterS: config.retryAfterS,
@@ -139,11 +146,9 @@ export function resumeHandler(deps: AppDeps, endpoint: Endpoint) {
       hooks.streamResumed?.();
       return responder.reply;
     }
-    // Under a key, the resumed stream holds the request's stream slot while it runs (max-streams).
-    const admission = deps.access?.admission;
-    if (admission !== undefined && meta.owner !== undefined && meta.owner !== '') {
-      slotEnded = admission.resumedSlot(meta.owner, jobId, meta.deadlineAt, meta.graceMs);
-    }
+    // Under a key (the request's: see ownedByCaller), the resumed stream holds the request's stream
+    // slot while it runs (max-streams), and its tokens count under the key.
+    if (admission !== undefined && apiKey !== undefined) slotEnded = admission.resumed(apiKey, jobId, meta.deadlineAt, meta.graceMs);
     // Past its `accepted` (before the cursor), the session learns its worker and attempt from the meta:
     // a worker lost from now on migrates the stream as it would one opened here.
     const session = sessions.open(jobId, meta.deadlineAt, (event) => responder.handle(event), {
