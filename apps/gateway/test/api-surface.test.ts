@@ -184,6 +184,32 @@ describe('request features peers have', () => {
     }
   });
 
+  it('counts text_offset in characters (code points) as OpenAI does, an emoji as one', async () => {
+    const h = await start();
+    const job = h.nextJob();
+    const reply = post(h, '/v1/completions', { model: 'm', prompt: 'é', logprobs: 0 });
+    await job;
+    h.send([
+      { type: 'accepted', workerId: 'w1', promptTokens: 1 },
+      {
+        type: 'text-delta',
+        index: 0,
+        text: '😀a',
+        tokens: 2,
+        logprobs: [
+          { token: '😀', logprob: -0.5, top: [] },
+          { token: 'a', logprob: -0.5, top: [] },
+        ],
+      },
+      { type: 'text-end', index: 0, finishReason: 'stop' },
+      { type: 'finish', usage: { promptTokens: 1, completionTokens: 2 } },
+    ]);
+    const body = (await (await reply).json()) as Record<string, any>;
+    expect(body.choices[0].text).toBe('😀a');
+    // UTF-16 units would say [0, 2].
+    expect(body.choices[0].logprobs.text_offset).toEqual([0, 1]);
+  });
+
   it('writes each top_logprobs object most likely first, tokens of digits too, streamed and whole', async () => {
     const h = await start();
     for (const stream of [false, true]) {

@@ -92,7 +92,7 @@ export class ResponseFormat {
     this.tail = includeUsage || options.liveUsage !== undefined ? '],"usage":null}\n\n' : ']}\n\n';
     this.asciiHead = isAscii(this.head);
     this.deltaSuffix = `${endpoint === 'chat' ? '}' : ''},"logprobs":null,"finish_reason":null}`;
-    options.echo?.forEach((text, index) => this.textOffsets.set(index, text.length));
+    options.echo?.forEach((text, index) => this.textOffsets.set(index, codePoints(text)));
   }
 
   /** The end of a chunk: its usage (so far, with continuous usage stats) and the frame's end. */
@@ -184,7 +184,7 @@ export class ResponseFormat {
     const textOffset: number[] = [];
     for (const lp of logprobs) {
       textOffset.push(offset);
-      offset += lp.token.length;
+      offset += codePoints(lp.token);
     }
     this.textOffsets.set(index, offset);
     // OpenAI's top_logprobs hold the sampled token too: up to logprobs + 1 entries (1 for logprobs: 0).
@@ -204,4 +204,22 @@ export class ResponseFormat {
       `"top_logprobs":[${top.join(',')}],"text_offset":${JSON.stringify(textOffset)}}`
     );
   }
+}
+
+/**
+ * Characters as OpenAI's `text_offset` counts them (Python's `len`: code points), not UTF-16 units:
+ * an emoji is one.
+ */
+function codePoints(text: string): number {
+  let count = 0;
+  for (let i = 0; i < text.length; i++) {
+    const unit = text.charCodeAt(i);
+    // A high surrogate followed by a low one is one code point.
+    if (unit >= 0xd800 && unit <= 0xdbff && i + 1 < text.length) {
+      const next = text.charCodeAt(i + 1);
+      if (next >= 0xdc00 && next <= 0xdfff) i++;
+    }
+    count++;
+  }
+  return count;
 }
