@@ -23,6 +23,13 @@ async function main(): Promise<void> {
     const modelDir = config.modelDir ?? (await ensureBuiltinModel('tiny'));
     const model = await loadModelDir(modelDir);
     const engine = await createEngine(engineOptions(config, modelDir));
+    // A worker whose engine thread died would take every job only to fail it. It exits at once instead,
+    // before its streams end with an error: gateways see a lost worker and continue its requests on
+    // another, token-identical, and whatever runs workers starts a new one.
+    engine.onDeath((reason) => {
+      logger.fatal({ reason }, 'the engine thread died: exiting so that other workers continue its requests');
+      process.exit(1);
+    });
     const modelId = config.modelId ?? model.id;
     worker = await startWorker(config, {
       engine,

@@ -96,6 +96,7 @@ class ThreadEngine implements Engine {
   readonly #requests = new Map<number, { stream: RequestStream; release: () => void }>();
   readonly #stepListeners = new Set<(stats: StepStats) => void>();
   readonly #eventListeners = new Set<(events: ReadonlyArray<StepEvent>) => void>();
+  readonly #deathListeners = new Set<(reason: string) => void>();
   /** Events of submitted requests of the step being delivered; handed over in one microtask. */
   #stepEvents: StepEvent[] = [];
   #nextKey = 1;
@@ -157,6 +158,11 @@ class ThreadEngine implements Engine {
   onStep(listener: (stats: StepStats) => void): () => void {
     this.#stepListeners.add(listener);
     return () => this.#stepListeners.delete(listener);
+  }
+
+  onDeath(listener: (reason: string) => void): () => void {
+    this.#deathListeners.add(listener);
+    return () => this.#deathListeners.delete(listener);
   }
 
   close(): Promise<void> {
@@ -226,6 +232,15 @@ class ThreadEngine implements Engine {
   #onDeath(message: string): void {
     if (this.#dead) return;
     this.#dead = true;
+    if (this.#closed === undefined) {
+      for (const listener of this.#deathListeners) {
+        try {
+          listener(message);
+        } catch {
+          // The requests below must still end.
+        }
+      }
+    }
     for (const { stream, release } of this.#requests.values()) {
       stream.endHere('error', { code: this.#closed === undefined ? 'internal' : 'engine_closed', message });
       release();

@@ -251,5 +251,10 @@ export interface Engine {
   onEvents(listener: (events: ReadonlyArray<StepEvent>) => void): () => void;
   /** Called after every step with its numbers. Returns an unsubscribe function. */
   onStep(listener: (stats: StepStats) => void): () => void;
+  /**
+   * Called once if the engine thread dies (an uncaught error, an exit) while the engine is not being
+   * closed, with why; before the open requests end with an `internal` error. Returns an unsubscribe function.
+   */
+  onDeath(listener: (reason: string) => void): () => void;
   close(): Promise<void>;
 }
