@@ -27,32 +27,35 @@ interface Answer {
 }
 
 /** A greedy stream through the official client; `jobId` is known from its first chunk. */
-function startStream(client: OpenAI, i: number, maxTokens = MAX_TOKENS): { jobId: string; answer: Promise<Answer> } {
-  const run = {
-    jobId: '',
-    answer: (async (): Promise<Answer> => {
-      const answer: Answer = { text: '', finish: null, error: undefined };
-      try {
-        const stream = await client.chat.completions.create({
-          model: MODEL,
-          messages: [{ role: 'user', content: `Thread ${i}: tell me about the ${['sea', 'fox', 'rain'][i % 3]}.` }],
-          max_tokens: maxTokens,
-          temperature: 0,
-          stream: true,
-          ...({ ignore_eos: true } as object),
-        });
-        for await (const chunk of stream) {
-          run.jobId ||= chunk.id.replace(/^chatcmpl-/, '');
-          answer.text += chunk.choices[0]?.delta.content ?? '';
-          answer.finish = chunk.choices[0]?.finish_reason ?? answer.finish;
-        }
-      } catch (error) {
-        answer.error = error;
+function startStream(client: OpenAI, i: number, maxTokens = MAX_TOKENS): { readonly jobId: string; answer: Promise<Answer> } {
+  let jobId = '';
+  const answer = (async (): Promise<Answer> => {
+    const got: Answer = { text: '', finish: null, error: undefined };
+    try {
+      const stream = await client.chat.completions.create({
+        model: MODEL,
+        messages: [{ role: 'user', content: `Thread ${i}: tell me about the ${['sea', 'fox', 'rain'][i % 3]}.` }],
+        max_tokens: maxTokens,
+        temperature: 0,
+        stream: true,
+        ...({ ignore_eos: true } as object),
+      });
+      for await (const chunk of stream) {
+        jobId ||= chunk.id.replace(/^chatcmpl-/, '');
+        got.text += chunk.choices[0]?.delta.content ?? '';
+        got.finish = chunk.choices[0]?.finish_reason ?? got.finish;
       }
-      return answer;
-    })(),
+    } catch (error) {
+      got.error = error;
+    }
+    return got;
+  })();
+  return {
+    get jobId() {
+      return jobId;
+    },
+    answer,
   };
-  return run;
 }
 
 /** The inspector client of exit-engine-thread.mjs, attached to the worker's engine thread. */

@@ -155,6 +155,8 @@ export function createFakeEngine(options: FakeEngineOptions): Engine {
       listeners.add(listener);
       return () => listeners.delete(listener);
     },
+    // The fake runs on the host thread: it has no thread to lose.
+    onDeath: () => () => {},
     async close() {
       clearInterval(timer);
     },
