@@ -316,6 +316,48 @@ describe.each(FAKE_ENGINE ? (['plain'] as const) : (['plain', 'gqa'] as const))(
     );
 
     it.runIf(form === 'plain')(
+      'continues token-identical when the only worker, taken for dead (frozen past its TTL), gets its own requests back',
+      async () => {
+        // Its job locks expire while it is frozen too: BullMQ hands the first attempts out again (stalled).
+        const others = cluster.workers.filter(alive);
+        const solo = await cluster.worker({ ...workerEnv, LOCK_DURATION_MS: '3000' });
+        const maxTokens = 1000;
+        const requests = mix(8, maxTokens);
+        // The others frozen throughout: the continuations can only go back to the worker that still
+        // runs the old attempts (it used to route the old attempt's events into the new one's route:
+        // text repeated or cut, a hung stream, a `running` count that never fell).
+        for (const w of others) w.process.child.kill('SIGSTOP');
+        const redis = cluster.redis.client();
+        try {
+          const reference = await Promise.all(requests.map((params) => run(client, params)));
+          const noStop = (params: Params) => params.stop === undefined;
+          const { runs } = await startFrozen(requests, maxTokens, async () => [solo], noStop);
+          const frozenAt = Date.now();
+          // Past its registry TTL the gateway moves its requests to attempt 2 (continuations queued).
+          await waitFor(
+            'the frozen worker taken for dead',
+            async () => {
+              const attempts = await Promise.all(runs.map((r) => redis.hget(`sluice:{${r.jobId}}:meta`, 'attempt')));
+              return runs.every((r, i) => !noStop(requests[i]!) || Number(attempts[i]) >= 2) ? true : undefined;
+            },
+            30_000,
+          );
+          await sleep(Math.max(0, frozenAt + 4_000 - Date.now()));
+          solo.process.child.kill('SIGCONT');
+          const results = await Promise.all(runs.map((r) => r.result));
+          results.forEach((r, i) => expectSameAnswer(r, reference[i]!, `request ${i}`));
+          await waitFor('the worker idle again', async () => ((await solo.health()).running === 0 ? true : undefined), 10_000);
+          expect(cluster.logs()).not.toMatch(/equal or smaller than the target stream top item/);
+        } finally {
+          solo.process.child.kill('SIGCONT');
+          for (const w of others) w.process.child.kill('SIGCONT');
+          redis.disconnect();
+        }
+      },
+      300_000,
+    );
+
+    it.runIf(form === 'plain')(
       'hands the streams of a draining worker (SIGTERM, drain bound reached) to another worker, token-identical',
       async () => {
         await ensureWorkers(2);

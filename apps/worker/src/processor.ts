@@ -140,6 +140,8 @@ export interface ProcessorDeps {
  */
 export class JobProcessor {
   readonly counters: ProcessorCounters = { running: 0, processed: 0, skipped: 0, lastCancel: undefined };
+  /** The job of each request running here: routes, controls and engine ids are keyed by request id. */
+  readonly #local = new Map<string, { attempt: number; supersede: () => void; settled: Promise<void> }>();
 
   constructor(private readonly deps: ProcessorDeps) {}
 
@@ -157,7 +159,23 @@ export class JobProcessor {
     const timing: ProcessTiming = { pickedUpAt: epochMs() };
     // `requestId` is the id the client sees (x-request-id); `jobId` is the gateway's unique one.
     const log = this.deps.logger.child({ requestId: job.correlationId ?? job.requestId, jobId: job.requestId });
+    const attempt = job.continuation?.attempt ?? 1;
+    const previous = this.#local.get(job.requestId);
+    if (previous !== undefined) {
+      // This worker still runs the request: a redelivery of the same attempt has nothing to add, and
+      // a newer attempt (this worker was taken for dead and was not) waits for the old one to stop, as
+      // a fenced-out attempt would, so that only one attempt's events are routed here at a time.
+      if (previous.attempt >= attempt) {
+        this.skip(log, 'already running here');
+        return;
+      }
+      previous.supersede();
+      await previous.settled;
+    }
     const controller = new AbortController();
+    let settle!: () => void;
+    const local = { attempt, supersede: () => controller.abort('superseded'), settled: new Promise<void>((resolve) => (settle = resolve)) };
+    this.#local.set(job.requestId, local);
     const onBullAbort = () => controller.abort(SHUTDOWN_REASON);
     bullSignal?.addEventListener('abort', onBullAbort, { once: true });
     this.deps.controls.register(job.requestId, controller);
@@ -175,7 +193,7 @@ export class JobProcessor {
     const route = this.deps.router.open({
       requestId: job.requestId,
       channel: job.channel,
-      attempt: job.continuation?.attempt ?? 1,
+      attempt,
       deadlineAt: job.deadlineAt,
       graceMs: job.resumeGraceMs,
       nextSeq: 0,
@@ -210,6 +228,8 @@ export class JobProcessor {
       this.deps.controls.unregister(job.requestId);
       this.deps.router.close(route);
       this.counters.processed++;
+      if (this.#local.get(job.requestId) === local) this.#local.delete(job.requestId);
+      settle();
     }
   }
 

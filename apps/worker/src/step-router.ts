@@ -91,7 +91,8 @@ export class StepRouter {
   readonly #routes = new Map<string, Route>();
   readonly #redis: Redis;
   readonly #scripts: RequestScripts;
-  #logs = new Map<string, PendingAppend>();
+  /** By route, not request id: an attempt superseded here may still have entries on their way as the next opens. */
+  #logs = new Map<Route, PendingAppend>();
   #channels = new Map<string, string[]>();
   /** A flush is set for the next event-loop turn (entries pushed outside a step). */
   #turnFlush = false;
@@ -224,9 +225,9 @@ export class StepRouter {
     const seq = route.nextSeq++;
     const entry = { ...draft, requestId: route.requestId, seq, ...(route.attempt > 1 ? { attempt: route.attempt } : {}) };
     const json = JSON.stringify(entry);
-    const log = this.#logs.get(route.requestId);
+    const log = this.#logs.get(route);
     if (log === undefined) {
-      this.#logs.set(route.requestId, {
+      this.#logs.set(route, {
         route,
         pairs: [String(seq), json],
         workerId: draft.type === 'accepted' ? draft.workerId : '',
@@ -379,12 +380,12 @@ export class StepRouter {
     const socket = this.#redis.stream;
     socket.cork();
     try {
-      for (const [requestId, { route, pairs, workerId: accepting, final }] of logs) {
+      for (const { route, pairs, workerId: accepting, final } of logs.values()) {
         if (route.timing?.firstStepAt !== undefined && route.timing.publishedAt === undefined) (firsts ??= []).push(route.timing);
         // The TTL starts when the request ends; until then it only bounds a request nobody finishes.
         const ttlMs = route.ended || final ? retentionMs : Math.max(0, route.deadlineAt - now) + retentionMs;
         const append = this.#scripts.append({
-          requestId,
+          requestId: route.requestId,
           attempt: route.attempt,
           maxEntries: maxLogEntries,
           ttlMs,

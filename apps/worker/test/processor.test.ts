@@ -437,6 +437,79 @@ describe('a first attempt starts in the engine while its checks are out', () => 
 });
 
 describe('the worker keeps each request route', () => {
+  it("stops a request's old attempt before its continuation runs here (this worker was taken for dead), routing each attempt's events apart", async () => {
+    const h = await harness();
+    const live = await listen('gw-own');
+    const j = job('gw-own');
+    await writeMeta(j);
+    const first = h.processor.process(j, 1);
+    await h.accepted(1);
+    await h.step([[j.requestId, { type: 'text-delta', index: 0, tokenIds: [5], text: 'a' }]]);
+    // Taken for dead: a gateway moves the request to attempt 2, and its continuation comes back here
+    // while attempt 1 still runs in the engine.
+    await redis.hset(names.metaKey(j.requestId), 'attempt', '2');
+    const second = h.processor.process({ ...j, continuation: { attempt: 2 } }, 1);
+    const old = h.submitted[0]!.signal!;
+    await waitFor('the old attempt stopped', () => (old.aborted ? true : undefined));
+    expect(old.reason).toBe('superseded');
+    expect(h.submitted).toHaveLength(1);
+    // Its last events (a step that was under way) reach nobody; its finish lets the continuation start.
+    await h.step([
+      [j.requestId, { type: 'text-delta', index: 0, tokenIds: [6], text: 'b' }],
+      [j.requestId, { type: 'text-end', index: 0, finishReason: 'abort' }],
+      [j.requestId, finish(2)],
+    ]);
+    await first;
+    await waitFor('the continuation submitted', () => (h.submitted.length === 2 ? true : undefined));
+    const part = h.submitted[1]!.request;
+    expect(part.id).toBe(`${j.requestId}#0`);
+    expect(part.continuation?.generatedTokenIds).toEqual([5]);
+    await h.step([[part.id, { type: 'text-delta', index: 0, tokenIds: [7], text: 'c' }]]);
+    await h.step([
+      [part.id, { type: 'text-end', index: 0, finishReason: 'length' }],
+      [part.id, finish(1)],
+    ]);
+    await second;
+    await h.router.drained();
+    const log = await logOf(j.requestId);
+    expect(log.map((e) => [e.seq, e.type, e.type === 'text-delta' ? e.text : '', e.attempt ?? 1])).toEqual([
+      [0, 'accepted', '', 1],
+      [1, 'text-delta', 'a', 1],
+      [2, 'accepted', '', 2],
+      [3, 'text-delta', 'c', 2],
+      [4, 'text-end', '', 2],
+      [5, 'finish', '', 2],
+    ]);
+    expect(h.processor.counters.running).toBe(0);
+    await live.close();
+    await h.close();
+  });
+
+  it('skips a second delivery of an attempt it runs already (a BullMQ stalled-job retry)', async () => {
+    const h = await harness();
+    const j = job('gw-twice');
+    await writeMeta(j);
+    const first = h.processor.process(j, 1);
+    await h.accepted(1);
+    await h.processor.process(j, 2);
+    expect(h.processor.counters.skipped).toBe(1);
+    expect(h.submitted).toHaveLength(1);
+    await h.step([[j.requestId, { type: 'text-delta', index: 0, tokenIds: [5], text: 'a' }]]);
+    await h.step([
+      [j.requestId, { type: 'text-end', index: 0, finishReason: 'length' }],
+      [j.requestId, finish(1)],
+    ]);
+    await first;
+    await h.router.drained();
+    expect((await logOf(j.requestId)).map((e) => [e.seq, e.type])).toEqual([
+      [0, 'accepted'],
+      [1, 'text-delta'],
+      [2, 'text-end'],
+      [3, 'finish'],
+    ]);
+    await h.close();
+  });
+
   it('stops a request fenced out by a newer attempt', async () => {
     const h = await harness();
     const live = await listen('gw-f');
