@@ -152,11 +152,12 @@ describe('the OpenAPI document and the API it describes', () => {
 describe('the official openai client on the newer endpoints and request features', () => {
   let cluster: Cluster;
   let client: OpenAI;
+  let gateway: GatewayProcess;
 
   beforeAll(async () => {
     cluster = await Cluster.start();
     await cluster.worker();
-    const gateway = await cluster.gateway();
+    gateway = await cluster.gateway();
     client = new OpenAI({ baseURL: `${gateway.url}/v1`, apiKey: 'unused', maxRetries: 0 });
   });
 
@@ -167,6 +168,37 @@ describe('the official openai client on the newer endpoints and request features
   it('retrieves a model', async () => {
     expect(await client.models.retrieve(MODEL)).toMatchObject({ id: MODEL, object: 'model', owned_by: 'sluice' });
     await expect(client.models.retrieve('nope')).rejects.toMatchObject({ status: 404 });
+  });
+
+  it("continues a conversation with the reply's message pushed back as received, and renders developer as system", async () => {
+    const messages: OpenAI.ChatCompletionMessageParam[] = [
+      { role: 'developer', content: 'Answer briefly.' },
+      { role: 'user', content: 'Hi!' },
+    ];
+    const first = await client.chat.completions.create({ model: MODEL, messages, max_tokens: 4, temperature: 0 });
+    // OpenAI's own pattern: the reply's message (with its `refusal: null`) goes back as it is.
+    expect(first.choices[0]!.message).toHaveProperty('refusal', null);
+    messages.push(first.choices[0]!.message, { role: 'user', content: 'And then?' });
+    const second = await client.chat.completions.create({ model: MODEL, messages, max_tokens: 4, temperature: 0 });
+    expect(second.choices[0]!.finish_reason).toMatch(/stop|length/);
+    // developer renders as system: the same prompt tokens.
+    const tokenize = async (role: string) =>
+      (
+        (await (
+          await fetch(`${gateway.url}/tokenize`, {
+            method: 'POST',
+            headers: { 'Content-Type': 'application/json' },
+            body: JSON.stringify({
+              model: MODEL,
+              messages: [
+                { role, content: 'Answer briefly.' },
+                { role: 'user', content: 'Hi!' },
+              ],
+            }),
+          })
+        ).json()) as { tokens: number[] }
+      ).tokens;
+    expect(await tokenize('developer')).toEqual(await tokenize('system'));
   });
 
   it('completes a batch of prompts, choices indexed prompt × n + choice, each as it would be alone', async () => {

@@ -158,3 +158,99 @@ describe('fields the gateway does not support', () => {
     expect(refusal(() => parseChatRequest({ ...chat, stream_options: { continuous_usage_stats: true } })).param).toBe('stream_options');
   });
 });
+
+describe('chat messages as OpenAI clients send them', () => {
+  it('accepts an assistant message sent back as it was received (refusal, tool_calls, function_call and audio null or empty), without rendering them', () => {
+    const parsed = parseChatRequest({
+      model: 'm',
+      messages: [
+        { role: 'user', content: 'hi' },
+        { role: 'assistant', content: 'hello', refusal: null, tool_calls: null, function_call: null, audio: null },
+        { role: 'assistant', content: null, refusal: 'I cannot.', tool_calls: [] },
+        { role: 'user', content: 'again' },
+      ],
+    });
+    expect(parsed.input).toEqual({
+      kind: 'chat',
+      messages: [
+        { role: 'user', content: 'hi' },
+        { role: 'assistant', content: 'hello' },
+        { role: 'assistant', content: '' },
+        { role: 'user', content: 'again' },
+      ],
+    });
+  });
+
+  it('renders a developer message as the system message (OpenAI renamed it; chat templates know system)', () => {
+    const parsed = parseChatRequest({
+      model: 'm',
+      messages: [
+        { role: 'developer', content: 'be brief' },
+        { role: 'user', content: 'hi' },
+      ],
+    });
+    expect(parsed.input).toEqual({
+      kind: 'chat',
+      messages: [
+        { role: 'system', content: 'be brief' },
+        { role: 'user', content: 'hi' },
+      ],
+    });
+  });
+
+  it('accepts null for the OpenAI fields it does not support, and refuses a value naming the field', () => {
+    const nulls = [
+      'function_call',
+      'metadata',
+      'audio',
+      'prediction',
+      'reasoning_effort',
+      'web_search_options',
+      'parallel_tool_calls',
+      'modalities',
+    ];
+    const base = { model: 'm', messages: [{ role: 'user', content: 'hi' }] };
+    expect(() => parseChatRequest({ ...base, ...Object.fromEntries(nulls.map((field) => [field, null])) })).not.toThrow();
+    for (const [field, value] of [
+      ['metadata', { a: '1' }],
+      ['reasoning_effort', 'low'],
+      ['function_call', 'auto'],
+      ['modalities', ['text']],
+      ['parallel_tool_calls', false],
+    ] as const) {
+      const error = refusal(() => parseChatRequest({ ...base, [field]: value }));
+      expect(error.param).toMatch(new RegExp(`^${field}`));
+      expect(error.message).toMatch(/not supported/);
+    }
+    const toolCalls = refusal(() =>
+      parseChatRequest({ model: 'm', messages: [{ role: 'assistant', content: 'x', tool_calls: [{ id: 'c' }] }] }),
+    );
+    expect(toolCalls.param).toBe('messages[0].tool_calls');
+  });
+
+  it('requires tool_call_id on a tool message and content on every message but an assistant one, as OpenAI does', () => {
+    const tool = refusal(() =>
+      parseChatRequest({
+        model: 'm',
+        messages: [
+          { role: 'user', content: 'q' },
+          { role: 'tool', content: '42' },
+        ],
+      }),
+    );
+    expect([tool.param, tool.message]).toEqual(['messages[1].tool_call_id', 'messages[1].tool_call_id: is required.']);
+    expect(() =>
+      parseChatRequest({
+        model: 'm',
+        messages: [
+          { role: 'user', content: 'q' },
+          { role: 'tool', content: '42', tool_call_id: 'call_1' },
+        ],
+      }),
+    ).not.toThrow();
+    const none = refusal(() => parseChatRequest({ model: 'm', messages: [{ role: 'user', content: null }] }));
+    expect([none.param, none.message]).toEqual(['messages[0].content', 'messages[0].content: is required on a user message.']);
+    const absent = refusal(() => parseChatRequest({ model: 'm', messages: [{ role: 'system' }, { role: 'user', content: 'q' }] }));
+    expect([absent.param, absent.message]).toEqual(['messages[0].content', 'messages[0].content: is required.']);
+  });
+});

@@ -14,11 +14,41 @@ const opt = <T extends z.ZodType>(schema: T) => schema.nullish().transform((valu
 
 const textPartSchema = z.strictObject({ type: z.literal('text'), text: z.string() }).meta({ id: 'TextContentPart' });
 
+/**
+ * A field of OpenAI's API this server has no use for: accepted when null or absent (OpenAI clients send
+ * `null` for unset fields, and an assistant message sent back as it was received carries some), refused
+ * otherwise.
+ */
+const unsupported = (what: string) =>
+  opt(z.unknown().refine(() => false, `${what} is not supported by this server.`)).meta({
+    description: 'Not supported: only null is accepted.',
+  });
+
 export const messageSchema = z
   .strictObject({
     role: z.enum(['system', 'developer', 'user', 'assistant', 'tool']),
     content: z.union([z.string(), z.array(textPartSchema)]).nullish(),
     name: opt(z.string()),
+    // What an assistant message of a reply carries (`choices[0].message`), sent back in the next request.
+    refusal: opt(z.string()).meta({ description: "An assistant message's refusal as received; not rendered." }),
+    tool_calls: opt(z.array(z.unknown()).max(0, 'tool_calls are not supported')).meta({
+      description: 'Not supported: only an empty list is accepted.',
+    }),
+    function_call: unsupported('function_call'),
+    audio: unsupported('audio'),
+    tool_call_id: opt(z.string()).meta({ description: 'Required on a `tool` message (as OpenAI requires it); not rendered.' }),
+  })
+  .superRefine((message, ctx) => {
+    if (message.role !== 'assistant' && message.tool_calls !== undefined) {
+      ctx.addIssue({ code: 'custom', path: ['tool_calls'], message: `is not supported by this server on a ${message.role} message.` });
+    }
+    if (message.role === 'tool' && message.tool_call_id === undefined) {
+      ctx.addIssue({ code: 'custom', path: ['tool_call_id'], message: 'is required on a tool message.' });
+    }
+    // Only an assistant message may come without content (OpenAI's, with tool calls or a refusal).
+    if (message.role !== 'assistant' && (message.content === null || message.content === undefined)) {
+      ctx.addIssue({ code: 'custom', path: ['content'], message: `is required on a ${message.role} message.` });
+    }
   })
   .meta({ id: 'ChatMessage', description: 'A chat message. Content parts other than text (images, audio) are refused.' });
 
@@ -89,6 +119,14 @@ export const chatRequestSchema = z
     response_format: opt(z.strictObject({ type: z.literal('text', 'only response_format {"type":"text"} is supported') })).meta({
       description: 'Not supported beyond `{"type": "text"}`.',
     }),
+    parallel_tool_calls: unsupported('parallel_tool_calls'),
+    modalities: unsupported('modalities'),
+    function_call: unsupported('function_call'),
+    metadata: unsupported('metadata'),
+    audio: unsupported('audio'),
+    prediction: unsupported('prediction'),
+    reasoning_effort: unsupported('reasoning_effort'),
+    web_search_options: unsupported('web_search_options'),
   })
   .meta({ id: 'CreateChatCompletionRequest' });
 
@@ -254,9 +292,20 @@ function streamFlags(body: {
   return body.stream_options?.continuous_usage_stats === true ? { ...flags, continuousUsage: true } : flags;
 }
 
-export function flattenContent(content: string | Array<{ text: string }> | null | undefined): string {
+function flattenContent(content: string | Array<{ text: string }> | null | undefined): string {
   if (content === null || content === undefined) return '';
   return typeof content === 'string' ? content : content.map((part) => part.text).join('');
+}
+
+/** A validated message as the chat template renders it. */
+export function toJobMessage(m: z.infer<typeof messageSchema>): { role: string; content: string; name?: string } {
+  // OpenAI's `developer` is its new name for `system`: model chat templates know only `system`.
+  const message: { role: string; content: string; name?: string } = {
+    role: m.role === 'developer' ? 'system' : m.role,
+    content: flattenContent(m.content),
+  };
+  if (m.name !== undefined) message.name = m.name;
+  return message;
 }
 
 export function parseChatRequest(body: unknown): ParsedRequest {
@@ -275,11 +324,7 @@ export function parseChatRequest(body: unknown): ParsedRequest {
     sampling.logprobs = true;
     sampling.topLogprobs = req.top_logprobs ?? 0;
   }
-  const messages: JobChatMessage[] = req.messages.map((m) => {
-    const message: JobChatMessage = { role: m.role, content: flattenContent(m.content) };
-    if (m.name !== undefined) message.name = m.name;
-    return message;
-  });
+  const messages = req.messages.map(toJobMessage);
   return {
     endpoint: 'chat',
     model: req.model,

@@ -1,7 +1,7 @@
 import type { Context } from 'hono';
 import type { AppDeps, AppEnv } from '../app.js';
 import { GatewayError } from '../errors.js';
-import { flattenContent, parseWith } from '../openai/request-schemas.js';
+import { parseWith, toJobMessage } from '../openai/request-schemas.js';
 import { readJsonBody } from '../read-json-body.js';
 import { detokenizeRequestSchema, tokenizeRequestSchema } from '../openai/tokenize-schemas.js';
 
@@ -23,15 +23,7 @@ export function tokenizeHandler(deps: AppDeps) {
     const served = servedModel(deps, c, body.model);
     const tokenizer = await deps.tokenizers.forModel(served);
     const tokens =
-      body.messages !== undefined
-        ? tokenizer.encodeChat(
-            body.messages.map((m) => ({
-              role: m.role,
-              content: flattenContent(m.content),
-              ...(m.name === undefined ? {} : { name: m.name }),
-            })),
-          )
-        : tokenizer.encodeText(body.prompt ?? '');
+      body.messages !== undefined ? tokenizer.encodeChat(body.messages.map(toJobMessage)) : tokenizer.encodeText(body.prompt ?? '');
     return c.json({ count: tokens.length, max_model_len: Math.min(tokenizer.maxContextLength, served.maxContextLength), tokens });
   };
 }
