@@ -1,5 +1,5 @@
 import { z } from 'zod';
-import type { JobChatMessage, JobInput, JobSampling } from '@sluice/protocol';
+import type { JobInput, JobSampling } from '@sluice/protocol';
 import { GatewayError } from '../errors.js';
 
 /**
