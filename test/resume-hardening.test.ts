@@ -320,6 +320,43 @@ describe('resume and cancel, hardened: redis-server, 2 gateways, 2 workers', () 
     });
   });
 
+  describe('a completions stream with echo', () => {
+    it('writes the echoed prompt again when resumed from the start, and not after a cursor past it', async () => {
+      await ensureWorkers();
+      const body = {
+        model: MODEL,
+        prompt: 'Echo me back',
+        max_tokens: 6,
+        temperature: 0,
+        n: 2,
+        stream: true,
+        ignore_eos: true,
+        echo: true,
+      };
+      const res = await post(a.url, '/v1/completions', body);
+      const original = await res.text();
+      expect(original).toContain('"text":"Echo me back"');
+      const id = /"id":"(cmpl-[^"]+)"/.exec(original)![1]!;
+      const texts = (sse: string) => {
+        const byChoice: Record<number, string> = {};
+        for (const line of sse.split('\n')) {
+          if (!line.startsWith('data: {')) continue;
+          for (const choice of (JSON.parse(line.slice(6)) as { choices: Array<{ index: number; text: string }> }).choices) {
+            byChoice[choice.index] = (byChoice[choice.index] ?? '') + choice.text;
+          }
+        }
+        return byChoice;
+      };
+      const resumed = await fetch(`${b.url}/v1/completions/${id}?stream=true`);
+      expect(resumed.status).toBe(200);
+      const replay = texts(await resumed.text());
+      expect(replay).toEqual(texts(original));
+      for (const text of Object.values(replay)) expect(text.startsWith('Echo me back')).toBe(true);
+      const after = await fetch(`${b.url}/v1/completions/${id}?stream=true`, { headers: { 'Last-Event-ID': '0' } });
+      expect(await after.text()).not.toContain('Echo me back');
+    });
+  });
+
   describe('a completions request with a batch of prompts', () => {
     it('refuses a resume with a 400 that says a batch is not resumable (GET and HEAD)', async () => {
       await ensureWorkers();

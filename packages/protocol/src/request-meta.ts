@@ -17,6 +17,8 @@ export const streamFormatSchema = z.object({
    * `batchRequestId(id, k)`, each with this format; the batch's stream is not resumable.
    */
   prompts: z.number().int().min(2).optional(),
+  /** Completions `echo`: the prompt's text, which each choice's stream starts with (a resume from the start writes it again). */
+  echo: z.string().optional(),
 });
 export type StreamFormat = z.infer<typeof streamFormatSchema>;
 

@@ -140,6 +140,7 @@ export function generateHandler(deps: AppDeps, endpoint: Endpoint) {
       maxTokensParam: request.maxTokensParam,
       ...(request.continuousUsage === true && request.stream ? { continuousUsage: true } : {}),
       ...(prompts.length > 1 ? { prompts: prompts.length } : {}),
+      ...(prompts.length === 1 && formatOptions.echo !== undefined ? { echo: formatOptions.echo[0] ?? '' } : {}),
     };
     try {
       await Promise.all(

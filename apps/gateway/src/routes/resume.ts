@@ -117,6 +117,8 @@ export function resumeHandler(deps: AppDeps, endpoint: Endpoint) {
       format: new ResponseFormat(endpoint, jobId, format.model, format.includeUsage, format.created, {
         fingerprint: systemFingerprint(format.model),
         ...(format.continuousUsage === true ? { liveUsage: () => responderUsage() } : {}),
+        // Written with the `accepted` event: again only by a resume from before it.
+        ...(format.echo === undefined ? {} : { echo: Array.from({ length: format.n }, () => format.echo!) }),
       }),
       receivedAt: Date.now(),
       retryAfterS: config.retryAfterS,
