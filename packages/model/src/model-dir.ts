@@ -126,6 +126,29 @@ export async function loadModelDir(path: string, options: LoadModelDirOptions = 
     );
   }
 
+  const generationFile = generationJson === undefined ? 'config.json' : 'generation_config.json';
+  const bos = generation.bos_token_id ?? config.bos_token_id;
+  const padFromConfig = generation.pad_token_id ?? config.pad_token_id;
+  const pad = padFromConfig ?? tokenToIdOf(tokenizer, specialTokens['pad_token']);
+  checkVocabulary(
+    io.vocabSize !== undefined
+      ? { size: io.vocabSize, what: `the logits of ${onnxName}` }
+      : config.vocab_size !== undefined
+        ? { size: config.vocab_size, what: 'config.json vocab_size' }
+        : undefined,
+    tokenizer,
+    [
+      ...idList(generation.eos_token_id).map((id) => ({ file: generationFile, key: 'eos_token_id', id })),
+      ...idList(config.eos_token_id).map((id) => ({ file: 'config.json', key: 'eos_token_id', id })),
+      ...idList(bos).map((id) => ({ file: generation.bos_token_id != null ? generationFile : 'config.json', key: 'bos_token_id', id })),
+      ...idList(padFromConfig).map((id) => ({
+        file: generation.pad_token_id != null ? generationFile : 'config.json',
+        key: 'pad_token_id',
+        id,
+      })),
+    ],
+  );
+
   const eosTokenIds = unique([
     ...idList(generation.eos_token_id),
     ...idList(config.eos_token_id),
@@ -144,8 +167,6 @@ export async function loadModelDir(path: string, options: LoadModelDirOptions = 
   }
 
   const defaults: GenerationDefaults = { eosTokenIds, maxContextLength };
-  const bos = generation.bos_token_id ?? config.bos_token_id;
-  const pad = generation.pad_token_id ?? config.pad_token_id ?? tokenToIdOf(tokenizer, specialTokens['pad_token']);
   if (bos != null) defaults.bosTokenId = bos;
   if (pad != null) defaults.padTokenId = pad;
   if (generation.temperature != null) defaults.temperature = generation.temperature;
@@ -167,6 +188,35 @@ export async function loadModelDir(path: string, options: LoadModelDirOptions = 
   return modelDir;
 }
 
+/**
+ * Every id the tokenizer can produce, and every id the config files name, must be one the model
+ * scores. Otherwise the model loads and then every request that meets such an id fails (as the
+ * client's fault, out-of-vocabulary). The logits may be larger than the tokenizer's vocabulary
+ * (models pad their embedding to a round size), never smaller.
+ *
+ * @param vocab The model's vocabulary: the graph's logits size, else config.json vocab_size; when
+ *   neither is known, configured ids are checked against the tokenizer's vocabulary.
+ */
+function checkVocabulary(
+  vocab: { size: number; what: string } | undefined,
+  tokenizer: Tokenizer,
+  configured: ReadonlyArray<{ file: string; key: string; id: number }>,
+): void {
+  if (vocab !== undefined && tokenizer.vocabSize > vocab.size) {
+    throw new ModelDirError(
+      'tokenizer.json',
+      `token id ${tokenizer.vocabSize - 1} is outside the model's vocabulary of ${vocab.size} ids (${vocab.what}): ` +
+        'tokenizer and model from different models?',
+    );
+  }
+  const limit = vocab ?? { size: tokenizer.vocabSize, what: 'the vocabulary of tokenizer.json' };
+  for (const { file, key, id } of configured) {
+    if (id >= limit.size) {
+      throw new ModelDirError(file, `${key} ${id} is outside the model's vocabulary of ${limit.size} ids (${limit.what})`);
+    }
+  }
+}
+
 async function loadChatTemplate(
   dir: string,
   fromConfig: string | Array<{ name: string; template: string }> | null | undefined,
@@ -182,12 +232,22 @@ async function loadChatTemplate(
       'this model has no chat template (no chat_template in tokenizer_config.json, no chat_template.jinja): use completions',
     );
   }
+  let template: ChatTemplate;
   try {
-    return createChatTemplate(source, specialTokens);
+    template = createChatTemplate(source, specialTokens);
   } catch (cause) {
     if (cause instanceof ChatTemplateError) throw new ModelDirError(file, cause.message, { cause });
     throw cause;
   }
+  // One trial render, of the plainest conversation every chat template must accept (a template may
+  // rightly refuse others: roles out of order, no system message). A template that fails here (an
+  // unknown filter or method, a typo in a variable's use) would fail every chat request instead.
+  try {
+    template.render([{ role: 'user', content: 'Hello' }], { addGenerationPrompt: true });
+  } catch (cause) {
+    throw new ModelDirError(file, `the chat template cannot render a single user message: ${messageOf(cause)}`, { cause });
+  }
+  return template;
 }
 
 /** A list of named templates (`default`, `tool_use`, ...): the default one, else the first. */

@@ -14,8 +14,31 @@ interface ValueInfo {
   dims: Array<number | string>;
 }
 
-const ELEM_TYPE_NAMES: Readonly<Record<number, string>> = { 1: 'float32', 6: 'int32', 7: 'int64', 10: 'float16', 16: 'bfloat16' };
+const ELEM_TYPE_NAMES: Readonly<Record<number, string>> = {
+  1: 'float32',
+  6: 'int32',
+  7: 'int64',
+  9: 'bool',
+  10: 'float16',
+  11: 'float64',
+  16: 'bfloat16',
+};
 const PAST_KEY = /^past_key_values\.(\d+)\.key$/;
+const PAST_KV = /^past_key_values\.\d+\.(key|value)$/;
+const INT64 = 7;
+const BOOL = 9;
+/**
+ * Every graph input the engine feeds besides `past_key_values.*`, with the element type it feeds
+ * (onnx-session.ts `#feeds`). A graph that declares any other input, or one of these with another
+ * type, would load in onnxruntime and then fail every run, so it is refused here.
+ */
+const FED_INPUTS: Readonly<Record<string, number>> = {
+  input_ids: INT64,
+  attention_mask: INT64,
+  position_ids: INT64,
+  use_cache_branch: BOOL,
+  num_logits_to_keep: INT64,
+};
 
 /**
  * Reads what an ONNX decoder graph declares: inputs, outputs, KV-cache geometry and the features
@@ -53,7 +76,13 @@ function describeDecoder(graph: ScannedGraph, file: string): OnnxIo {
   const inputs = new Map(graph.inputs.map((input) => [input.name, input]));
   const outputNames = graph.outputs.map((output) => output.name);
   if (!inputs.has('input_ids')) fail('graph has no input_ids input (not a decoder-only language model?)');
-  if (!outputNames.includes('logits')) fail('graph has no logits output (not a language model head?)');
+  if (!inputs.has('attention_mask')) fail('graph has no attention_mask input (the engine feeds one with every call)');
+  for (const input of graph.inputs) checkFedInput(input, fail);
+  const logits =
+    graph.outputs.find((output) => output.name === 'logits') ?? fail('graph has no logits output (not a language model head?)');
+  if (logits.elemType !== 1 && logits.elemType !== 10) {
+    fail(`logits element type ${elemTypeName(logits.elemType)} is not supported (float32 or float16)`);
+  }
 
   const layers = [...inputs.keys()].flatMap((name) => {
     const match = PAST_KEY.exec(name);
@@ -85,9 +114,9 @@ function describeDecoder(graph: ScannedGraph, file: string): OnnxIo {
   const { numKvHeads, headDim, elemType } = shape!;
   const kvDtype = elemType === 1 ? 'float32' : elemType === 10 ? 'float16' : undefined;
   if (kvDtype === undefined) {
-    fail(`past_key_values element type ${ELEM_TYPE_NAMES[elemType] ?? elemType} is not supported (float32 or float16)`);
+    fail(`past_key_values element type ${elemTypeName(elemType)} is not supported (float32 or float16)`);
   }
-  return {
+  const io: OnnxIo = {
     inputNames: graph.inputs.map((input) => input.name),
     outputNames,
     numLayers,
@@ -100,6 +129,29 @@ function describeDecoder(graph: ScannedGraph, file: string): OnnxIo {
     usesGroupQueryAttention: graph.opTypes.has('GroupQueryAttention'),
     externalDataFiles: [...graph.externalDataFiles],
   };
+  const [, , vocabSize] = logits.dims;
+  if (logits.dims.length === 3 && isPositive(vocabSize)) io.vocabSize = vocabSize as number;
+  return io;
+}
+
+/** Refuses an input the engine would not feed, or would feed with another element type. */
+function checkFedInput(input: ValueInfo, fail: (problem: string) => never): void {
+  // past_key_values.* types are checked with the cache's geometry (float32 or float16, all alike).
+  if (PAST_KV.test(input.name)) return;
+  const fed = FED_INPUTS[input.name];
+  if (fed === undefined) {
+    fail(
+      `graph input ${input.name} is not one the engine feeds (it feeds ${Object.keys(FED_INPUTS).join(', ')} ` +
+        'and past_key_values.{i}.key|value): an export for another runtime?',
+    );
+  }
+  if (input.elemType !== fed) {
+    fail(`graph input ${input.name} is ${elemTypeName(input.elemType)}, but the engine feeds it as ${elemTypeName(fed)}`);
+  }
+}
+
+function elemTypeName(elemType: number): string {
+  return ELEM_TYPE_NAMES[elemType] ?? `element type ${elemType}`;
 }
 
 function isPositive(dim: number | string | undefined): boolean {

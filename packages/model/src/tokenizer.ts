@@ -14,7 +14,13 @@ import type { DecodeOptions, EncodeOptions, Tokenizer } from './types.js';
  */
 export function loadTokenizer(tokenizerJson: unknown, tokenizerConfig: unknown): Tokenizer {
   if (!isObject(tokenizerJson)) throw new Error('tokenizer.json must hold a JSON object');
-  if (!isObject(tokenizerJson['model'])) throw new Error('tokenizer.json has no "model" object');
+  const model = tokenizerJson['model'];
+  if (!isObject(model)) throw new Error('tokenizer.json has no "model" object');
+  // The library accepts an empty vocabulary and then encodes every text to no tokens at all.
+  const vocab = model['vocab'];
+  if ((Array.isArray(vocab) && vocab.length === 0) || (isObject(vocab) && Object.keys(vocab).length === 0)) {
+    throw new Error('model.vocab is empty (every text would encode to no tokens)');
+  }
   const config = isObject(tokenizerConfig) ? tokenizerConfig : {};
   const addedTokens: unknown[] = Array.isArray(tokenizerJson['added_tokens']) ? tokenizerJson['added_tokens'] : [];
   // The library reads optional sections as `null`; exports sometimes leave them out entirely.

@@ -54,6 +54,11 @@ export interface OnnxIo {
   /** Element type of `past_key_values.*`. */
   kvDtype: 'float32' | 'float16';
   hasPositionIds: boolean;
+  /**
+   * The logits' last dimension when the graph fixes it: the ids the model can score. It may exceed
+   * the tokenizer's vocabulary (models pad their embedding), never fall short of it.
+   */
+  vocabSize?: number;
   hasUseCacheBranch: boolean;
   hasNumLogitsToKeep: boolean;
   /** True when the graph uses com.microsoft GroupQueryAttention (cannot express gaps in the mask). */

@@ -1,11 +1,15 @@
-import { mkdirSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
+import { copyFileSync, cpSync, mkdirSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
+import onnxProto from 'onnx-proto';
 import { afterAll, describe, expect, it } from 'vitest';
 import { ChatTemplateError } from '../src/chat-template.js';
 import { loadModelDir, ModelDirError } from '../src/model-dir.js';
 import { ensureBuiltinModel } from '../src/tiny-model/ensure-builtin-model.js';
 import { decoderOnnx } from './fixtures/onnx-models.js';
 import { makeModelDir, tempRoot } from './fixtures/model-dirs.js';
+import { qwen3TokenizerDir } from './fixtures/tokenizers.js';
+
+const { onnx } = onnxProto;
 
 const { root, cleanup } = tempRoot();
 afterAll(cleanup);
@@ -22,6 +26,22 @@ function editJson(dir: string, file: string, edit: (json: Record<string, unknown
   const json = JSON.parse(readFileSync(join(dir, file), 'utf8')) as Record<string, unknown>;
   edit(json);
   writeFileSync(join(dir, file), JSON.stringify(json));
+}
+
+/** A fresh copy of the generated tiny model's directory (vocabulary 1024), changed by `edit`. */
+async function tinyDir(edit: (dir: string) => void): Promise<string> {
+  const dir = join(root, `tiny-${counter++}`);
+  cpSync(await ensureBuiltinModel('tiny'), dir, { recursive: true });
+  edit(dir);
+  return dir;
+}
+
+/** Decodes the directory's onnx/model.onnx, lets `edit` change its graph inputs, and writes it back. */
+function editGraphInputs(dir: string, edit: (inputs: onnxProto.onnx.IValueInfoProto[]) => void): void {
+  const path = join(dir, 'onnx', 'model.onnx');
+  const model = onnx.ModelProto.decode(readFileSync(path));
+  edit(model.graph!.input!);
+  writeFileSync(path, onnx.ModelProto.encode(model).finish());
 }
 
 async function loadError(dir: string): Promise<ModelDirError> {
@@ -142,6 +162,22 @@ describe('loadModelDir', () => {
     expect((await loadModelDir(fp16, { onnxFileName: 'model_fp16.onnx' })).onnxPath).toBe(join(fp16, 'onnx', 'model_fp16.onnx'));
   });
 
+  it('loads a model whose logits are larger than its tokenizer (a padded vocabulary)', async () => {
+    const model = await loadModelDir(smolDir());
+    expect(model.io.vocabSize).toBe(49152);
+    expect(model.tokenizer.vocabSize).toBeLessThan(49152);
+  });
+
+  it('loads a chat template that refuses some conversations but renders a single user message', async () => {
+    const template =
+      "{% if messages[0].role != 'user' %}{{ raise_exception('Conversations must start with a user message') }}{% endif %}" +
+      '{% for message in messages %}{{ message.content }}{% endfor %}';
+    const dir = await tinyDir((d) => writeFileSync(join(d, 'chat_template.jinja'), template));
+    const { chatTemplate } = await loadModelDir(dir);
+    expect(chatTemplate.render([{ role: 'user', content: 'Hi' }])).toBe('Hi');
+    expect(() => chatTemplate.render([{ role: 'system', content: 'Be brief.' }])).toThrow(/must start with a user message/);
+  });
+
   it('caps the context length when asked to', async () => {
     expect((await loadModelDir(smolDir(), { maxContextLength: 1024 })).generation.maxContextLength).toBe(1024);
   });
@@ -196,6 +232,84 @@ describe('loadModelDir', () => {
       expect((await loadError(dir)).message).toMatch(
         /^onnx\/model\.onnx: graph has 2 layers but config\.json says num_hidden_layers is 30/,
       );
+    });
+
+    it('when tokenizer.json comes from a model with a larger vocabulary (Qwen into the tiny model)', async () => {
+      const dir = await tinyDir((d) => copyFileSync(join(qwen3TokenizerDir, 'tokenizer.json'), join(d, 'tokenizer.json')));
+      expect((await loadError(dir)).message).toMatch(
+        /^tokenizer\.json: token id 151\d{3} is outside the model's vocabulary of 1024 ids \(the logits of onnx\/model\.onnx\)/,
+      );
+    });
+
+    it('when an added token of tokenizer.json has an id past the vocabulary', async () => {
+      const dir = await tinyDir((d) =>
+        editJson(d, 'tokenizer.json', (json) => {
+          (json['added_tokens'] as unknown[]).push({ id: 5000, content: '<|tool|>', special: true, normalized: false });
+        }),
+      );
+      expect((await loadError(dir)).message).toMatch(/^tokenizer\.json: token id 5000 is outside the model's vocabulary of 1024 ids/);
+    });
+
+    it('when the vocabulary of tokenizer.json is empty', async () => {
+      const dir = await tinyDir((d) => editJson(d, 'tokenizer.json', (json) => ((json['model'] as Record<string, unknown>)['vocab'] = {})));
+      expect((await loadError(dir)).message).toMatch(/^tokenizer\.json: cannot be loaded: model\.vocab is empty/);
+    });
+
+    it('when an EOS id of generation_config.json is past the vocabulary', async () => {
+      const dir = await tinyDir((d) => editJson(d, 'generation_config.json', (json) => (json['eos_token_id'] = 999999)));
+      expect((await loadError(dir)).message).toBe(
+        "generation_config.json: eos_token_id 999999 is outside the model's vocabulary of 1024 ids (the logits of onnx/model.onnx)",
+      );
+    });
+
+    it('when an EOS id of config.json is past the vocabulary', async () => {
+      const dir = await tinyDir((d) => editJson(d, 'config.json', (json) => (json['eos_token_id'] = [2, 1024])));
+      expect((await loadError(dir)).message).toMatch(/^config\.json: eos_token_id 1024 is outside the model's vocabulary of 1024 ids/);
+    });
+
+    it('when the graph has an input the engine does not feed', async () => {
+      const dir = await tinyDir((d) =>
+        editGraphInputs(d, (inputs) => {
+          const inputIds = inputs.find((input) => input.name === 'input_ids')!;
+          inputs.push({ ...inputIds, name: 'cache_position' });
+        }),
+      );
+      expect((await loadError(dir)).message).toMatch(/^onnx\/model\.onnx: graph input cache_position is not one the engine feeds/);
+    });
+
+    it('when the graph declares input_ids as int32', async () => {
+      const dir = await tinyDir((d) =>
+        editGraphInputs(d, (inputs) => {
+          inputs.find((input) => input.name === 'input_ids')!.type!.tensorType!.elemType = onnx.TensorProto.DataType.INT32;
+        }),
+      );
+      expect((await loadError(dir)).message).toBe('onnx/model.onnx: graph input input_ids is int32, but the engine feeds it as int64');
+    });
+
+    it('when the graph has no attention_mask input', async () => {
+      const dir = await tinyDir((d) =>
+        editGraphInputs(d, (inputs) => {
+          inputs.splice(
+            inputs.findIndex((input) => input.name === 'attention_mask'),
+            1,
+          );
+        }),
+      );
+      expect((await loadError(dir)).message).toMatch(/^onnx\/model\.onnx: graph has no attention_mask input/);
+    });
+
+    it('when the chat template fails on a single user message (an unknown filter)', async () => {
+      const dir = await tinyDir((d) => writeFileSync(join(d, 'chat_template.jinja'), '{{ messages[0].content | nosuchfilter }}'));
+      expect((await loadError(dir)).message).toMatch(
+        /^chat_template\.jinja: the chat template cannot render a single user message: .*nosuchfilter/,
+      );
+    });
+
+    it('when the chat template fails on a single user message (an unknown method)', async () => {
+      const dir = await tinyDir((d) =>
+        editJson(d, 'tokenizer_config.json', (json) => (json['chat_template'] = '{{ messages[0].content.nosuchmethod() }}')),
+      );
+      expect((await loadError(dir)).message).toMatch(/^tokenizer_config\.json: the chat template cannot render a single user message: /);
     });
 
     it('when the ONNX graph is not a decoder with a KV cache', async () => {

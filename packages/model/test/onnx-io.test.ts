@@ -50,6 +50,7 @@ describe('readOnnxIo', () => {
       hasNumLogitsToKeep: false,
       usesGroupQueryAttention: false,
       externalDataFiles: [],
+      vocabSize: 32,
     });
   });
 
