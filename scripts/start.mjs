@@ -2,7 +2,7 @@
 /**
  * `npm start`: one gateway and one worker on the built-in tiny model (or MODEL_DIR), on Redis at
  * REDIS_URL — or, when REDIS_URL is unset and nothing answers on 127.0.0.1:6379, on a private
- * `redis-server` started here. Prints the URL and a curl example; Ctrl-C stops everything.
+ * `redis-server` started here. Prints the URL and a curl example; Ctrl-C (or SIGTERM, SIGHUP) stops everything.
  * Expects the apps to be built (`npm start` builds first).
  */
 import { spawn, spawnSync } from 'node:child_process';
@@ -101,6 +101,9 @@ function exited(child, graceMs) {
 
 process.on('SIGINT', () => void stopAll(0));
 process.on('SIGTERM', () => void stopAll(0));
+// A closed terminal or an SSH session that ends: the children are in their own sessions and get no
+// SIGHUP of their own, and Node's default (die at once) would run no 'exit' handler and leave them.
+process.on('SIGHUP', () => void stopAll(0));
 // Whatever happens to this script, its children do not outlive it.
 process.on('exit', () => {
   for (const { child } of children) if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL');

@@ -2,9 +2,7 @@ import { randomBytes } from 'node:crypto';
 import { hostname } from 'node:os';
 import { z } from 'zod';
 import { DEFAULT_PREFIX } from '@sluice/protocol';
-import { accessEnvShape, toAccessConfig, type AccessConfig } from './auth/access-config.js';
-
-const int = (min: number) => z.coerce.number().int().min(min);
+import { accessEnvShape, int, ms, toAccessConfig, type AccessConfig } from './auth/access-config.js';
 
 /**
  * Every setting of the gateway, read from the environment once at start. An invalid value stops the
@@ -12,7 +10,7 @@ const int = (min: number) => z.coerce.number().int().min(min);
  */
 export const gatewayEnvSchema = z.object({
   /** HTTP port. @defaultValue 8080 */
-  PORT: int(0).max(65535).default(8080),
+  PORT: int(0, 65535).default(8080),
   /** HTTP listen address. @defaultValue 0.0.0.0 */
   HOST: z.string().min(1).default('0.0.0.0'),
   /** Redis for the queue, pub/sub and the worker registry. @defaultValue redis://127.0.0.1:6379 */
@@ -29,33 +27,33 @@ export const gatewayEnvSchema = z.object({
   /** Retry-After (seconds) sent with a 429 or 503. @defaultValue 1 */
   RETRY_AFTER_S: int(0).default(1),
   /** How long a streaming request may hold its 200 for the worker's accept/reject (0: at once). @defaultValue 0 */
-  HEADERS_WAIT_MS: int(0).default(0),
+  HEADERS_WAIT_MS: ms(0).default(0),
   /** SSE `: ping` comment after this long without any other write. @defaultValue 15000 */
-  HEARTBEAT_MS: int(10).default(15_000),
+  HEARTBEAT_MS: ms(10).default(15_000),
   /** Deltas of one stream arriving within this window are written as one chunk (0 = each as it comes). @defaultValue 0 */
-  STREAM_INTERVAL_MS: int(0).default(0),
+  STREAM_INTERVAL_MS: ms(0).default(0),
   /** Most bytes one stream holds for a client that does not read (coalesced deltas + socket buffer); beyond, the stream ends and its work stops. @defaultValue 1048576 */
   MAX_STREAM_BUFFER_BYTES: int(0).default(1024 * 1024),
   /** A stream whose socket does not drain for this long ends and its work stops (0 = never). @defaultValue 30000 */
-  CLIENT_STALL_TIMEOUT_MS: int(0).default(30_000),
+  CLIENT_STALL_TIMEOUT_MS: ms(0).default(30_000),
   /** Max time a request waits in the queue for a worker. @defaultValue 60000 */
-  QUEUE_TIMEOUT_MS: int(1).default(60_000),
+  QUEUE_TIMEOUT_MS: ms(1).default(60_000),
   /** Max time without a delta once a worker accepted the request. @defaultValue 30000 */
-  IDLE_TIMEOUT_MS: int(1).default(30_000),
+  IDLE_TIMEOUT_MS: ms(1).default(30_000),
   /** Max total time of a request, queue included. @defaultValue 600000 */
-  REQUEST_TIMEOUT_MS: int(1).default(600_000),
+  REQUEST_TIMEOUT_MS: ms(1).default(600_000),
   /** On SIGTERM: how long running streams may take to finish before they are ended with an error. @defaultValue 30000 */
-  DRAIN_TIMEOUT_MS: int(0).default(30_000),
+  DRAIN_TIMEOUT_MS: ms(0).default(30_000),
   /** How often the worker registry is read (model list, liveness of the workers serving streams). @defaultValue 1000 */
-  REGISTRY_POLL_MS: int(50).default(1000),
+  REGISTRY_POLL_MS: ms(50).default(1000),
   /** Max request body size in bytes (413 beyond). @defaultValue 4194304 */
   MAX_BODY_BYTES: int(1024).default(4 * 1024 * 1024),
   /** How long a request's token log stays readable after it ends: resume and gap repair. @defaultValue 600000 */
-  STREAM_RETENTION_MS: int(1000).default(600_000),
+  STREAM_RETENTION_MS: ms(1000).default(600_000),
   /** Default `resume_grace_ms` of a streaming request (0: a client that leaves cancels its work at once). @defaultValue 0 */
-  RESUME_GRACE_MS: int(0).default(0),
+  RESUME_GRACE_MS: ms(0).default(0),
   /** Cap on a request's `resume_grace_ms` (larger values are lowered to it). @defaultValue 600000 */
-  MAX_RESUME_GRACE_MS: int(0).default(600_000),
+  MAX_RESUME_GRACE_MS: ms(0).default(600_000),
   /** How many times a stream may move to another worker after its worker was lost (then: `worker_lost`). @defaultValue 3 */
   MAX_MIGRATIONS: int(0).default(3),
   /** pino log level. @defaultValue info */
@@ -98,9 +96,9 @@ export class ConfigError extends Error {
   override name = 'ConfigError';
 }
 
-/** Reads and validates the environment. Empty strings count as unset. */
+/** Reads and validates the environment. Empty and blank (whitespace-only) values count as unset. */
 export function loadGatewayConfig(env: NodeJS.ProcessEnv = process.env): GatewayConfig {
-  const input = Object.fromEntries(Object.entries(env).filter(([, value]) => value !== undefined && value !== ''));
+  const input = Object.fromEntries(Object.entries(env).filter(([, value]) => value !== undefined && value.trim() !== ''));
   const parsed = gatewayEnvSchema.safeParse(input);
   if (!parsed.success) {
     const lines = parsed.error.issues.map((issue) => `  ${issue.path.join('.')}: ${issue.message}`);

@@ -35,6 +35,20 @@ export interface StartGatewayOptions {
   keyUsage?: KeyUsageRecorder;
 }
 
+/** The HTTP server could not listen on HOST:PORT (a port in use, an address this host does not have). */
+export class ListenError extends Error {
+  override name = 'ListenError';
+  constructor(host: string, port: number, cause: NodeJS.ErrnoException) {
+    const reason =
+      cause.code === 'EADDRINUSE'
+        ? 'the port is already in use'
+        : cause.code === 'EADDRNOTAVAIL'
+          ? 'HOST is not an address of this machine'
+          : cause.message;
+    super(`gateway cannot listen on HOST=${host} PORT=${port}: ${reason}${cause.code === undefined ? '' : ` (${cause.code})`}`, { cause });
+  }
+}
+
 /** Longest wait between two reconnect attempts to Redis. */
 const RECONNECT_MAX_MS = 250;
 /** Redis unreachable this long (not a mere reconnect): the open streams end with an error. */
@@ -176,7 +190,7 @@ export async function startGateway(config: GatewayConfig, logger: Logger, option
   });
 
   options.configureApp?.(app);
-  const server = await new Promise<ServerType>((resolve) => {
+  const server = await new Promise<ServerType>((resolve, reject) => {
     const s = serve(
       {
         fetch: app.fetch,
@@ -195,9 +209,31 @@ export async function startGateway(config: GatewayConfig, logger: Logger, option
           requireHostHeader: false,
         },
       },
-      () => resolve(s),
+      () => {
+        s.off('error', onListenError);
+        resolve(s);
+      },
     );
+    // A port in use or an address this host does not have: an error event, not a throw.
+    const onListenError = (error: NodeJS.ErrnoException) => reject(new ListenError(config.host, config.port, error));
+    s.once('error', onListenError);
     s.maxConnections = config.access.maxConnections;
+  }).catch(async (error: unknown) => {
+    // Nothing listens: release what was started, each step even when another fails.
+    clearInterval(aliveTimer);
+    await Promise.allSettled(
+      [
+        () => registry.stop(),
+        () => heartbeats.close(),
+        () => sessions.close(),
+        () => redis.del(aliveKey),
+        () => relay.close(),
+        () => queue.close(),
+        () => redis.quit(),
+        () => queueConnection.quit(),
+      ].map(async (step) => step()),
+    );
+    throw error;
   });
   // Requests Node's parser refuses get an OpenAI error body too.
   server.on('clientError', clientErrorHandler(logger, hooks));

@@ -1,8 +1,9 @@
 import { pino } from 'pino';
 import { createGatewayMetrics } from '@sluice/metrics';
+import { redactRedisUrl } from '@sluice/protocol';
 import { AccessConfigError } from './auth/access-config-error.js';
 import { ConfigError, loadGatewayConfig } from './config.js';
-import { startGateway } from './gateway.js';
+import { ListenError, startGateway } from './gateway.js';
 import { createGatewayObserver } from './gateway-observer.js';
 
 /** Entry point: config → serve → drain on SIGTERM/SIGINT. */
@@ -28,12 +29,12 @@ async function main(): Promise<void> {
         app.get('/metrics', async (c) => c.body(await metrics.registry.metrics(), 200, { 'Content-Type': metrics.registry.contentType })),
     });
   } catch (error) {
-    if (error instanceof AccessConfigError) {
+    if (error instanceof AccessConfigError || error instanceof ListenError) {
       logger.fatal(error.message);
       process.stderr.write(`${error.message}\n`);
       process.exit(1);
     }
-    logger.fatal({ err: error }, `gateway failed to start (REDIS_URL=${config.redisUrl})`);
+    logger.fatal({ err: error }, `gateway failed to start (REDIS_URL=${redactRedisUrl(config.redisUrl)})`);
     process.exit(1);
   }
   let stopping = false;

@@ -4,7 +4,20 @@ import { z } from 'zod';
 import type { EngineOptions } from '@sluice/engine';
 import { DEFAULT_PREFIX } from '@sluice/protocol';
 
-const int = (min: number) => z.coerce.number().int().min(min);
+/** Node runs a timer set above this as a 1 ms timer (TimeoutOverflowWarning): the cap of every `*_MS` variable. */
+export const MAX_TIMER_MS = 2_147_483_647;
+
+/** An integer variable: plain decimal digits only (no `0x1F90`, `1e6`, `8080.0`), from `min` to `max`. */
+const int = (min: number, max = Number.MAX_SAFE_INTEGER, tooLarge = `must be at most ${max}`) =>
+  z
+    .string()
+    .trim()
+    .regex(/^-?\d+$/, 'must be a decimal integer')
+    .transform(Number)
+    .pipe(z.number().int().min(min, `must be at least ${min}`).max(max, tooLarge));
+
+/** A duration in milliseconds: an integer from `min` to MAX_TIMER_MS. */
+const ms = (min: number) => int(min, MAX_TIMER_MS, `must be at most ${MAX_TIMER_MS} (ms, about 24.8 days: Node's longest timer)`);
 
 /** Every setting of the worker, read from the environment once at start (errors name the variable). */
 export const workerEnvSchema = z.object({
@@ -80,19 +93,19 @@ export const workerEnvSchema = z.object({
     .regex(/^[\w.-]+$/)
     .optional(),
   /** How often the registry record is refreshed. @defaultValue 1000 */
-  WORKER_HEARTBEAT_MS: int(50).default(1000),
+  WORKER_HEARTBEAT_MS: ms(50).default(1000),
   /** Registry record TTL: gateways fail this worker's streams this long after its last heartbeat. @defaultValue 5000 */
-  WORKER_TTL_MS: int(100).default(5000),
+  WORKER_TTL_MS: ms(100).default(5000),
   /** How long a request's token log stays readable after it ends (resume, gap repair). @defaultValue 600000 */
-  STREAM_RETENTION_MS: int(1000).default(600_000),
+  STREAM_RETENTION_MS: ms(1000).default(600_000),
   /** Approximate cap on the entries of one request's token log (Redis XADD MAXLEN ~). @defaultValue 100000 */
   STREAM_MAX_ENTRIES: int(100).default(100_000),
   /** On SIGTERM: how long running sequences may take to finish before they are ended. @defaultValue 30000 */
-  DRAIN_TIMEOUT_MS: int(0).default(30_000),
+  DRAIN_TIMEOUT_MS: ms(0).default(30_000),
   /** BullMQ job lock duration; a job whose worker died is retried this long after (stalled check). @defaultValue 30000 */
-  LOCK_DURATION_MS: int(1000).default(30_000),
+  LOCK_DURATION_MS: ms(1000).default(30_000),
   /** Port of the worker's HTTP endpoint (`/healthz`); 0 picks a free port. @defaultValue 9464 */
-  METRICS_PORT: int(0).max(65535).default(9464),
+  METRICS_PORT: int(0, 65535).default(9464),
   /** Listen address of that endpoint: loopback unless set (e.g. 0.0.0.0 for a Prometheus on another host). @defaultValue 127.0.0.1 */
   METRICS_HOST: z.string().min(1).default('127.0.0.1'),
   /** `/healthz` shows the id of the latest cancelled request (tests only: ids never leave the worker otherwise). @defaultValue false */
@@ -139,9 +152,9 @@ export class ConfigError extends Error {
   override name = 'ConfigError';
 }
 
-/** Reads and validates the environment. Empty strings count as unset. */
+/** Reads and validates the environment. Empty and blank (whitespace-only) values count as unset. */
 export function loadWorkerConfig(env: NodeJS.ProcessEnv = process.env): WorkerConfig {
-  const input = Object.fromEntries(Object.entries(env).filter(([, value]) => value !== undefined && value !== ''));
+  const input = Object.fromEntries(Object.entries(env).filter(([, value]) => value !== undefined && value.trim() !== ''));
   const parsed = workerEnvSchema.safeParse(input);
   if (!parsed.success) {
     const lines = parsed.error.issues.map((issue) => `  ${issue.path.join('.')}: ${issue.message}`);

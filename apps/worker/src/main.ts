@@ -2,6 +2,7 @@ import { pino } from 'pino';
 import { createEngine } from '@sluice/engine';
 import { createWorkerMetrics } from '@sluice/metrics';
 import { ensureBuiltinModel, loadModelDir, readPromptFiles } from '@sluice/model';
+import { redactRedisUrl } from '@sluice/protocol';
 import { ConfigError, engineOptions, loadWorkerConfig } from './config.js';
 import { startWorker } from './worker.js';
 
@@ -40,7 +41,10 @@ async function main(): Promise<void> {
       metrics: createWorkerMetrics(),
     });
   } catch (error) {
-    logger.fatal({ err: error }, `worker failed to start (MODEL_DIR=${config.modelDir ?? 'built-in tiny'}, REDIS_URL=${config.redisUrl})`);
+    logger.fatal(
+      { err: error },
+      `worker failed to start (MODEL_DIR=${config.modelDir ?? 'built-in tiny'}, REDIS_URL=${redactRedisUrl(config.redisUrl)})`,
+    );
     process.exit(1);
   }
   let stopping = false;

@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { ConfigError, engineOptions, loadWorkerConfig } from '../src/config.js';
+import { ConfigError, engineOptions, loadWorkerConfig, workerEnvSchema } from '../src/config.js';
 
 describe('worker configuration', () => {
   it('binds /metrics and /healthz to loopback unless METRICS_HOST says otherwise, and keeps request ids off them', () => {
@@ -75,5 +75,26 @@ describe('worker configuration', () => {
     expect(() => loadWorkerConfig({ MAX_BATCH_SIZE: '0' })).toThrow(/MAX_BATCH_SIZE/);
     expect(() => loadWorkerConfig({ EXECUTION_PROVIDER: 'tpu' })).toThrow(/EXECUTION_PROVIDER/);
     expect(() => loadWorkerConfig({ WORKER_TTL_MS: '500', WORKER_HEARTBEAT_MS: '1000' })).toThrow(ConfigError);
+  });
+
+  it('refuses a millisecond setting beyond the longest timer Node can run, naming the variable and the maximum', () => {
+    const msVariables = ['WORKER_HEARTBEAT_MS', 'WORKER_TTL_MS', 'STREAM_RETENTION_MS', 'DRAIN_TIMEOUT_MS', 'LOCK_DURATION_MS'];
+    expect(Object.keys(workerEnvSchema.shape).filter((name) => name.endsWith('_MS'))).toEqual(msVariables);
+    for (const name of msVariables) {
+      expect(() => loadWorkerConfig({ [name]: '3000000000' }), name).toThrow(new RegExp(`${name}: must be at most 2147483647`));
+    }
+    // The largest value passes (the TTL must still exceed the heartbeat).
+    expect(loadWorkerConfig({ WORKER_TTL_MS: '2147483647', LOCK_DURATION_MS: '2147483647' })).toMatchObject({
+      ttlMs: 2_147_483_647,
+      lockDurationMs: 2_147_483_647,
+    });
+  });
+
+  it('treats blank values as unset and accepts only plain decimal integers', () => {
+    expect(loadWorkerConfig({ METRICS_PORT: ' ', MAX_BATCH_SIZE: '  ' })).toMatchObject({ metricsPort: 9464, maxBatchSize: 32 });
+    expect(loadWorkerConfig({ MAX_BATCH_SIZE: ' 8 ' }).maxBatchSize).toBe(8);
+    for (const value of ['0x10', '1e2', '16.0']) {
+      expect(() => loadWorkerConfig({ MAX_BATCH_SIZE: value }), value).toThrow(/MAX_BATCH_SIZE: must be a decimal integer/);
+    }
   });
 });

@@ -9,3 +9,4 @@ export * from './log-state.js';
 export * from './request-scripts.js';
 export * from './worker-record.js';
 export * from './model-card.js';
+export * from './redact-redis-url.js';

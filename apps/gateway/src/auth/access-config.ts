@@ -1,6 +1,19 @@
 import { z } from 'zod';
 
-const int = (min: number) => z.coerce.number().int().min(min);
+/** Node runs a timer set above this as a 1 ms timer (TimeoutOverflowWarning): the cap of every `*_MS` variable. */
+export const MAX_TIMER_MS = 2_147_483_647;
+
+/** An integer variable: plain decimal digits only (no `0x1F90`, `1e6`, `8080.0`), from `min` to `max`. */
+export const int = (min: number, max = Number.MAX_SAFE_INTEGER, tooLarge = `must be at most ${max}`) =>
+  z
+    .string()
+    .trim()
+    .regex(/^-?\d+$/, 'must be a decimal integer')
+    .transform(Number)
+    .pipe(z.number().int().min(min, `must be at least ${min}`).max(max, tooLarge));
+
+/** A duration in milliseconds: an integer from `min` to MAX_TIMER_MS. */
+export const ms = (min: number) => int(min, MAX_TIMER_MS, `must be at most ${MAX_TIMER_MS} (ms, about 24.8 days: Node's longest timer)`);
 
 /**
  * The gateway settings of access control, input ceilings and the HTTP server's connection limits.
@@ -37,11 +50,11 @@ export const accessEnvShape = {
   /** Max characters of `user` and of a message's `name`. @defaultValue 256 */
   MAX_USER_LENGTH: int(1).default(256),
   /** Node `server.headersTimeout`: a client gets this long to send its request headers (408 after). @defaultValue 10000 */
-  HEADERS_TIMEOUT_MS: int(1).default(10_000),
+  HEADERS_TIMEOUT_MS: ms(1).default(10_000),
   /** Node `server.requestTimeout`: a client gets this long to send its whole request (headers + body; not the reply). @defaultValue 30000 */
-  HTTP_REQUEST_TIMEOUT_MS: int(1).default(30_000),
+  HTTP_REQUEST_TIMEOUT_MS: ms(1).default(30_000),
   /** Node `server.keepAliveTimeout`: an idle keep-alive connection closes after this long; longer than the proxy's upstream idle timeout. @defaultValue 65000 */
-  KEEP_ALIVE_TIMEOUT_MS: int(0).default(65_000),
+  KEEP_ALIVE_TIMEOUT_MS: ms(0).default(65_000),
   /** Node `server.maxConnections`: open connections per gateway; beyond it new ones are dropped. @defaultValue 4096 */
   MAX_CONNECTIONS: int(1).default(4096),
   /** Distinct key names given their own `key` label in the per-key metrics; the rest count as `other`. @defaultValue 100 */

@@ -11,7 +11,7 @@
 import { parseArgs } from 'node:util';
 import { Redis } from 'ioredis';
 import { z } from 'zod';
-import { DEFAULT_PREFIX } from '@sluice/protocol';
+import { DEFAULT_PREFIX, redactRedisUrl } from '@sluice/protocol';
 import { ApiKeyStore, ApiKeyStoreError } from '../auth/api-key-store.js';
 import type { ApiKeyLimits } from '../auth/api-key.js';
 
@@ -48,18 +48,35 @@ async function main(argv: string[]): Promise<number> {
     process.stderr.write(`${USAGE}\n`);
     return values.help === true ? 0 : 2;
   }
-  const env = z
+  const parsed = z
     .object({
-      REDIS_URL: z.url({ protocol: /^rediss?$/ }).default('redis://127.0.0.1:6379'),
+      REDIS_URL: z.url({ protocol: /^rediss?$/, error: 'must be a redis:// or rediss:// URL' }).default('redis://127.0.0.1:6379'),
       REDIS_PREFIX: z.string().min(1).default(DEFAULT_PREFIX),
     })
-    .parse(Object.fromEntries(Object.entries(process.env).filter(([, v]) => v !== undefined && v !== '')));
+    .safeParse(Object.fromEntries(Object.entries(process.env).filter(([, v]) => v !== undefined && v.trim() !== '')));
+  if (!parsed.success) {
+    const problems = parsed.error.issues.map((issue) => `${issue.path.join('.')} ${issue.message}`);
+    process.stderr.write(`keys: invalid environment: ${problems.join('; ')}\n`);
+    return 1;
+  }
+  const env = parsed.data;
   const redis = new Redis(env.REDIS_URL, { lazyConnect: true, maxRetriesPerRequest: 1, retryStrategy: () => null });
-  redis.on('error', () => undefined);
+  // The cause (ECONNREFUSED, WRONGPASS…) comes as an event; connect() rejects with "Connection is closed".
+  let cause: Error | undefined;
+  redis.on('error', (error: Error) => (cause ??= error));
   try {
     await redis.connect();
+    // A Redis that requires a password answers the first command, not the connection, with NOAUTH.
+    await redis.ping();
   } catch (error) {
-    process.stderr.write(`keys: cannot reach Redis at ${env.REDIS_URL}: ${(error as Error).message}\n`);
+    const message = (cause ?? (error as Error)).message;
+    const refused = /^(NOAUTH|WRONGPASS)\b/.test(message);
+    process.stderr.write(
+      refused
+        ? `keys: Redis at ${redactRedisUrl(env.REDIS_URL)} refused to authenticate (check the user and password in REDIS_URL): ${message}\n`
+        : `keys: cannot reach Redis at ${redactRedisUrl(env.REDIS_URL)}: ${message}\n`,
+    );
+    redis.disconnect();
     return 1;
   }
   const store = new ApiKeyStore(redis, env.REDIS_PREFIX);
