@@ -126,6 +126,16 @@ describe('access control across two gateways', () => {
       expect(await own.text()).toContain('data: [DONE]');
     });
 
+    it('refuses a key for no model and a stray argument, with the usage (exit 2)', async () => {
+      const none = await runKeys(cluster.redis.url, ['create', '--name', 'no-models', '--models', ' , ']);
+      expect(none.code).toBe(2);
+      expect(none.stderr).toMatch(/--models needs at least one model id/);
+      const stray = await runKeys(cluster.redis.url, ['revoke', 'extra', '--name', 'no-models']);
+      expect(stray.code).toBe(2);
+      expect(stray.stderr).toMatch(/unexpected argument "extra"/);
+      expect((await runKeys(cluster.redis.url, ['list'])).stdout).not.toMatch(/^no-models\t/m);
+    });
+
     it('lists keys by name and limits, never the key itself', async () => {
       const key = await keys('--name', 'listed', '--rpm', '5', '--tpm', '1000', '--max-streams', '2', '--models', `${MODEL},other`);
       const list = await runKeys(cluster.redis.url, ['list']);

@@ -181,6 +181,10 @@ describe('the official openai client on the newer endpoints and request features
     messages.push(first.choices[0]!.message, { role: 'user', content: 'And then?' });
     const second = await client.chat.completions.create({ model: MODEL, messages, max_tokens: 4, temperature: 0 });
     expect(second.choices[0]!.finish_reason).toMatch(/stop|length/);
+    // Stored completions are OpenAI's: the client's retrieve is told so, naming `stream`.
+    const stored = await client.chat.completions.retrieve(first.id).catch((e: unknown) => e);
+    expect(stored).toBeInstanceOf(OpenAI.BadRequestError);
+    expect((stored as InstanceType<typeof OpenAI.BadRequestError>).message).toMatch(/stored completions .* are not supported/);
     // developer renders as system: the same prompt tokens.
     const tokenize = async (role: string) =>
       (

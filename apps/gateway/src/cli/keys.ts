@@ -48,6 +48,7 @@ async function main(argv: string[]): Promise<number> {
     process.stderr.write(`${USAGE}\n`);
     return values.help === true ? 0 : 2;
   }
+  if (positionals.length > 1) throw new UsageError(`unexpected argument "${positionals[1]}" (options take --name <name> form)`);
   const parsed = z
     .object({
       REDIS_URL: z.url({ protocol: /^rediss?$/, error: 'must be a redis:// or rediss:// URL' }).default('redis://127.0.0.1:6379'),
@@ -95,6 +96,8 @@ async function main(argv: string[]): Promise<number> {
           ?.split(',')
           .map((m) => m.trim())
           .filter((m) => m !== '');
+        // A key for no model at all is a typo, not a policy (revoke the key to refuse it everything).
+        if (models !== undefined && models.length === 0) throw new UsageError('--models needs at least one model id (a,b)');
         const key = await store.create(values.name, limits, models);
         process.stdout.write(`${key}\n`);
         process.stderr.write(`keys: created "${values.name}"; the key above is not stored anywhere readable, keep it now.\n`);

@@ -60,7 +60,12 @@ export function resumeHandler(deps: AppDeps, endpoint: Endpoint) {
     const jobId = jobIdOf(endpoint, chunkId);
     if (jobId === undefined) throw notFound(chunkId);
     if (c.req.query('stream') !== 'true') {
-      throw new GatewayError('invalid_request', { message: 'stream: only stream=true is supported when resuming.', param: 'stream' });
+      // (What the official client's `retrieve(id)` sends: stored completions are OpenAI's, not ours.)
+      throw new GatewayError('invalid_request', {
+        message:
+          'stream: must be true. This route resumes a stream; stored completions (retrieving a finished answer as JSON) are not supported.',
+        param: 'stream',
+      });
     }
     const cursor = cursorOf(c);
     if (deps.isDraining()) throw new GatewayError('shutting_down');
