@@ -416,7 +416,7 @@ describe('access control across two gateways', () => {
         .filter((line) => line.startsWith('data: {'))
         .map((line) => JSON.parse(line.slice(6)) as { usage?: { prompt_tokens: number; completion_tokens: number } | null });
       const usage = chunks.find((chunk) => chunk.usage)?.usage;
-      expect(usage, 'the stream ends with its usage').toBeDefined();
+      expect(usage, `the stream ends with its usage:\n${text.slice(-600)}`).toBeDefined();
       return { prompt: usage!.prompt_tokens, completion: usage!.completion_tokens };
     };
 

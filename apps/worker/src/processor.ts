@@ -372,7 +372,8 @@ export class JobProcessor {
       });
       return false;
     }
-    if (meta !== undefined) {
+    // A route message that came while the checks were out is newer than the meta they read.
+    if (meta !== undefined && route.moved !== true) {
       route.channel = meta.channel === '' ? null : meta.channel;
       // Its client left while it waited: it runs only for what is left of its grace.
       if (route.channel === null) {

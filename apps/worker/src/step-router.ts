@@ -45,6 +45,11 @@ export interface Route {
   handingOver?: boolean;
   /** Engine request ids routed here besides the request's own. */
   aliases: string[];
+  /**
+   * A route message (attach, detach) reached the route since it opened: it is newer than what the
+   * job's checks read from the meta, which then must not overwrite it.
+   */
+  moved?: boolean;
   /** The latest choice's stop/length (with n > 1, the last choice to finish decides the outcome). */
   lastFinishReason?: 'stop' | 'length';
   /** performance.now() when the engine took it, and when it was cancelled (metrics, logs). */
@@ -257,6 +262,7 @@ export class StepRouter {
   attach(requestId: string, channel: string): void {
     const route = this.#routes.get(requestId);
     if (route === undefined) return;
+    route.moved = true;
     clearTimeout(route.graceTimer);
     route.graceTimer = undefined;
     route.channel = channel;
@@ -270,6 +276,7 @@ export class StepRouter {
     const route = this.#routes.get(requestId);
     if (route === undefined || route.ended) return;
     if (from !== null && route.channel !== from) return;
+    route.moved = true;
     route.channel = null;
     clearTimeout(route.graceTimer);
     const left = route.graceMs - (Date.now() - detachedAt);

@@ -485,6 +485,30 @@ describe('the worker keeps each request route', () => {
     await h.close();
   });
 
+  it('keeps a route message that came while its checks were out over the older meta they read (a resume on another gateway)', async () => {
+    const h = await harness();
+    const live = await listen('gw-resumed');
+    const j = job('gw-left', { resumeGraceMs: 60_000 });
+    // The meta the checks read: detached (the first client left within its grace)...
+    await writeMeta(j, { channel: '', detachedAt: String(Date.now()) });
+    const done = h.processor.process(j, 1);
+    // ...and, before their reply is handled, the attach of a resume elsewhere reaches the worker.
+    h.router.attach(j.requestId, 'gw-resumed');
+    await h.accepted(1);
+    await h.step([[j.requestId, { type: 'text-delta', index: 0, tokenIds: [5], text: 'a' }]]);
+    await h.step([
+      [j.requestId, { type: 'text-end', index: 0, finishReason: 'length' }],
+      [j.requestId, finish(1)],
+    ]);
+    await done;
+    await waitFor('the entries live at the resuming gateway', () =>
+      live.messages.flat().some((e) => e.type === 'finish') ? true : undefined,
+    );
+    expect(live.messages.flat().map((e) => e.type)).toEqual(['accepted', 'text-delta', 'text-end', 'finish']);
+    await live.close();
+    await h.close();
+  });
+
   it('skips a second delivery of an attempt it runs already (a BullMQ stalled-job retry)', async () => {
     const h = await harness();
     const j = job('gw-twice');
