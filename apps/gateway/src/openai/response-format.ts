@@ -212,14 +212,7 @@ export class ResponseFormat {
  */
 function codePoints(text: string): number {
   let count = 0;
-  for (let i = 0; i < text.length; i++) {
-    const unit = text.charCodeAt(i);
-    // A high surrogate followed by a low one is one code point.
-    if (unit >= 0xd800 && unit <= 0xdbff && i + 1 < text.length) {
-      const next = text.charCodeAt(i + 1);
-      if (next >= 0xdc00 && next <= 0xdfff) i++;
-    }
-    count++;
-  }
+  // A string's iterator steps by code point: a surrogate pair is one step.
+  for (const _ of text) count++;
   return count;
 }
