@@ -7,7 +7,7 @@ import { startNginx, type NginxServer } from './support/nginx.js';
 import { sleep, waitFor } from './support/processes.js';
 import type { GatewayProcess, WorkerProcess } from './support/sluice.js';
 import { freezeMidAnswers, retryMidAnswer } from './support/mid-answer.js';
-import { readSse } from './support/sse.js';
+import { collect, empty, read, readSse, type Collected } from './support/sse.js';
 import { loggedAnswer, type LoggedAnswer } from './support/token-log.js';
 
 /**
@@ -41,69 +41,15 @@ const body = (i: number, maxTokens: number, extra: Record<string, unknown> = {})
   ...extra,
 });
 
-interface Collected {
-  /** The chunks' id (the resume route's `{id}`). */
-  id: string | undefined;
-  text: string;
-  /** `id:` of the last event received. */
-  lastEventId: string | undefined;
-  finishReason: string | null;
-  done: boolean;
-  errors: unknown[];
-  events: number;
-}
-
-/**
- * Reads an SSE reply into `into`, until `[DONE]`, the end of the body, or `stopAfter` content events
- * (then it aborts its connection, as a client whose network drops).
- */
-async function read(res: Response, into: Collected, options: { stopAfter?: number; controller?: AbortController } = {}): Promise<void> {
-  let content = 0;
-  try {
-    for await (const item of readSse(res.body!)) {
-      if (item.kind !== 'data') continue;
-      if (item.id !== undefined) into.lastEventId = item.id;
-      into.events++;
-      if (item.data === '[DONE]') {
-        into.done = true;
-        return;
-      }
-      const chunk = JSON.parse(item.data) as {
-        id?: string;
-        error?: unknown;
-        choices?: Array<{ delta?: { content?: string }; finish_reason?: string | null }>;
-      };
-      if (chunk.error !== undefined) into.errors.push(chunk.error);
-      into.id ??= chunk.id;
-      const choice = chunk.choices?.[0];
-      if (choice?.delta?.content) {
-        into.text += choice.delta.content;
-        content++;
-      }
-      if (choice?.finish_reason) into.finishReason = choice.finish_reason;
-      if (options.stopAfter !== undefined && content >= options.stopAfter) {
-        options.controller?.abort();
-        return;
-      }
-    }
-  } catch (error) {
-    // The connection was cut under us (a gateway killed): the caller resumes.
-    if (!(error instanceof Error)) throw error;
-  }
+/** Reads `count` more text chunks, then cuts the connection (a client whose network drops); the caller resumes. */
+async function readThenDrop(res: Response, into: Collected, count: number, controller: AbortController): Promise<void> {
+  const until = into.textChunks + count;
+  await read(res, into, (c) => c.textChunks >= until);
+  controller.abort();
 }
 
 /** The job id of a stream read so far (its chunks' `chatcmpl-{id}`). */
 const jobOf = (out: Collected): { jobId: string } => ({ jobId: out.id!.replace(/^chatcmpl-/, '') });
-
-const empty = (): Collected => ({
-  id: undefined,
-  text: '',
-  lastEventId: undefined,
-  finishReason: null,
-  done: false,
-  errors: [],
-  events: 0,
-});
 
 function post(url: string, payload: unknown, signal?: AbortSignal): Promise<Response> {
   return fetch(`${url}/v1/chat/completions`, {
@@ -287,10 +233,10 @@ describe('durable token streams: nginx → 2 gateways → Redis → 2 workers', 
     const expected = await textAlone(300, 800);
     const out = empty();
     let controller = new AbortController();
-    await read(await post(nginx.url, body(300, 800, { resume_grace_ms: 30_000 }), controller.signal), out, { stopAfter: 20, controller });
+    await readThenDrop(await post(nginx.url, body(300, 800, { resume_grace_ms: 30_000 }), controller.signal), out, 20, controller);
     for (let drop = 0; drop < 5; drop++) {
       controller = new AbortController();
-      await read(await resume(nginx.url, out.id!, out.lastEventId, controller.signal), out, { stopAfter: 20, controller });
+      await readThenDrop(await resume(nginx.url, out.id!, out.lastEventId, controller.signal), out, 20, controller);
     }
     expect(out.done).toBe(false);
     const last = await resume(nginx.url, out.id!, out.lastEventId);
@@ -304,7 +250,7 @@ describe('durable token streams: nginx → 2 gateways → Redis → 2 workers', 
     await read(last, out);
     expect(out.errors).toEqual([]);
     expect(out.done).toBe(true);
-    expect(out.finishReason).toBe('length');
+    expect(out.finishReasons).toEqual({ 0: 'length' });
     expect(out.text).toBe(expected);
   });
 
@@ -318,8 +264,42 @@ describe('durable token streams: nginx → 2 gateways → Redis → 2 workers', 
     expect(again.done).toBe(true);
     const tail = empty();
     await read(await fetch(`${gateways[0]!.url}/v1/chat/completions/${first.id}?stream=true&starting_after=${first.lastEventId}`), tail);
-    // Resumed after its last event: [DONE] at once (it waited ~RETENTION_MS, then failed `stream_interrupted`, until stop 22).
-    expect(tail).toMatchObject({ text: '', done: true, errors: [], events: 1 });
+    // Resumed after its last event: [DONE] at once, no chunk before it (it waited ~RETENTION_MS, then
+    // failed `stream_interrupted`, until stop 22).
+    expect(tail).toMatchObject({ id: undefined, text: '', textChunks: 0, done: true, errors: [] });
+  });
+
+  it("resumes a completions stream cut off before its first chunk by the reply's X-Stream-Id, behind nginx", async () => {
+    // nginx gives every request an X-Request-Id (the client's here), so the chunks' id is the
+    // gateway's own: before this header, a client cut off before the first token could not name it.
+    const payload = { model: MODEL, prompt: 'Once upon a time', max_tokens: 24, temperature: 0, ignore_eos: true, stream: true };
+    const controller = new AbortController();
+    for (const w of workers) w.process.signal('SIGSTOP');
+    let streamId: string | null;
+    try {
+      const first = await fetch(`${nginx.url}/v1/completions`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json', 'x-request-id': 'client-chosen-id' },
+        body: JSON.stringify({ ...payload, resume_grace_ms: 30_000 }),
+        signal: controller.signal,
+      });
+      expect(first.status).toBe(200);
+      expect(first.headers.get('x-request-id')).toBe('client-chosen-id');
+      streamId = first.headers.get('x-stream-id');
+      controller.abort();
+    } finally {
+      for (const w of workers) w.process.signal('SIGCONT');
+    }
+    expect(streamId).toMatch(/^cmpl-/);
+    expect(streamId).not.toBe('cmpl-client-chosen-id');
+    const resumed = await fetch(`${nginx.url}/v1/completions/${streamId}?stream=true`);
+    expect(resumed.status).toBe(200);
+    expect(resumed.headers.get('x-stream-id')).toBe(streamId);
+    const out = await collect(resumed);
+    const logged = await loggedAnswer(redis, streamId!.slice('cmpl-'.length));
+    expect(out).toMatchObject({ id: streamId, done: true, errors: [], finishReasons: { 0: 'length' } });
+    expect(logged).toMatchObject({ tokens: 24, ended: true });
+    expect(out.text).toBe(logged.text);
   });
 
   it('carries continuous_usage_stats on across a resume: every resumed chunk has the usage the original had there', async () => {
@@ -390,7 +370,7 @@ describe('durable token streams: nginx → 2 gateways → Redis → 2 workers', 
     }
     expect(cancel.status).toBe(200);
     await leg;
-    expect(out).toMatchObject({ finishReason: 'abort', done: true, errors: [] });
+    expect(out).toMatchObject({ finishReasons: { 0: 'abort' }, done: true, errors: [] });
     const missing = await fetch(`${gateways[1]!.url}/v1/chat/completions/chatcmpl-nope/cancel`, { method: 'POST' });
     expect(missing.status).toBe(404);
   });

@@ -278,13 +278,23 @@ export interface Collected {
   id: string | undefined;
   /** Choice 0's text. */
   text: string;
+  /** How many chunks carried text (any choice's). */
+  textChunks: number;
   lastEventId: string | undefined;
   finishReasons: Record<number, string>;
   errors: unknown[];
   done: boolean;
 }
 
-export const empty = (): Collected => ({ id: undefined, text: '', lastEventId: undefined, finishReasons: {}, errors: [], done: false });
+export const empty = (): Collected => ({
+  id: undefined,
+  text: '',
+  textChunks: 0,
+  lastEventId: undefined,
+  finishReasons: {},
+  errors: [],
+  done: false,
+});
 
 /** An SSE reply's items, read on by each {@link read} (the body stays open between reads). */
 const itemsOf = new WeakMap<Response, AsyncGenerator<SseItem>>();
@@ -309,6 +319,7 @@ export async function read(res: Response, into: Collected, until?: (c: Collected
       };
       if (chunk.error !== undefined) into.errors.push(chunk.error);
       into.id ??= chunk.id;
+      if (chunk.choices?.some((choice) => (choice.delta?.content ?? choice.text ?? '') !== '') === true) into.textChunks++;
       for (const choice of chunk.choices ?? []) {
         if (choice.index === 0) into.text += choice.delta?.content ?? choice.text ?? '';
         if (choice.finish_reason) into.finishReasons[choice.index] = choice.finish_reason;

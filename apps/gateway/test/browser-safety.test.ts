@@ -43,6 +43,7 @@ describe('browser safety headers, with and without an Origin', () => {
     for (const headers of [await jsonHeaders(h, {}), await streamHeaders(h, {}), await streamHeaders(h, { Origin: 'https://page.test' })]) {
       expect(headers.get('access-control-allow-origin')).toBe('*');
       expect(headers.get('access-control-expose-headers')).toMatch(/x-request-id/);
+      expect(headers.get('access-control-expose-headers')).toMatch(/x-stream-id/);
       expect(Object.fromEntries(Object.keys(SECURITY).map((name) => [name, headers.get(name)]))).toEqual(SECURITY);
     }
     // A stream is one reply: nothing tries to send a second head after it (ERR_HTTP_HEADERS_SENT).

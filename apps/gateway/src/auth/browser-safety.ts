@@ -6,9 +6,10 @@ type SecureHeadersOptions = NonNullable<Parameters<typeof secureHeaders>[0]>;
 import type { AppEnv } from '../app.js';
 import { GatewayError } from '../errors.js';
 
-/** Headers a browser page may read from a cross-origin reply (the rate limits, the request id, its timing). */
+/** Headers a browser page may read from a cross-origin reply (the rate limits, the request and stream ids, its timing). */
 const EXPOSED_HEADERS = [
   'x-request-id',
+  'x-stream-id',
   'server-timing',
   'retry-after',
   'x-ratelimit-limit-requests',

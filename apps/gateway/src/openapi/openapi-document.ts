@@ -88,7 +88,17 @@ const requestIdHeader = z.object({
     .meta({ description: "The request's id: the client's `X-Request-Id` when it is a sane id, else the gateway's own." }),
 });
 
+/** A stream's headers: what a client cut off before the first chunk resumes or cancels it by. */
+const streamIdHeader = {
+  'X-Stream-Id': z.string().meta({
+    description:
+      "Streams only: the `id` of the stream's chunks (`chatcmpl-…` / `cmpl-…`), the `{id}` of the resume and cancel routes, " +
+      'sent before the first chunk (a completions stream has none until its first token).',
+  }),
+};
+
 const generateHeaders = requestIdHeader.extend({
+  ...streamIdHeader,
   'Server-Timing': z.string().meta({
     description:
       "Where the request's time went before the answer, ms: `admit` (body read, validated, tokenized), `queue` (until a " +
@@ -170,7 +180,7 @@ function resume(kind: 'chat' | 'completion'): ZodOpenApiOperationObject {
     responses: {
       '200': {
         description: 'The rest of the stream, in the same chunk format.',
-        headers: requestIdHeader,
+        headers: requestIdHeader.extend(streamIdHeader),
         content: { 'text/event-stream': sse(chat ? 'ChatCompletionChunk' : 'CompletionChunk', '') },
       },
       ...errors(...ACCESS, 'invalid_request', 'not_found', 'no_workers', 'store_unavailable', 'shutting_down'),

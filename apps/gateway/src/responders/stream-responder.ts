@@ -196,7 +196,13 @@ export class StreamResponder {
     clearTimeout(this.headersTimer);
     this.phase = 'streaming';
     const timing = this.ctx.timing;
-    this.writer.start({ 'X-Request-Id': this.ctx.requestId, ...(timing === undefined ? {} : { 'Server-Timing': timing.header() }) });
+    this.writer.start({
+      'X-Request-Id': this.ctx.requestId,
+      // The resume and cancel routes' `{id}`, known before any chunk carries it (a completions stream
+      // sends none until its first token).
+      'X-Stream-Id': this.ctx.format.id,
+      ...(timing === undefined ? {} : { 'Server-Timing': timing.header() }),
+    });
     this.resolveReply(RESPONSE_ALREADY_SENT);
   }
 

@@ -87,7 +87,7 @@ export function resumeHandler(deps: AppDeps, endpoint: Endpoint) {
         param: 'id',
       });
     }
-    if (c.req.method === 'HEAD') return c.body(null, 200, { ...SSE_HEADERS, 'X-Request-Id': c.get('requestId') });
+    if (c.req.method === 'HEAD') return c.body(null, 200, { ...SSE_HEADERS, 'X-Request-Id': c.get('requestId'), 'X-Stream-Id': chunkId });
     // What the events up to the cursor counted: usage on every chunk counts on from there, and a key's
     // usage records the stream's totals (each token once, whichever gateways deliver it).
     const apiKey = c.get('apiKey');
