@@ -70,6 +70,29 @@ describe('gateway metrics as the app records them', () => {
     expect(await h.value('sluice_gateway_sse_bytes_total')).toBe(body.length);
   });
 
+  it('times inter-token gaps per step: n = 3 choices, one chunk each per step, add no zero gaps', async () => {
+    const h = await start();
+    const job = h.nextJob();
+    const reply = post(h, chatBody({ n: 3 }));
+    await job;
+    h.send([{ type: 'accepted', workerId: 'w1', promptTokens: 3 }]);
+    for (let step = 0; step < 6; step++) {
+      h.send([0, 1, 2].map((index) => ({ type: 'text-delta' as const, index, text: 'x', tokens: 1 })));
+      await settle();
+    }
+    h.send([
+      ...[0, 1, 2].map((index) => ({ type: 'text-end' as const, index, finishReason: 'length' as const })),
+      { type: 'finish', usage: { promptTokens: 3, completionTokens: 18 } },
+    ]);
+    await (await reply).text();
+    await settle();
+    const count = async (histogram: { get(): Promise<{ values: Array<{ metricName?: string; value: number }> }> }) =>
+      (await histogram.get()).values.find((v) => v.metricName?.endsWith('_count'))?.value;
+    expect(await count(h.metrics.timeToFirstToken)).toBe(1);
+    expect(await count(h.metrics.interTokenLatency)).toBe(5);
+    expect(await h.value('sluice_gateway_stream_tokens_total')).toBe(18);
+  });
+
   it('calls no prom-client method while content is written: tokens, TTFT and ITL are folded in when scraped', async () => {
     const calls = spyOnPromClient();
     try {

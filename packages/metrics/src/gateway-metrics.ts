@@ -3,14 +3,32 @@ import { E2E_REQUEST_LATENCY_BUCKETS, INTER_TOKEN_LATENCY_BUCKETS, QUEUE_TIME_BU
 import { ensureDefaultMetrics } from './default-metrics.js';
 import { createKeyUsageMetrics, type KeyUsageMetrics } from './key-usage-metrics.js';
 import { PendingHistogram } from './pending-histogram.js';
-import { RequestTracker, type RequestInstruments, type RequestOutcome, type RequestStage } from './request-tracker.js';
+import {
+  RequestTracker,
+  type RequestInstruments,
+  type RequestOutcome,
+  type RequestStage,
+  type SlowClientCause,
+  type TimeoutKind,
+} from './request-tracker.js';
 
 /** Kinds of SSE frames, counted apart so heartbeats do not hide in the content traffic. */
 export type SseEventKind = 'chunk' | 'heartbeat' | 'error' | 'done';
 
 const SSE_EVENT_KINDS: readonly SseEventKind[] = ['chunk', 'heartbeat', 'error', 'done'];
 const REQUEST_STAGES: readonly RequestStage[] = ['queued', 'prefill', 'decode'];
-const REQUEST_OUTCOMES: readonly RequestOutcome[] = ['stop', 'length', 'cancelled', 'detached', 'disconnect', 'timeout', 'error'];
+const REQUEST_OUTCOMES: readonly RequestOutcome[] = [
+  'stop',
+  'length',
+  'cancelled',
+  'detached',
+  'disconnect',
+  'timeout',
+  'slow_client',
+  'error',
+];
+const TIMEOUT_KINDS: readonly TimeoutKind[] = ['queue', 'idle', 'deadline'];
+const SLOW_CLIENT_CAUSES: readonly SlowClientCause[] = ['buffer', 'stall'];
 
 export interface GatewayMetricsOptions {
   /** Monotonic clock in milliseconds, for tests. @defaultValue performance.now */
@@ -216,6 +234,8 @@ export function createGatewayMetrics(registry: Registry = new Registry(), option
   // Series that exist from the first scrape, so rate() and increase() see their first increment.
   for (const stage of REQUEST_STAGES) disconnects.labels(stage).inc(0);
   for (const outcome of REQUEST_OUTCOMES) requestOutcomes.labels(outcome).inc(0);
+  for (const kind of TIMEOUT_KINDS) timeouts.labels(kind).inc(0);
+  for (const cause of SLOW_CLIENT_CAUSES) slowClients.labels(cause).inc(0);
   for (const kind of SSE_EVENT_KINDS) {
     sseEvents.inc({ kind }, 0);
     sseBytes.inc({ kind }, 0);

@@ -8,7 +8,14 @@ export {
 } from './gateway-metrics.js';
 export { createKeyUsageMetrics, type AuthFailure, type KeyRefusal, type KeyUsageMetrics } from './key-usage-metrics.js';
 export { PendingHistogram } from './pending-histogram.js';
-export { RequestTracker, type RequestInstruments, type RequestOutcome, type RequestStage } from './request-tracker.js';
+export {
+  RequestTracker,
+  type RequestInstruments,
+  type RequestOutcome,
+  type RequestStage,
+  type SlowClientCause,
+  type TimeoutKind,
+} from './request-tracker.js';
 export {
   QUEUE_JOB_STATES,
   createWorkerMetrics,

@@ -1,4 +1,5 @@
 import type { Counter, Gauge, Histogram } from 'prom-client';
+import { eventLoopTurn } from './event-loop-turn.js';
 
 /** Where a request is when the client leaves: waiting for a worker, prefilling, or decoding. */
 export type RequestStage = 'queued' | 'prefill' | 'decode';
@@ -7,6 +8,12 @@ export type RequestStage = 'queued' | 'prefill' | 'decode';
 /** `cancelled`: ended by `POST .../{id}/cancel` (finish reason `abort`); `detached`: its client left with a resume grace. */
 /** `slow_client`: the client did not read its stream (buffer bound or stall timeout): ended and its work stopped. */
 export type RequestOutcome = 'stop' | 'length' | 'cancelled' | 'detached' | 'disconnect' | 'timeout' | 'slow_client' | 'error';
+
+/** Which deadline passed: waiting for a worker, between tokens, or the whole request's. */
+export type TimeoutKind = 'queue' | 'idle' | 'deadline';
+
+/** Why the gateway gave up on a client that did not read: its buffer bound, or the stall timeout. */
+export type SlowClientCause = 'buffer' | 'stall';
 
 /**
  * The gateway instruments a tracker writes to. Those called per step of a stream (tokens, TTFT, ITL)
@@ -38,6 +45,7 @@ export class RequestTracker {
   readonly #now: () => number;
   #stage: RequestStage = 'queued';
   #lastContentAt: number | undefined;
+  #lastContentTurn = -1;
   #ended = false;
 
   constructor(
@@ -73,24 +81,26 @@ export class RequestTracker {
   }
 
   /**
-   * Content carrying `tokens` completion tokens was written to the client. Call it once per delta
-   * message (all the chunks one engine step produced for this request), so that inter-token latency
-   * counts steps, as vLLM's does, and n > 1 choices do not add zero gaps. The first call records the
-   * time to first token; later ones the inter-token latency. Calls with no tokens (the role-only first
-   * chunk) are ignored: they are not content.
+   * Content carrying `tokens` completion tokens was written to the client (call it per chunk). The
+   * first call records the time to first token; the first call of each later event-loop turn records
+   * the inter-token latency: the chunks of one engine step (one per choice when n > 1) arrive in one
+   * gateway message, delivered in one turn, so ITL counts steps, as vLLM's does, and adds no zero gaps.
+   * Calls with no tokens (the role-only first chunk) are ignored: they are not content.
    */
   contentWritten(tokens: number): void {
     if (this.#ended || tokens <= 0) return;
     const at = this.#now();
+    const turn = eventLoopTurn();
     this.#instruments.streamTokens.inc(tokens);
     if (this.stream) {
       if (this.#lastContentAt === undefined) {
         this.#instruments.timeToFirstToken.observe(toSeconds(at - this.receivedAt));
-      } else {
+      } else if (turn !== this.#lastContentTurn) {
         this.#instruments.interTokenLatency.observe(toSeconds(at - this.#lastContentAt));
       }
     }
     this.#lastContentAt = at;
+    this.#lastContentTurn = turn;
     this.#stage = 'decode';
   }
 
@@ -123,13 +133,13 @@ export class RequestTracker {
   }
 
   /** The gateway ended the request because a deadline of this `kind` passed: `queue`, `idle` or `deadline`. */
-  timeout(kind: string): void {
+  timeout(kind: TimeoutKind): void {
     if (!this.#end('timeout')) return;
     this.#instruments.timeouts.labels(kind).inc();
   }
 
   /** The gateway gave up on a client that did not read: `buffer` (MAX_STREAM_BUFFER_BYTES) or `stall` (CLIENT_STALL_TIMEOUT_MS). */
-  slowClient(cause: string): void {
+  slowClient(cause: SlowClientCause): void {
     if (!this.#end('slow_client')) return;
     this.#instruments.slowClients.labels(cause).inc();
   }

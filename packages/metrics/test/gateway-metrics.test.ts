@@ -2,6 +2,9 @@ import { describe, expect, it } from 'vitest';
 import { parsePrometheusText, type PrometheusMetrics } from '../../../test/support/prometheus.js';
 import { createGatewayMetrics, Registry, type GatewayMetrics } from '../src/index.js';
 
+/** Resolves in a later event-loop turn (a step's chunks are written within one). */
+const nextTurn = () => new Promise<void>((resolve) => setImmediate(resolve));
+
 function setup(): { metrics: GatewayMetrics; clock: { ms: number }; scrape: () => Promise<PrometheusMetrics> } {
   const clock = { ms: 0 };
   const metrics = createGatewayMetrics(undefined, { now: () => clock.ms });
@@ -36,6 +39,16 @@ describe('createGatewayMetrics', () => {
   it('documents every metric with help text', async () => {
     const { scrape } = setup();
     for (const family of (await scrape()).families.values()) expect(family.help, family.name).not.toBe('');
+  });
+
+  it('has every outcome, disconnect stage, timeout kind and slow-client cause at 0 from the first scrape (rate() sees the first one)', async () => {
+    const scraped = await setup().scrape();
+    for (const outcome of ['stop', 'length', 'cancelled', 'detached', 'disconnect', 'timeout', 'slow_client', 'error']) {
+      expect(scraped.value('sluice_gateway_request_outcomes_total', { outcome }), outcome).toBe(0);
+    }
+    for (const stage of ['queued', 'prefill', 'decode']) expect(scraped.value('sluice_gateway_disconnects_total', { stage })).toBe(0);
+    for (const kind of ['queue', 'idle', 'deadline']) expect(scraped.value('sluice_gateway_timeouts_total', { kind }), kind).toBe(0);
+    for (const cause of ['buffer', 'stall']) expect(scraped.value('sluice_gateway_slow_clients_total', { cause }), cause).toBe(0);
   });
 
   it('counts responses by route and status', async () => {
@@ -74,10 +87,14 @@ describe('createGatewayMetrics', () => {
       request.started();
       expect(request.stage).toBe('prefill');
       request.contentWritten(0); // the role-only first chunk is not content
+      // Each step's chunks reach the gateway in their own message, written in its own event-loop turn.
+      await nextTurn();
       clock.ms = 1240;
       request.contentWritten(1);
+      await nextTurn();
       clock.ms = 1242;
       request.contentWritten(2);
+      await nextTurn();
       clock.ms = 1250;
       request.contentWritten(1);
       clock.ms = 1251;
@@ -103,6 +120,24 @@ describe('createGatewayMetrics', () => {
       expect(scraped.value('sluice_gateway_request_outcomes_total', { outcome: 'stop' })).toBe(1);
       expect(scraped.value('sluice_gateway_request_outcomes_total')).toBe(1);
       expect(scraped.value('sluice_gateway_active_streams')).toBe(0);
+    });
+
+    it('times a step whose n > 1 choices came as several chunks as one gap, not one per chunk', async () => {
+      const { metrics, clock, scrape } = setup();
+      const request = metrics.trackRequest({ stream: true, receivedAt: 0 });
+      request.started();
+      for (let step = 0; step < 5; step++) {
+        clock.ms = 100 + 20 * step;
+        for (let choice = 0; choice < 4; choice++) request.contentWritten(1);
+        await nextTurn();
+      }
+      request.finish('length');
+      const scraped = await scrape();
+      const itl = scraped.histogram('sluice_inter_token_latency_seconds');
+      expect(itl.count).toBe(4);
+      expect(itl.sum).toBeCloseTo(0.08, 9);
+      expect(scraped.histogram('sluice_time_to_first_token_seconds').count).toBe(1);
+      expect(scraped.value('sluice_gateway_stream_tokens_total')).toBe(20);
     });
 
     it('counts the ending once, whatever fires after it', async () => {

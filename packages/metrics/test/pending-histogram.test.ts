@@ -53,6 +53,8 @@ describe('a tracked stream on the write path', () => {
       ms += 5;
       tracker.contentWritten(2);
       metrics.sseWritten('chunk', 120);
+      // Each step's chunks are written in their own event-loop turn (one gateway message each).
+      await new Promise<void>((resolve) => setImmediate(resolve));
     }
     tracker.tokensWithoutText(1);
     expect(calls).toEqual([]);
