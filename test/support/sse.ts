@@ -180,14 +180,15 @@ export class LiveStream {
   readonly headers: Promise<number>;
   private waiters: Array<() => void> = [];
 
-  constructor(url: string, body: unknown) {
+  /** @param headers sent besides `Content-Type` (an API key) */
+  constructor(url: string, body: unknown, headers: Record<string, string> = {}) {
     let gotHeaders!: (status: number) => void;
     this.headers = new Promise((resolve) => (gotHeaders = resolve));
     this.ended = (async () => {
       try {
         const res = await fetch(url, {
           method: 'POST',
-          headers: { 'Content-Type': 'application/json' },
+          headers: { 'Content-Type': 'application/json', ...headers },
           body: JSON.stringify(body),
           signal: this.controller.signal,
         });

@@ -6,6 +6,7 @@ import type { Logger } from 'pino';
 import { GENERATE_QUEUE, redisNames } from '@sluice/protocol';
 import { createApp } from './app.js';
 import { startAccessControl } from './auth/access-control.js';
+import { KeyRevocation } from './auth/key-revocation.js';
 import { noKeyUsage, type KeyUsageRecorder } from './auth/key-usage-recorder.js';
 import { clientErrorHandler } from './client-error.js';
 import type { GatewayConfig } from './config.js';
@@ -98,12 +99,25 @@ export async function startGateway(config: GatewayConfig, logger: Logger, option
     (gap) => hooks.streamGap?.(gap),
     (byThisGateway) => hooks.streamMigrated?.(byThisGateway),
   );
-  // A subscriber that reconnected missed what was published meanwhile: the token logs have it.
+  // A revoked key's requests in flight end here: at its announcement, or at the next registry poll
+  // for a gateway that missed it.
+  const revocation = access.store === undefined ? undefined : new KeyRevocation(access.store, sessions, logger);
   const relay = new Relay(
     subscriber,
     channel,
-    (message) => sessions.dispatch(message),
-    () => sessions.repairAll(),
+    names.gatewaysChannel,
+    {
+      message: (message) => sessions.dispatch(message),
+      broadcast: (message) => {
+        if (message.type === 'key-revoked') revocation?.revoked(message.keyHash);
+      },
+      // A subscriber that reconnected missed what was published meanwhile: the token logs have the
+      // entries, the key store the revokes.
+      messagesLost: () => {
+        sessions.repairAll();
+        void revocation?.check();
+      },
+    },
     logger,
   );
   await relay.start();
@@ -136,6 +150,7 @@ export async function startGateway(config: GatewayConfig, logger: Logger, option
   let lastLive: ReadonlySet<string> = new Set();
   const registry: WorkerRegistry = new WorkerRegistry(redis, names, config.registryPollMs, logger, (live, takenAt) => {
     sessions.failLostWorkers(live, takenAt);
+    void revocation?.check();
     const lost = new Set([...lastLive].filter((id) => !live.has(id)));
     lastLive = live;
     if (lost.size > 0) {

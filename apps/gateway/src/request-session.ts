@@ -19,6 +19,8 @@ export function isWaiting(session: RequestSession): boolean {
 export class RequestSession {
   state: SessionState = 'queued';
   workerId: string | undefined;
+  /** sha256 of the API key that made the request ('' without keys): a revoke of that key ends it. */
+  owner = '';
   /** Sequence number the next entry must carry. */
   nextSeq = 0;
   /** The attempt (worker epoch) whose entries count; older ones are fenced out. */

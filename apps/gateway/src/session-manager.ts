@@ -77,12 +77,20 @@ export class SessionManager {
    * @param options.workerId the worker running it (a resumed stream: the meta's), so that its loss
    *   migrates the stream as it would one opened here (its `accepted` entry is before the cursor)
    * @param options.attempt the attempt whose entries count (a resumed stream: the meta's)
+   * @param options.owner the hash of the API key that made the request (see {@link endOwner})
    */
   open(
     requestId: string,
     deadlineAt: number,
     listener: (event: SessionEvent) => void,
-    options: { nextSeq?: number; graceMs?: number; accepted?: boolean; workerId?: string | undefined; attempt?: number } = {},
+    options: {
+      nextSeq?: number;
+      graceMs?: number;
+      accepted?: boolean;
+      workerId?: string | undefined;
+      attempt?: number;
+      owner?: string | undefined;
+    } = {},
   ): RequestSession {
     const previous = this.sessions.get(requestId);
     if (previous !== undefined) {
@@ -97,6 +105,7 @@ export class SessionManager {
     const session = new RequestSession(requestId, Date.now(), deadlineAt, listener, options.graceMs ?? 0);
     session.nextSeq = options.nextSeq ?? 0;
     session.attempt = options.attempt ?? 1;
+    session.owner = options.owner ?? '';
     // '' is no worker (a cancel's synthetic `accepted`, a meta between attempts).
     if (options.workerId !== undefined && options.workerId !== '') session.workerId = options.workerId;
     this.sessions.set(requestId, session);
@@ -272,6 +281,29 @@ export class SessionManager {
 
   failAll(error: GatewayError, reason: CancelReason): void {
     for (const session of [...this.sessions.values()]) this.fail(session, error, reason);
+  }
+
+  /** The hashes of the API keys that own an open session ('' — no key — left out). */
+  owners(): Set<string> {
+    const owners = new Set<string>();
+    for (const session of this.sessions.values()) if (session.owner !== '') owners.add(session.owner);
+    return owners;
+  }
+
+  /**
+   * The API key `owner` was revoked: each of its sessions ends with `error` (a 401 before the stream's
+   * 200, an SSE error frame after it) and its work stops, as any failed session's does.
+   * @returns how many sessions ended
+   */
+  endOwner(owner: string, error: GatewayError): number {
+    let ended = 0;
+    for (const session of [...this.sessions.values()]) {
+      // (A session of a prompt batch may already be closed by its batch's first failure.)
+      if (session.owner !== owner || session.state === 'closed') continue;
+      this.fail(session, error, 'key_revoked');
+      ended++;
+    }
+    return ended;
   }
 
   /**

@@ -11,6 +11,8 @@ export const cancelReasonSchema = z.enum([
   'shutdown',
   /** `POST /v1/.../{id}/cancel`: the stream, if open, ends with finish reason `abort`. */
   'cancelled',
+  /** The request's API key was revoked (`npm run keys -- revoke`): its stream, if open, ended with a 401 error. */
+  'key_revoked',
 ]);
 export type CancelReason = z.infer<typeof cancelReasonSchema>;
 
@@ -50,4 +52,26 @@ export function encodeControlMessage(message: ControlMessage): string {
 
 export function decodeControlMessage(raw: string | Buffer): ControlMessage {
   return controlMessageSchema.parse(JSON.parse(typeof raw === 'string' ? raw : raw.toString('utf8')));
+}
+
+/**
+ * An API key was revoked (`npm run keys -- revoke`): every gateway ends the requests it holds under
+ * it. `keyHash` is the key's sha256 (hex): its id in Redis, and the `owner` of its requests' metas.
+ */
+export const keyRevokedMessageSchema = z.object({
+  type: z.literal('key-revoked'),
+  keyHash: z.string().regex(/^[0-9a-f]{64}$/),
+});
+export type KeyRevokedMessage = z.infer<typeof keyRevokedMessageSchema>;
+
+/** Published on the gateways' channel (`gatewaysChannel`), read by every gateway. */
+export const gatewayBroadcastSchema = z.discriminatedUnion('type', [keyRevokedMessageSchema]);
+export type GatewayBroadcast = z.infer<typeof gatewayBroadcastSchema>;
+
+export function encodeGatewayBroadcast(message: GatewayBroadcast): string {
+  return JSON.stringify(message);
+}
+
+export function decodeGatewayBroadcast(raw: string | Buffer): GatewayBroadcast {
+  return gatewayBroadcastSchema.parse(JSON.parse(typeof raw === 'string' ? raw : raw.toString('utf8')));
 }

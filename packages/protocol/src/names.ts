@@ -21,6 +21,8 @@ export function redisNames(prefix: string = DEFAULT_PREFIX) {
     gatewayChannel: (gatewayId: string) => `${prefix}:gw:${gatewayId}`,
     /** The channel every worker subscribes to for cancels and route changes (control messages). */
     controlChannel: `${prefix}:control`,
+    /** The channel every gateway subscribes to besides its own: news for all of them (a revoked API key). */
+    gatewaysChannel: `${prefix}:gateways`,
     /** Set by a live gateway (PX TTL): a worker whose publish reached nobody checks it before it gives up on the gateway. */
     gatewayAliveKey: (channel: string) => `${channel}:alive`,
     /**

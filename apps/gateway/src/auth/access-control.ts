@@ -20,6 +20,8 @@ export interface AccessControl {
   readonly authenticate?: MiddlewareHandler<AppEnv>;
   /** Allowed models and per-key limits of each generation request. */
   readonly admission?: KeyAdmission;
+  /** The keys: a revoked key's requests in flight are ended (key-revocation.ts). */
+  readonly store?: ApiKeyStore;
 }
 
 /** Whether HOST only accepts connections from this machine. */
@@ -97,6 +99,7 @@ export async function startAccessControl(
   return {
     mode,
     authenticate: authMiddleware(store, usage),
+    store,
     admission: new KeyAdmission(limiter, usage, logger, leaseMs, new RequestScripts(redis, redisNames(config.redisPrefix))),
   };
 }

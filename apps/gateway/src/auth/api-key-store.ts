@@ -1,4 +1,5 @@
 import type { Redis } from 'ioredis';
+import { encodeGatewayBroadcast, redisNames } from '@sluice/protocol';
 import { apiKeyRecordSchema, generateApiKey, hashApiKey, KEY_NAME_PATTERN, type ApiKeyLimits, type ApiKeyRecord } from './api-key.js';
 
 /** A stored key as `list` shows it: never the key, only its record and a short hash prefix. */
@@ -13,17 +14,20 @@ export class ApiKeyStoreError extends Error {
 /**
  * API keys in Redis, shared by every gateway: `<prefix>:apikeys` maps sha256(key) → record (JSON),
  * `<prefix>:apikey-names` maps name → hash (names are unique, so `revoke --name` is unambiguous).
- * A revoked key is gone from the hash at once, so the next request on any gateway gets 401.
+ * A revoked key is gone from the hash at once, so the next request on any gateway gets 401, and the
+ * revoke is announced to every gateway, which ends the key's requests in flight.
  */
 export class ApiKeyStore {
   readonly #redis: Redis;
   readonly #records: string;
   readonly #names: string;
+  readonly #gateways: string;
 
   constructor(redis: Redis, prefix: string) {
     this.#redis = redis;
     this.#records = `${prefix}:apikeys`;
     this.#names = `${prefix}:apikey-names`;
+    this.#gateways = redisNames(prefix).gatewaysChannel;
   }
 
   /** Creates a key and returns it: the only time it is ever seen. */
@@ -95,19 +99,47 @@ export class ApiKeyStore {
     return this.#redis.hlen(this.#records);
   }
 
-  /** Removes the key named `name`; false when there is none. */
+  /**
+   * The hashes among `hashes` that name no key any more (revoked), in one round trip. A hash whose
+   * check failed is not among them: only a key known to be gone ends its requests.
+   */
+  async missing(hashes: readonly string[]): Promise<string[]> {
+    if (hashes.length === 0) return [];
+    const pipeline = this.#redis.pipeline();
+    for (const hash of hashes) pipeline.hexists(this.#records, hash);
+    const replies = (await pipeline.exec()) ?? [];
+    return hashes.filter((_, i) => {
+      const [error, exists] = replies[i] ?? [null, 1];
+      return error === null && exists === 0;
+    });
+  }
+
+  /**
+   * Removes the key named `name` and announces it on the gateways' channel, in one step: every gateway
+   * then ends the key's requests in flight (one that misses the message finds the key gone at its next
+   * registry poll). False when there is no such key.
+   */
   async revoke(name: string): Promise<boolean> {
-    const removed = (await this.#redis.eval(
-      `local hash = redis.call('HGET', KEYS[2], ARGV[1])
-       if not hash then return 0 end
-       redis.call('HDEL', KEYS[2], ARGV[1])
-       redis.call('HDEL', KEYS[1], hash)
-       return 1`,
-      2,
-      this.#records,
-      this.#names,
-      name,
-    )) as number;
-    return removed === 1;
+    for (;;) {
+      const hash = await this.#redis.hget(this.#names, name);
+      if (hash === null) return false;
+      // The message is encoded here, once; the script checks that the name still holds this hash (a
+      // concurrent revoke and create of the same name reads it again).
+      const removed = (await this.#redis.eval(
+        `if redis.call('HGET', KEYS[2], ARGV[1]) ~= ARGV[2] then return 0 end
+         redis.call('HDEL', KEYS[2], ARGV[1])
+         redis.call('HDEL', KEYS[1], ARGV[2])
+         redis.call('PUBLISH', ARGV[3], ARGV[4])
+         return 1`,
+        2,
+        this.#records,
+        this.#names,
+        name,
+        hash,
+        this.#gateways,
+        encodeGatewayBroadcast({ type: 'key-revoked', keyHash: hash }),
+      )) as number;
+      if (removed === 1) return true;
+    }
   }
 }

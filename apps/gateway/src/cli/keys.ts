@@ -7,6 +7,7 @@
  *       Prints the new key, alone, on stdout (the only time it is shown): `KEY=$(npm run -s keys -- create --name ci)`.
  *   list [--json]      Names, limits, models, creation time; never the keys.
  *   revoke --name <name>
+ *       Deletes the key and tells every gateway: its requests in flight end (a 401 / an SSE error frame).
  */
 import { parseArgs } from 'node:util';
 import { Redis } from 'ioredis';
@@ -126,7 +127,9 @@ async function main(argv: string[]): Promise<number> {
           process.stderr.write(`keys: no key named "${values.name}"\n`);
           return 1;
         }
-        process.stderr.write(`keys: revoked "${values.name}" (refused by every gateway from now on)\n`);
+        process.stderr.write(
+          `keys: revoked "${values.name}": refused by every gateway from now on, and its requests in flight are ended\n`,
+        );
         return 0;
       }
       default:

@@ -114,7 +114,11 @@ export function generateHandler(deps: AppDeps, endpoint: Endpoint) {
     // Prompt k of a batch runs as its own job; the first keeps the reply's id.
     const jobIds = prompts.map((_, k) => batchRequestId(jobId, k));
     const opened: RequestSession[] = jobIds.map((id, k) => {
-      const session = sessions.open(id, deadlineAt, batch?.listenerFor(k) ?? ((event) => responder.handle(event)), { graceMs });
+      const session = sessions.open(id, deadlineAt, batch?.listenerFor(k) ?? ((event) => responder.handle(event)), {
+        graceMs,
+        // A revoke of the key ends the session (auth/key-revocation.ts).
+        owner: apiKey?.hash,
+      });
       batch?.add(session);
       return session;
     });
