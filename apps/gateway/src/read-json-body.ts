@@ -10,6 +10,8 @@ import { GatewayError } from './errors.js';
  *   the rest of the body is never read.
  * - The client left before the body ended: `client_closed` (a client event, not an internal error).
  * - A `Content-Encoding` other than identity: `unsupported_media_type` (415), the body unread.
+ * - One leading UTF-8 byte order mark is skipped (RFC 8259 §8.1 lets a parser ignore it; Windows
+ *   tools and .NET clients write one), so the body parses as the same JSON without it.
  */
 export function readJsonBody(incoming: IncomingMessage, outgoing: ServerResponse, maxBytes: number): Promise<unknown> {
   const tooLarge = () => {
@@ -53,7 +55,7 @@ export function readJsonBody(incoming: IncomingMessage, outgoing: ServerResponse
     const onEnd = () => {
       stop();
       try {
-        resolve(JSON.parse(Buffer.concat(chunks, size).toString('utf8')));
+        resolve(JSON.parse(withoutBom(Buffer.concat(chunks, size).toString('utf8'))));
       } catch {
         reject(new GatewayError('invalid_json'));
       }
@@ -67,4 +69,9 @@ export function readJsonBody(incoming: IncomingMessage, outgoing: ServerResponse
     incoming.on('error', onGone);
     incoming.on('close', onGone);
   });
+}
+
+/** The text after one leading byte order mark (`toString('utf8')` keeps it, as U+FEFF). */
+function withoutBom(text: string): string {
+  return text.charCodeAt(0) === 0xfeff ? text.slice(1) : text;
 }

@@ -31,6 +31,7 @@ export const jobSamplingSchema = z.object({
   presencePenalty: z.number().optional(),
   frequencyPenalty: z.number().optional(),
   repetitionPenalty: z.number().positive().optional(),
+  /** A safe integer (as the engine's generator and the token log take it): gateways hash a client's int64 past 2^53 into one. */
   seed: z.number().int().optional(),
   logprobs: z.boolean().optional(),
   topLogprobs: z.number().int().min(0).max(20).optional(),

@@ -1,6 +1,7 @@
 import { z } from 'zod';
 import type { JobInput, JobSampling } from '@sluice/protocol';
 import { GatewayError } from '../errors.js';
+import { engineSeed, seedSchema } from './engine-seed.js';
 
 /**
  * Zod schemas of the OpenAI request bodies the gateway accepts: they validate every request and are
@@ -79,7 +80,10 @@ const commonFields = {
   top_p: opt(z.number().gt(0).max(1)),
   top_k: opt(z.number().int().min(-1)).meta({ description: 'vLLM extension: sample among the k most likely tokens (0 or -1: off).' }),
   min_p: opt(z.number().min(0).max(1)).meta({ description: 'vLLM extension: drop tokens less likely than min_p × the most likely one.' }),
-  seed: opt(z.number().int()).meta({ description: 'Same seed, same tokens, whatever else shares the batch.' }),
+  seed: opt(seedSchema).meta({
+    description:
+      'Same seed, same tokens, whatever else shares the batch. An int64: values past 2^53 are taken as JSON numbers read them (rounded to a double).',
+  }),
   stop: stopSchema,
   n: opt(z.number().int().min(1).max(16)).meta({ description: "Choices per prompt; they share the prompt's prefill." }),
   presence_penalty: opt(z.number().min(-2).max(2)),
@@ -267,7 +271,7 @@ function commonSampling(body: z.infer<typeof chatRequestSchema> | z.infer<typeof
   if (body.top_p !== undefined) sampling.topP = body.top_p;
   if (body.top_k !== undefined) sampling.topK = body.top_k;
   if (body.min_p !== undefined) sampling.minP = body.min_p;
-  if (body.seed !== undefined) sampling.seed = body.seed;
+  if (body.seed !== undefined) sampling.seed = engineSeed(body.seed);
   if (body.stop !== undefined) sampling.stop = typeof body.stop === 'string' ? [body.stop] : body.stop;
   if (body.n !== undefined) sampling.n = body.n;
   if (body.presence_penalty !== undefined) sampling.presencePenalty = body.presence_penalty;

@@ -250,7 +250,9 @@ export function createOpenApiDocument(version: string): object {
           operationId: 'tokenize',
           tags: ['Tokenization'],
           summary: 'Text or messages to token ids',
-          description: "vLLM's shape. Messages are rendered with the model chat template (with the assistant turn's opening).",
+          description:
+            "vLLM's shape. Messages are rendered with the model chat template (with the assistant turn's opening). " +
+            'A prompt of more than `max_model_len` tokens is refused (`context_length_exceeded`), as vLLM refuses it.',
           requestBody: { required: true, content: { 'application/json': { schema: tokenizeRequestSchema } } },
           responses: {
             '200': json(tokenizeResponseSchema, 'The token ids.'),
@@ -260,7 +262,9 @@ export function createOpenApiDocument(version: string): object {
               'unsupported_media_type',
               'invalid_json',
               'invalid_request',
+              'context_length_exceeded',
               'model_not_found',
+              'request_too_large',
               'no_workers',
               'store_unavailable',
             ),
@@ -282,6 +286,7 @@ export function createOpenApiDocument(version: string): object {
               'invalid_json',
               'invalid_request',
               'model_not_found',
+              'request_too_large',
               'no_workers',
               'store_unavailable',
             ),

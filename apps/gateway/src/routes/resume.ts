@@ -17,16 +17,21 @@ function jobIdOf(endpoint: Endpoint, chunkId: string): string | undefined {
   return chunkId.startsWith(prefix) && chunkId.length > prefix.length ? chunkId.slice(prefix.length) : undefined;
 }
 
-/** `Last-Event-ID` (what a browser's EventSource sends) or `starting_after`; -1 = from the start. */
-function cursorOf(c: Context<AppEnv>): number {
+/**
+ * `Last-Event-ID` (what a browser's EventSource sends) or `starting_after`, and which of them it came
+ * from; -1 = from the start. Event ids are safe integers: a larger one would be read rounded (and
+ * echoed so), so it is refused as any other id that is not one.
+ */
+function cursorOf(c: Context<AppEnv>): { cursor: number; param: 'Last-Event-ID' | 'starting_after' } {
   const header = c.req.header('last-event-id');
-  const query = c.req.query('starting_after');
-  const [raw, param] = header !== undefined && header !== '' ? [header, 'Last-Event-ID'] : [query, 'starting_after'];
-  if (raw === undefined || raw === '') return -1;
-  if (!/^(-1|0|[1-9]\d{0,15})$/.test(raw)) {
+  const [raw, param] =
+    header !== undefined && header !== '' ? [header, 'Last-Event-ID' as const] : [c.req.query('starting_after'), 'starting_after' as const];
+  if (raw === undefined || raw === '') return { cursor: -1, param };
+  const cursor = Number(raw);
+  if (!/^(-1|0|[1-9]\d{0,15})$/.test(raw) || !Number.isSafeInteger(cursor)) {
     throw new GatewayError('invalid_request', { message: `${param}: must be an event id of this stream (an integer ≥ -1).`, param });
   }
-  return Number(raw);
+  return { cursor, param };
 }
 
 function notFound(id: string): GatewayError {
@@ -67,7 +72,7 @@ export function resumeHandler(deps: AppDeps, endpoint: Endpoint) {
         param: 'stream',
       });
     }
-    const cursor = cursorOf(c);
+    const { cursor, param: cursorParam } = cursorOf(c);
     if (deps.isDraining()) throw new GatewayError('shutting_down');
     const [meta, last] = await Promise.all([log.meta(jobId), log.last(jobId)]);
     if (meta === undefined || meta.format.endpoint !== endpoint || !ownedByCaller(c, meta)) throw notFound(chunkId);
@@ -75,7 +80,7 @@ export function resumeHandler(deps: AppDeps, endpoint: Endpoint) {
     if (cursor > lastSeq) {
       throw new GatewayError('invalid_request', {
         message: `The cursor ${cursor} is past the end of the stream (last event id ${lastSeq}).`,
-        param: c.req.header('last-event-id') !== undefined ? 'Last-Event-ID' : 'starting_after',
+        param: cursorParam,
       });
     }
     const { format } = meta;
@@ -164,6 +169,7 @@ export function resumeHandler(deps: AppDeps, endpoint: Endpoint) {
       accepted: cursor >= 0,
       workerId: meta.workerId,
       attempt: meta.attempt,
+      owner: apiKey?.hash,
     });
     // A client that leaves while the route moves here is answered at once; the session leaves (its
     // work cancelled, or detached with a grace) once the attach is done, so that the detach comes

@@ -16,15 +16,34 @@ function servedModel(deps: AppDeps, c: Context<AppEnv>, model: string) {
   return served;
 }
 
-/** `POST /tokenize`: the token ids a prompt or a chat becomes, with the model's own tokenizer. */
+/**
+ * `POST /tokenize`: the token ids a prompt or a chat becomes, with the model's own tokenizer.
+ *
+ * A prompt over the model's context (`max_model_len` tokens) is refused, as vLLM refuses it: no
+ * request could carry it. Where the tokenizer gives a bound (token-count-bound.ts), one whose byte
+ * length alone proves it is too long is refused unencoded, as the completions endpoints refuse it: a
+ * prompt of MAX_BODY_BYTES would hold the gateway's thread (every stream on it) for seconds.
+ */
 export function tokenizeHandler(deps: AppDeps) {
   return async (c: Context<AppEnv>) => {
     const body = parseWith(tokenizeRequestSchema, await jsonBody(deps, c));
     const served = servedModel(deps, c, body.model);
     const tokenizer = await deps.tokenizers.forModel(served);
-    const tokens =
-      body.messages !== undefined ? tokenizer.encodeChat(body.messages.map(toJobMessage)) : tokenizer.encodeText(body.prompt ?? '');
-    return c.json({ count: tokens.length, max_model_len: Math.min(tokenizer.maxContextLength, served.maxContextLength), tokens });
+    const maxModelLen = Math.min(tokenizer.maxContextLength, served.maxContextLength);
+    const [encoded, param] =
+      body.messages !== undefined
+        ? [tokenizer.encodeChat(body.messages.map(toJobMessage), maxModelLen + 1), 'messages']
+        : [tokenizer.encodeText(body.prompt ?? '', maxModelLen + 1), 'prompt'];
+    const count = Array.isArray(encoded) ? encoded.length : encoded.atLeast;
+    if (!Array.isArray(encoded) || count > maxModelLen) {
+      throw new GatewayError('context_length_exceeded', {
+        message:
+          `This model's maximum context length is ${maxModelLen} tokens. ` +
+          `However, your prompt is ${Array.isArray(encoded) ? '' : 'at least '}${count} tokens long.`,
+        param,
+      });
+    }
+    return c.json({ count, max_model_len: maxModelLen, tokens: encoded });
   };
 }
 

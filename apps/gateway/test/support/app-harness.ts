@@ -49,8 +49,14 @@ export async function closeAppHarnesses(): Promise<void> {
   await Promise.all(open.splice(0).map((h) => h.close()));
 }
 
-/** `access`: API keys and limits (auth/access-control.ts), as main.ts wires them; absent: none. */
-export async function startAppHarness(env: Record<string, string> = {}, options: { access?: AccessControl } = {}): Promise<AppHarness> {
+/**
+ * `access`: API keys and limits (auth/access-control.ts), as main.ts wires them; absent: none.
+ * `tokenizer`: every model's tokenizer; absent: one token per character.
+ */
+export async function startAppHarness(
+  env: Record<string, string> = {},
+  options: { access?: AccessControl; tokenizer?: ModelTokenizer } = {},
+): Promise<AppHarness> {
   const config = loadGatewayConfig({ HEADERS_WAIT_MS: '1000', ...env });
   const logger = pino({ level: 'silent' });
   const metrics = createGatewayMetrics();
@@ -93,7 +99,7 @@ export async function startAppHarness(env: Record<string, string> = {}, options:
       models: () => [{ id: 'm', maxContextLength: 100, workers: 1 }],
       requireModel: (id) => ({ id, maxContextLength: 100, workers: 1, maxBatchSize: 16 }),
     },
-    tokenizers: { forModel: async () => charTokenizer },
+    tokenizers: { forModel: async () => options.tokenizer ?? charTokenizer },
     checkRedis: async () => true,
     isDraining: () => false,
     ...(options.access === undefined ? {} : { access: options.access }),
