@@ -1,6 +1,6 @@
 import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
-import { ChatTemplateError, loadPromptModel, type ChatMessage, type PromptModel } from '@sluice/model';
+import { ChatTemplateError, loadPromptModel, parsePromptJson, type ChatMessage, type PromptModel } from '@sluice/model';
 import { decodeModelCard, type RedisNames } from '@sluice/protocol';
 import { GatewayError } from './errors.js';
 import { tokenCountBound, type TokenCountBound } from './token-count-bound.js';
@@ -145,8 +145,10 @@ export class TokenizerCache implements TokenizerSource {
     if (card === undefined) throw new GatewayError('no_workers', { message: 'The model card of this model is missing.' });
     try {
       const started = performance.now();
-      const bound = tokenCountBound(JSON.parse(card.tokenizerJson), JSON.parse(card.tokenizerConfigJson));
-      const tokenizer = modelTokenizer(loadPromptModel(card), card.maxContextLength, bound);
+      // tokenizer.json parsed once for both (10.6 MB for Qwen3's vocabulary: ~0.2 s of this thread).
+      const parsed = parsePromptJson(card);
+      const bound = tokenCountBound(parsed.tokenizer, parsed.tokenizerConfig);
+      const tokenizer = modelTokenizer(loadPromptModel(card, parsed), card.maxContextLength, bound);
       this.logger.info(
         { hash, ms: Math.round(performance.now() - started), maxTokenBytes: bound?.maxTokenBytes ?? null },
         'model card loaded',

@@ -2,7 +2,14 @@ export type * from './types.js';
 export { loadModelDir, ModelDirError, type LoadModelDirOptions } from './model-dir.js';
 export { loadTokenizer } from './tokenizer.js';
 export { createChatTemplate, ChatTemplateError } from './chat-template.js';
-export { readPromptFiles, loadPromptModel, type PromptFiles, type PromptModel } from './prompt-files.js';
+export {
+  readPromptFiles,
+  loadPromptModel,
+  parsePromptJson,
+  type ParsedPromptJson,
+  type PromptFiles,
+  type PromptModel,
+} from './prompt-files.js';
 export { readOnnxIo } from './onnx-io.js';
 export { TextStreamer, type TextStreamerOptions } from './text-streamer.js';
 export { generateTinyModel, type GenerateTinyModelOptions } from './tiny-model/generate-tiny-model.js';

@@ -35,14 +35,26 @@ export async function readPromptFiles(dir: string): Promise<PromptFiles> {
   return { tokenizerJson, tokenizerConfigJson, chatTemplate };
 }
 
+/** The JSON of the prompt files, parsed: tokenizer.json is megabytes for a large vocabulary. */
+export interface ParsedPromptJson {
+  tokenizer: unknown;
+  tokenizerConfig: unknown;
+}
+
+/** Parses the prompt files' JSON once, for a caller that reads it too (a gateway's token-count bound). */
+export function parsePromptJson(files: PromptFiles): ParsedPromptJson {
+  return { tokenizer: JSON.parse(files.tokenizerJson), tokenizerConfig: JSON.parse(files.tokenizerConfigJson) };
+}
+
 /**
  * Builds the tokenizer and chat template from prompt files (e.g. read from Redis).
+ * @param parsed their JSON, when the caller parsed it already
  * @throws Error when the files do not describe a tokenizer or template this library can run.
  */
-export function loadPromptModel(files: PromptFiles): PromptModel {
-  const parsedConfig = tokenizerConfigSchema.safeParse(JSON.parse(files.tokenizerConfigJson));
+export function loadPromptModel(files: PromptFiles, parsed: ParsedPromptJson = parsePromptJson(files)): PromptModel {
+  const parsedConfig = tokenizerConfigSchema.safeParse(parsed.tokenizerConfig);
   const config = parsedConfig.success ? parsedConfig.data : {};
-  const tokenizer = loadTokenizer(JSON.parse(files.tokenizerJson), config);
+  const tokenizer = loadTokenizer(parsed.tokenizer, config);
   const chatTemplate =
     files.chatTemplate === null
       ? missingChatTemplate('this model has no chat template: use completions')
