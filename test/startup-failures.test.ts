@@ -1,5 +1,8 @@
 import { execFileSync } from 'node:child_process';
-import { readFileSync } from 'node:fs';
+import { existsSync, readFileSync } from 'node:fs';
+import { cp, mkdtemp, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { createServer, type Server } from 'node:net';
 import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -7,7 +10,7 @@ import { redactRedisUrl } from '@sluice/protocol';
 import { runKeys } from './support/api-keys.js';
 import { freePort, startProcess, waitFor, type ManagedProcess } from './support/processes.js';
 import { hasRedisServer, startRedis, type RedisServer } from './support/redis-server.js';
-import { GATEWAY_MAIN, WORKER_MAIN } from './support/sluice.js';
+import { GATEWAY_MAIN, startWorker, WORKER_MAIN } from './support/sluice.js';
 
 /**
  * How the processes fail to start, and how `npm start` stops: real gateway, worker, keys CLI,
@@ -16,13 +19,25 @@ import { GATEWAY_MAIN, WORKER_MAIN } from './support/sluice.js';
 const root = fileURLToPath(new URL('..', import.meta.url));
 const PASSWORD = 'hunter2-not-for-logs';
 
-/** Runs `main` to its exit and returns its code and whole output. */
-async function runToExit(name: string, main: string, env: Record<string, string>): Promise<{ code: number | null; output: string }> {
+/** Runs `main` to its exit and returns its code, its whole output (stdout and stderr) and its stderr alone. */
+async function runToExit(
+  name: string,
+  main: string,
+  env: Record<string, string>,
+): Promise<{ code: number | null; output: string; stderr: string }> {
   const proc = startProcess(name, process.execPath, [main], env);
+  let stderr = '';
+  proc.child.stderr?.on('data', (text: string) => (stderr += text));
   const timer = setTimeout(() => proc.signal('SIGKILL'), 30_000);
   const { code } = await proc.exited;
   clearTimeout(timer);
-  return { code, output: proc.output() };
+  return { code, output: proc.output(), stderr };
+}
+
+/** The one line a process wrote on stderr (fails the test when it wrote more or none). */
+function oneLine(stderr: string): string {
+  expect(stderr, 'one line on stderr').toMatch(/^[^\n]+\n$/);
+  return stderr.trimEnd();
 }
 
 describe('a Redis URL in a printed line', () => {
@@ -42,10 +57,59 @@ describe('a setting refused at start', () => {
     expect(output).not.toMatch(/TimeoutOverflowWarning/);
   });
 
+  it('stops the worker before it loads a model when MAX_STEP_TOKENS is below MAX_BATCH_SIZE, naming both and the bound', async () => {
+    // The model directory does not exist: a worker that looked at it first would say so instead.
+    const { code, stderr } = await runToExit('worker', WORKER_MAIN, { MAX_STEP_TOKENS: '8', MODEL_DIR: `${root}no-such-model` });
+    expect(code).toBe(1);
+    expect(stderr).toContain('MAX_STEP_TOKENS: must be at least MAX_BATCH_SIZE (32), got 8');
+    expect(stderr).not.toMatch(/no-such-model|model directory/);
+  });
+
+  it("names the settings and the model's context length when the engine cannot hold the KV cache they ask for", async () => {
+    // KV_PREALLOCATE reserves MAX_BATCH_SIZE × 1.25 × the context length: far more than any array.
+    const huge = '1000000000000';
+    const { code, output, stderr } = await runToExit('worker', WORKER_MAIN, {
+      MAX_BATCH_SIZE: huge,
+      MAX_STEP_TOKENS: huge,
+      KV_PREALLOCATE: '1',
+      REDIS_URL: `redis://127.0.0.1:${await freePort()}`,
+      METRICS_PORT: '0',
+    });
+    expect(code).toBe(1);
+    const line = oneLine(stderr);
+    expect(line).toMatch(/^worker cannot start the engine \(MAX_BATCH_SIZE=1000000000000, MAX_STEP_TOKENS=1000000000000, /);
+    expect(line).toContain('KV_PREALLOCATE=true');
+    expect(line).toMatch(/the model's context length: \d+\): /);
+    expect(output).toContain('worker failed to start');
+  });
+
   it('stops the gateway with a message naming a port written in hexadecimal', async () => {
     const { code, output } = await runToExit('gateway', GATEWAY_MAIN, { PORT: '0x1F90' });
     expect(code).toBe(1);
     expect(output).toMatch(/PORT: must be a decimal integer/);
+  });
+});
+
+describe('when the worker cannot start', () => {
+  it('says in one line on stderr that it cannot connect to Redis, and why, without the password; exits 1', async () => {
+    const port = await freePort();
+    const { code, output, stderr } = await runToExit('worker', WORKER_MAIN, {
+      REDIS_URL: `redis://:${PASSWORD}@127.0.0.1:${port}`,
+      METRICS_PORT: '0',
+    });
+    expect(code).toBe(1);
+    expect(oneLine(stderr)).toMatch(
+      new RegExp(`^worker cannot connect to Redis at redis://\\*\\*\\*@127\\.0\\.0\\.1:${port}: connect ECONNREFUSED`),
+    );
+    // The JSON log line stays.
+    expect(output).toMatch(/\{"level":60,.*"msg":"worker failed to start \(MODEL_DIR=built-in tiny/);
+    expect(output).not.toContain(PASSWORD);
+  });
+
+  it('says in one line on stderr which MODEL_DIR it cannot load, and why; exits 1', async () => {
+    const { code, stderr } = await runToExit('worker', WORKER_MAIN, { MODEL_DIR: `${root}no-such-model`, METRICS_PORT: '0' });
+    expect(code).toBe(1);
+    expect(oneLine(stderr)).toBe(`worker cannot load MODEL_DIR=${root}no-such-model: ${root}no-such-model: model directory not found`);
   });
 });
 
@@ -94,6 +158,43 @@ describe.skipIf(!hasRedisServer())('when the gateway or the worker cannot start'
     expect(code).toBe(1);
     expect(output).toContain(`gateway cannot listen on HOST=127.0.0.1 PORT=${takenPort}: the port is already in use (EADDRINUSE)`);
     expect(output).not.toMatch(/Unhandled 'error' event|\n\s+at /);
+  });
+
+  it('the worker says which METRICS_PORT is in use, in one line on stderr, and exits 1', async () => {
+    const { code, stderr } = await runToExit('worker', WORKER_MAIN, { REDIS_URL: redis.url, METRICS_PORT: String(takenPort) });
+    expect(code).toBe(1);
+    expect(oneLine(stderr)).toMatch(
+      new RegExp(`^worker cannot listen on METRICS_HOST=127\\.0\\.0\\.1 METRICS_PORT=${takenPort}: .*EADDRINUSE`),
+    );
+  });
+
+  it('the worker says in one line that Redis refused its password, without printing it', async () => {
+    const { code, output, stderr } = await runToExit('worker', WORKER_MAIN, {
+      REDIS_URL: `redis://:${PASSWORD}x@127.0.0.1:${lockedPort}`,
+      METRICS_PORT: '0',
+    });
+    expect(code).toBe(1);
+    expect(oneLine(stderr)).toMatch(
+      new RegExp(`^worker cannot connect to Redis at redis://\\*\\*\\*@127\\.0\\.0\\.1:${lockedPort}: WRONGPASS`),
+    );
+    expect(output).not.toContain(PASSWORD);
+  });
+
+  it('the worker generates again a built-in model whose stamp outlived its model.onnx, and starts', async () => {
+    const models = await mkdtemp(join(tmpdir(), 'sluice-models-'));
+    try {
+      await cp(`${root}models/tiny`, join(models, 'tiny'), { recursive: true });
+      await rm(join(models, 'tiny', 'onnx', 'model.onnx'));
+      const worker = await startWorker(redis.url, { SLUICE_MODELS_DIR: models });
+      try {
+        expect((await worker.health()).status).toBe('ok');
+        expect(existsSync(join(models, 'tiny', 'onnx', 'model.onnx'))).toBe(true);
+      } finally {
+        await worker.process.stop();
+      }
+    } finally {
+      await rm(models, { recursive: true, force: true });
+    }
   });
 
   it('the gateway says which HOST it cannot bind and exits 1', async () => {

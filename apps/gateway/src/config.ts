@@ -1,8 +1,8 @@
 import { randomBytes } from 'node:crypto';
 import { hostname } from 'node:os';
 import { z } from 'zod';
-import { DEFAULT_PREFIX } from '@sluice/protocol';
-import { accessEnvShape, int, ms, toAccessConfig, type AccessConfig } from './auth/access-config.js';
+import { DEFAULT_PREFIX, envInput, envInt as int, envMs as ms } from '@sluice/protocol';
+import { accessEnvShape, toAccessConfig, type AccessConfig } from './auth/access-config.js';
 
 /**
  * Every setting of the gateway, read from the environment once at start. An invalid value stops the
@@ -98,7 +98,7 @@ export class ConfigError extends Error {
 
 /** Reads and validates the environment. Empty and blank (whitespace-only) values count as unset. */
 export function loadGatewayConfig(env: NodeJS.ProcessEnv = process.env): GatewayConfig {
-  const input = Object.fromEntries(Object.entries(env).filter(([, value]) => value !== undefined && value.trim() !== ''));
+  const input = envInput(env);
   const parsed = gatewayEnvSchema.safeParse(input);
   if (!parsed.success) {
     const lines = parsed.error.issues.map((issue) => `  ${issue.path.join('.')}: ${issue.message}`);

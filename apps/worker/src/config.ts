@@ -2,22 +2,7 @@ import { randomBytes } from 'node:crypto';
 import { hostname } from 'node:os';
 import { z } from 'zod';
 import type { EngineOptions } from '@sluice/engine';
-import { DEFAULT_PREFIX } from '@sluice/protocol';
-
-/** Node runs a timer set above this as a 1 ms timer (TimeoutOverflowWarning): the cap of every `*_MS` variable. */
-export const MAX_TIMER_MS = 2_147_483_647;
-
-/** An integer variable: plain decimal digits only (no `0x1F90`, `1e6`, `8080.0`), from `min` to `max`. */
-const int = (min: number, max = Number.MAX_SAFE_INTEGER, tooLarge = `must be at most ${max}`) =>
-  z
-    .string()
-    .trim()
-    .regex(/^-?\d+$/, 'must be a decimal integer')
-    .transform(Number)
-    .pipe(z.number().int().min(min, `must be at least ${min}`).max(max, tooLarge));
-
-/** A duration in milliseconds: an integer from `min` to MAX_TIMER_MS. */
-const ms = (min: number) => int(min, MAX_TIMER_MS, `must be at most ${MAX_TIMER_MS} (ms, about 24.8 days: Node's longest timer)`);
+import { DEFAULT_PREFIX, envInput, envInt as int, envMs as ms } from '@sluice/protocol';
 
 /** Every setting of the worker, read from the environment once at start (errors name the variable). */
 export const workerEnvSchema = z.object({
@@ -31,7 +16,7 @@ export const workerEnvSchema = z.object({
   MODEL_ID: z.string().min(1).optional(),
   /** Max sequences decoded together. @defaultValue 32 */
   MAX_BATCH_SIZE: int(1).default(32),
-  /** Max tokens fed to the model in one step (prefill chunk + decodes). @defaultValue 512 */
+  /** Max tokens fed to the model in one step (prefill chunk + decodes); at least MAX_BATCH_SIZE. @defaultValue 512 */
   MAX_STEP_TOKENS: int(1).default(512),
   /** Whole prompts prefilled together in one model call, at most (1 = one prompt per call). @defaultValue 32 */
   MAX_PREFILL_BATCH: int(1).default(32),
@@ -154,16 +139,24 @@ export class ConfigError extends Error {
 
 /** Reads and validates the environment. Empty and blank (whitespace-only) values count as unset. */
 export function loadWorkerConfig(env: NodeJS.ProcessEnv = process.env): WorkerConfig {
-  const input = Object.fromEntries(Object.entries(env).filter(([, value]) => value !== undefined && value.trim() !== ''));
+  const input = envInput(env);
   const parsed = workerEnvSchema.safeParse(input);
   if (!parsed.success) {
     const lines = parsed.error.issues.map((issue) => `  ${issue.path.join('.')}: ${issue.message}`);
     throw new ConfigError(`invalid worker configuration:\n${lines.join('\n')}`);
   }
   const e = parsed.data;
-  if (e.WORKER_TTL_MS <= e.WORKER_HEARTBEAT_MS) {
-    throw new ConfigError('invalid worker configuration:\n  WORKER_TTL_MS: must be greater than WORKER_HEARTBEAT_MS');
+  // Values valid alone that cannot go together: refused here, before the model loads, naming them.
+  const conflicts: string[] = [];
+  if (e.WORKER_TTL_MS <= e.WORKER_HEARTBEAT_MS) conflicts.push('WORKER_TTL_MS: must be greater than WORKER_HEARTBEAT_MS');
+  if (e.MAX_STEP_TOKENS < e.MAX_BATCH_SIZE) {
+    // The engine refuses it too (EngineOptions.maxStepTokens), but only once the model is loaded.
+    const value = input.MAX_STEP_TOKENS === undefined ? `${e.MAX_STEP_TOKENS} (its default)` : String(e.MAX_STEP_TOKENS);
+    conflicts.push(
+      `MAX_STEP_TOKENS: must be at least MAX_BATCH_SIZE (${e.MAX_BATCH_SIZE}), got ${value}: a full batch's decodes alone feed that many tokens a step`,
+    );
   }
+  if (conflicts.length > 0) throw new ConfigError(`invalid worker configuration:\n${conflicts.map((line) => `  ${line}`).join('\n')}`);
   return {
     redisUrl: e.REDIS_URL,
     redisPrefix: e.REDIS_PREFIX,
@@ -216,4 +209,26 @@ export function engineOptions(config: WorkerConfig, modelDir: string): EngineOpt
     maxPrefillBatch: config.maxPrefillBatch,
     earlyFirstTokens: config.earlyFirstTokens,
   };
+}
+
+/**
+ * The engine's settings as the variables that set them, with the model's context length: what the
+ * worker names when its engine does not start. Some limits are only known with the model (the KV cache
+ * that KV_PREALLOCATE reserves is MAX_BATCH_SIZE × 1.25 × the context length), so config cannot check them.
+ */
+export function describeEngineSettings(config: WorkerConfig, contextLength: number): string {
+  const cached =
+    config.maxCachedTokens === undefined
+      ? `unset (MAX_BATCH_SIZE × context length = ${config.maxBatchSize * contextLength})`
+      : String(config.maxCachedTokens);
+  const settings = [
+    `MAX_BATCH_SIZE=${config.maxBatchSize}`,
+    `MAX_STEP_TOKENS=${config.maxStepTokens}`,
+    `MAX_CACHED_TOKENS=${cached}`,
+    `MAX_PREFILL_BATCH=${config.maxPrefillBatch}`,
+    `KV_PREALLOCATE=${config.kvPreallocate}`,
+    `KV_GROWTH=${config.kvGrowth}`,
+    `EXECUTION_PROVIDER=${config.executionProvider}`,
+  ];
+  return `${settings.join(', ')}; the model's context length: ${contextLength}`;
 }

@@ -4,13 +4,14 @@ import { Redis } from 'ioredis';
 import type { Logger } from 'pino';
 import type { Engine, StepStats } from '@sluice/engine';
 import { QUEUE_JOB_STATES, type WorkerMetrics } from '@sluice/metrics';
-import { GENERATE_QUEUE, redisNames, type ModelCard } from '@sluice/protocol';
+import { GENERATE_QUEUE, redactRedisUrl, redisNames, type ModelCard } from '@sluice/protocol';
 import { ControlListener } from './control-listener.js';
 import type { WorkerConfig } from './config.js';
 import { HealthServer } from './health-server.js';
 import { RequestHandover } from './handover.js';
 import { HANDOVER_REASON, JobProcessor, type WorkerHooks } from './processor.js';
 import { RegistryHeartbeat } from './registry-heartbeat.js';
+import { StartupError, startupStep } from './startup-error.js';
 import { StepRouter } from './step-router.js';
 
 export interface RunningWorker {
@@ -73,14 +74,26 @@ export async function startWorker(
   // BullMQ needs `maxRetriesPerRequest: null` on its connections (blocking commands).
   const subscriber = new Redis(config.redisUrl, { maxRetriesPerRequest: null, lazyConnect: true, retryStrategy, ...named('subscriber') });
   const bullConnection = new Redis(config.redisUrl, { maxRetriesPerRequest: null, lazyConnect: true, retryStrategy, ...named('queue') });
+  // connect() rejects with "Connection is closed."; the cause (ECONNREFUSED, WRONGPASS…) comes as an event.
+  let connectionError: Error | undefined;
   for (const [name, connection] of [
     ['commands', redis],
     ['subscriber', subscriber],
     ['queue', bullConnection],
   ] as const) {
-    connection.on('error', (err: Error) => logger.warn({ err: err.message, connection: name }, 'redis connection error'));
+    connection.on('error', (err: Error) => {
+      connectionError = err;
+      logger.warn({ err: err.message, connection: name }, 'redis connection error');
+    });
   }
-  await Promise.all([redis.connect(), subscriber.connect(), bullConnection.connect()]);
+  try {
+    await Promise.all([redis.connect(), subscriber.connect(), bullConnection.connect()]);
+  } catch (error) {
+    for (const connection of [redis, subscriber, bullConnection]) connection.disconnect();
+    // The event's error by its message alone: an ioredis reply error holds its command, AUTH password included.
+    const cause = connectionError === undefined ? error : new Error(connectionError.message);
+    throw new StartupError(`cannot connect to Redis at ${redactRedisUrl(config.redisUrl)}`, cause);
+  }
 
   const router = new StepRouter(
     redis,
@@ -163,7 +176,9 @@ export async function startWorker(
       res.end(body);
     });
   }
-  const healthPort = await health.listen(config.metricsPort, config.metricsHost);
+  const healthPort = await startupStep(`cannot listen on METRICS_HOST=${config.metricsHost} METRICS_PORT=${config.metricsPort}`, () =>
+    health.listen(config.metricsPort, config.metricsHost),
+  );
 
   // Registered before taking jobs: a gateway must know this worker by the time it accepts one.
   await heartbeat.start();

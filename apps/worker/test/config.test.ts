@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { ConfigError, engineOptions, loadWorkerConfig, workerEnvSchema } from '../src/config.js';
+import { ConfigError, describeEngineSettings, engineOptions, loadWorkerConfig, workerEnvSchema } from '../src/config.js';
 
 describe('worker configuration', () => {
   it('binds /metrics and /healthz to loopback unless METRICS_HOST says otherwise, and keeps request ids off them', () => {
@@ -88,6 +88,31 @@ describe('worker configuration', () => {
       ttlMs: 2_147_483_647,
       lockDurationMs: 2_147_483_647,
     });
+  });
+
+  it('refuses a step budget below the batch size at start, naming both variables, the value and the bound', () => {
+    expect(() => loadWorkerConfig({ MAX_BATCH_SIZE: '8', MAX_STEP_TOKENS: '4' })).toThrow(
+      /^invalid worker configuration:\n {2}MAX_STEP_TOKENS: must be at least MAX_BATCH_SIZE \(8\), got 4: /,
+    );
+    // A batch larger than the default budget: the message says the 512 is the default.
+    expect(() => loadWorkerConfig({ MAX_BATCH_SIZE: '600' })).toThrow(
+      /MAX_STEP_TOKENS: must be at least MAX_BATCH_SIZE \(600\), got 512 \(its default\)/,
+    );
+    expect(loadWorkerConfig({ MAX_BATCH_SIZE: '64', MAX_STEP_TOKENS: '64' })).toMatchObject({ maxBatchSize: 64, maxStepTokens: 64 });
+  });
+
+  it('names every conflict at once', () => {
+    const env = { MAX_STEP_TOKENS: '8', WORKER_TTL_MS: '500', WORKER_HEARTBEAT_MS: '1000' };
+    expect(() => loadWorkerConfig(env)).toThrow(ConfigError);
+    expect(() => loadWorkerConfig(env)).toThrow(/WORKER_TTL_MS: must be greater than WORKER_HEARTBEAT_MS\n {2}MAX_STEP_TOKENS: /);
+  });
+
+  it('names the engine settings and the model context length behind an engine that did not start', () => {
+    const settings = describeEngineSettings(loadWorkerConfig({ MAX_BATCH_SIZE: '4', KV_PREALLOCATE: '1' }), 2048);
+    expect(settings).toContain('MAX_BATCH_SIZE=4, MAX_STEP_TOKENS=512, MAX_CACHED_TOKENS=unset (MAX_BATCH_SIZE × context length = 8192)');
+    expect(settings).toContain('KV_PREALLOCATE=true');
+    expect(settings).toMatch(/; the model's context length: 2048$/);
+    expect(describeEngineSettings(loadWorkerConfig({ MAX_CACHED_TOKENS: '300' }), 2048)).toContain('MAX_CACHED_TOKENS=300,');
   });
 
   it('treats blank values as unset and accepts only plain decimal integers', () => {

@@ -10,3 +10,4 @@ export * from './request-scripts.js';
 export * from './worker-record.js';
 export * from './model-card.js';
 export * from './redact-redis-url.js';
+export * from './env-values.js';

@@ -1,19 +1,5 @@
 import { z } from 'zod';
-
-/** Node runs a timer set above this as a 1 ms timer (TimeoutOverflowWarning): the cap of every `*_MS` variable. */
-export const MAX_TIMER_MS = 2_147_483_647;
-
-/** An integer variable: plain decimal digits only (no `0x1F90`, `1e6`, `8080.0`), from `min` to `max`. */
-export const int = (min: number, max = Number.MAX_SAFE_INTEGER, tooLarge = `must be at most ${max}`) =>
-  z
-    .string()
-    .trim()
-    .regex(/^-?\d+$/, 'must be a decimal integer')
-    .transform(Number)
-    .pipe(z.number().int().min(min, `must be at least ${min}`).max(max, tooLarge));
-
-/** A duration in milliseconds: an integer from `min` to MAX_TIMER_MS. */
-export const ms = (min: number) => int(min, MAX_TIMER_MS, `must be at most ${MAX_TIMER_MS} (ms, about 24.8 days: Node's longest timer)`);
+import { envInt as int, envMs as ms } from '@sluice/protocol';
 
 /**
  * The gateway settings of access control, input ceilings and the HTTP server's connection limits.

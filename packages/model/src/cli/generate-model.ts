@@ -12,20 +12,25 @@ import { stat } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
 import { parseArgs } from 'node:util';
 import { buildTinyModelFiles, DEFAULT_SEED, writeTinyModelFiles } from '../tiny-model/generate-tiny-model.js';
-import { ensureBuiltinModel } from '../tiny-model/ensure-builtin-model.js';
+import { defaultModelsRoot, ensureBuiltinModel } from '../tiny-model/ensure-builtin-model.js';
 import { writeTinyModelGguf } from '../tiny-model/llama-gguf.js';
 import { isTinyModelPreset, TINY_MODEL_PRESETS } from '../tiny-model/presets.js';
 import type { AttentionForm } from '../tiny-model/llama-graph.js';
+import { describeFsError } from './describe-fs-error.js';
 
 const USAGE = `Usage: npm run model:generate -- --preset <${Object.keys(TINY_MODEL_PRESETS).join('|')}> [--out <dir>] [--seed <n>] [--attention plain|gqa] [--format onnx|gguf]`;
 
 class UsageError extends Error {}
 
-function parse(
-  argv: string[],
-):
-  | { preset: keyof typeof TINY_MODEL_PRESETS; out: string | undefined; seed: number; attention: AttentionForm; format: 'onnx' | 'gguf' }
-  | 'help' {
+interface GenerateArgs {
+  preset: keyof typeof TINY_MODEL_PRESETS;
+  out: string | undefined;
+  seed: number;
+  attention: AttentionForm;
+  format: 'onnx' | 'gguf';
+}
+
+function parse(argv: string[]): GenerateArgs | 'help' {
   let values;
   try {
     ({ values } = parseArgs({
@@ -87,6 +92,18 @@ async function main(): Promise<void> {
     return;
   }
 
+  try {
+    await generate(args);
+  } catch (error) {
+    // Out of room, a read-only or missing place: one line, not a stack.
+    const failure = describeFsError(error, args.out ?? join(defaultModelsRoot(), args.preset));
+    if (failure === undefined) throw error;
+    process.stderr.write(`model:generate: ${failure}\n`);
+    process.exitCode = 1;
+  }
+}
+
+async function generate(args: GenerateArgs): Promise<void> {
   if (args.out === undefined) {
     process.stdout.write(`The built-in ${args.preset} model is at ${await ensureBuiltinModel(args.preset)}\n`);
     return;

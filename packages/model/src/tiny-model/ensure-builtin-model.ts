@@ -4,7 +4,7 @@ import { mkdir, readFile, rename, rm, stat } from 'node:fs/promises';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import type { TinyModelPreset } from '../types.js';
-import { GENERATOR_STAMP_FILE, generateTinyModel, generatorStamp } from './generate-tiny-model.js';
+import { GENERATOR_STAMP_FILE, generateTinyModel, generatorStamp, STAMPED_FILES } from './generate-tiny-model.js';
 
 /**
  * Where built-in models live: `$SLUICE_MODELS_DIR`, else `<repo root>/models` (git-ignored). The
@@ -38,8 +38,10 @@ function findRepoRoot(): string {
 type Found = 'current' | 'stale' | 'absent' | 'moving';
 
 /**
- * What is at `dir` now. A directory that exists without a stamp is foreign (an error) only when the
- * same directory (same inode) was there before and after the stamp was looked for: other callers
+ * What is at `dir` now. A current stamp counts only while every file it vouches for is there: a
+ * directory that lost one (deleted, or copied without it) is stale and is generated again.
+ * A directory that exists without a stamp is foreign (an error), and one with missing files stale,
+ * only when the same directory (same inode) was there before and after the look: other callers
  * rename whole directories in and out, so between two separate checks the path can change hands,
  * and that is reported as `moving` (look again), never as foreign or stale.
  */
@@ -47,18 +49,27 @@ async function inspect(dir: string, preset: TinyModelPreset): Promise<Found> {
   const before = await unlessMissing(stat(dir));
   if (before === null) return 'absent';
   const stamp = await unlessMissing(readFile(join(dir, GENERATOR_STAMP_FILE), 'utf8'));
-  if (stamp !== null) return stamp === generatorStamp(preset) ? 'current' : 'stale';
+  if (stamp !== null && stamp !== generatorStamp(preset)) return 'stale';
+  if (stamp !== null && (await hasStampedFiles(dir))) return 'current';
   const after = await unlessMissing(stat(dir));
-  if (after !== null && after.ino === before.ino && after.dev === before.dev) {
-    throw new Error(`refusing to replace ${dir}: it has no ${GENERATOR_STAMP_FILE}, so the built-in generator did not write it`);
+  if (after === null || after.ino !== before.ino || after.dev !== before.dev) return 'moving';
+  if (stamp !== null) return 'stale';
+  throw new Error(`refusing to replace ${dir}: it has no ${GENERATOR_STAMP_FILE}, so the built-in generator did not write it`);
+}
+
+/** Whether every file the stamp vouches for is in `dir`, as a regular file. */
+async function hasStampedFiles(dir: string): Promise<boolean> {
+  for (const path of STAMPED_FILES) {
+    const found = await unlessMissing(stat(join(dir, path)));
+    if (found === null || !found.isFile()) return false;
   }
-  return 'moving';
+  return true;
 }
 
 /**
- * Returns `<root>/<preset>`, generating the built-in model there first when it is missing or was
- * written by another generator version. A directory there that the generator did not write (no
- * stamp file) is left alone and reported as an error.
+ * Returns `<root>/<preset>`, generating the built-in model there first when it is missing, was
+ * written by another generator version, or lost one of its files. A directory there that the
+ * generator did not write (no stamp file) is left alone and reported as an error.
  *
  * Safe with concurrent callers (parallel test processes): each generates into its own temporary
  * directory beside the target and renames it into place, so nobody ever sees a half-written model;

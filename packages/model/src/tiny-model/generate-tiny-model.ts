@@ -21,6 +21,16 @@ export const DEFAULT_SEED = 42;
 /** Name of the stamp file that marks a directory written by this generator. */
 export const GENERATOR_STAMP_FILE = '.sluice-generator';
 
+/** The files the stamp vouches for, by path relative to the model directory: written before it. */
+export const STAMPED_FILES = [
+  'config.json',
+  'generation_config.json',
+  'tokenizer.json',
+  'tokenizer_config.json',
+  'special_tokens_map.json',
+  'onnx/model.onnx',
+] as const;
+
 export interface GenerateTinyModelOptions {
   preset: TinyModelPreset;
   /** Directory to write; created when missing, files in it are overwritten. */
@@ -134,13 +144,16 @@ export function buildTinyModelFiles(preset: TinyModelPreset, seed = DEFAULT_SEED
     attention,
   );
 
+  const stamped: Record<(typeof STAMPED_FILES)[number], Uint8Array> = {
+    'config.json': json(config),
+    'generation_config.json': json(generationConfig),
+    'tokenizer.json': json(tokenizer.tokenizer),
+    'tokenizer_config.json': json(tokenizer.tokenizerConfig),
+    'special_tokens_map.json': json(tokenizer.specialTokensMap),
+    'onnx/model.onnx': onnx,
+  };
   const files = new Map<string, Uint8Array>([
-    ['config.json', json(config)],
-    ['generation_config.json', json(generationConfig)],
-    ['tokenizer.json', json(tokenizer.tokenizer)],
-    ['tokenizer_config.json', json(tokenizer.tokenizerConfig)],
-    ['special_tokens_map.json', json(tokenizer.specialTokensMap)],
-    ['onnx/model.onnx', onnx],
+    ...STAMPED_FILES.map((path) => [path, stamped[path]] as const),
     [GENERATOR_STAMP_FILE, new TextEncoder().encode(generatorStamp(preset, seed, attention))],
   ]);
   return { files, architecture: arch, parameters: countParameters(weights) };

@@ -1,4 +1,4 @@
-import { mkdir, open, rename } from 'node:fs/promises';
+import { mkdir, open, rename, rm } from 'node:fs/promises';
 import { dirname } from 'node:path';
 import type { TinyModelPreset } from '../types.js';
 import { encodeGguf, type GgufTensor, type GgufValue } from '../gguf/gguf-writer.js';
@@ -122,9 +122,15 @@ export async function writeTinyModelGguf(path: string, preset: TinyModelPreset, 
   const partial = `${path}.partial`;
   const file = await open(partial, 'w');
   try {
-    for (const chunk of encodeGguf(metadata, tensors)) await file.write(chunk);
-  } finally {
-    await file.close();
+    try {
+      for (const chunk of encodeGguf(metadata, tensors)) await file.write(chunk);
+    } finally {
+      await file.close();
+    }
+    await rename(partial, path);
+  } catch (error) {
+    // Out of room, or `path` is a directory: leave nothing half-written behind.
+    await rm(partial, { force: true });
+    throw error;
   }
-  await rename(partial, path);
 }
