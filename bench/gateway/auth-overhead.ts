@@ -63,8 +63,8 @@ try {
   const lua = { ping: [] as number[], admit: [] as number[], settle: [] as number[] };
   for (let r = 0; r < rounds; r++) {
     lua.ping.push(...(await timeEach(requests, () => client.ping())));
-    lua.admit.push(...(await timeEach(requests, (i) => limiter.admit(hash, limits, `r${r}-${i}`, 100, 600_000))));
-    lua.settle.push(...(await timeEach(requests, (i) => limiter.settle(hash, `r${r}-${i}`, 60))));
+    lua.admit.push(...(await timeEach(requests, (i) => limiter.admit(hash, limits, `r${r}-${i}`, 100, 600_000, `o${r}-${i}`))));
+    lua.settle.push(...(await timeEach(requests, (i) => limiter.settle(hash, `r${r}-${i}`, `o${r}-${i}`, 60))));
   }
   client.disconnect();
 

@@ -1,6 +1,6 @@
 import type { Logger } from 'pino';
 import type { GatewayMetrics } from '@sluice/metrics';
-import type { GatewayHooks, RequestObserver } from './hooks.js';
+import { workGoesOn, type GatewayHooks, type RequestObserver } from './hooks.js';
 
 /**
  * The gateway's hooks, implemented with `@sluice/metrics` (served on `GET /metrics`) and pino: one
@@ -82,6 +82,7 @@ export function createGatewayObserver(metrics: GatewayMetrics, logger: Logger): 
               ...('code' in end ? { code: end.code } : {}),
               ...(end.outcome === 'disconnect' ? { stage } : {}),
               ...(end.outcome === 'slow_client' ? { cause: end.cause } : {}),
+              ...(workGoesOn(end) ? { detached: true } : {}),
               status,
               promptTokens,
               completionTokens,

@@ -3,17 +3,31 @@ import type { Endpoint } from './openai/request-schemas.js';
 /** Kinds of SSE frames, counted apart so heartbeats do not hide in the content traffic. */
 export type SseFrameKind = 'chunk' | 'heartbeat' | 'error' | 'done';
 
-/** How an accepted request ended. `stop`/`length` are complete answers; the rest say why not. */
+/**
+ * How an accepted request's delivery ended. `stop`/`length` are complete answers; the rest say why
+ * not. `detached` (on the endings that may have it): this delivery ended but the work goes on — within
+ * the request's resume grace, or taken over by a resume — so what the request holds (its key's stream
+ * slot and token reservation) stays held.
+ */
 export type RequestEnd =
   | { outcome: 'stop' | 'length' }
   /** Ended by `POST .../{id}/cancel`: its choices finished with reason `abort`. */
   | { outcome: 'cancelled' }
-  /** `detached`: the client left, and the request goes on within its resume grace. */
+  /**
+   * The client left; `detached`: the request goes on within its resume grace (also a stream taken over
+   * by a resume on this gateway while its connection was still open).
+   */
   | { outcome: 'disconnect'; detached?: boolean }
   | { outcome: 'timeout'; kind: 'queue' | 'idle' | 'deadline'; code: string }
   /** The client did not read: its buffer bound (`buffer`) or stall timeout (`stall`) ended the stream. */
-  | { outcome: 'slow_client'; cause: 'buffer' | 'stall' }
-  | { outcome: 'error'; code: string };
+  | { outcome: 'slow_client'; cause: 'buffer' | 'stall'; detached?: boolean }
+  /** `detached`: a draining gateway ended the stream (`shutting_down`) and left the work to a resume elsewhere. */
+  | { outcome: 'error'; code: string; detached?: boolean };
+
+/** Whether the work of a delivery that ended so goes on (see {@link RequestEnd}). */
+export function workGoesOn(end: RequestEnd): boolean {
+  return 'detached' in end && end.detached === true;
+}
 
 export interface RequestFinishedInfo {
   end: RequestEnd;

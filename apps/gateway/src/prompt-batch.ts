@@ -62,6 +62,8 @@ export class PromptBatch {
         this.listener({ ...event, seq: -1, usage: { promptTokens: this.promptTokens, completionTokens: this.completionTokens } });
         return;
       case 'failed':
+      case 'superseded':
+        // (A batch is never resumed, so never superseded; a failure's `detached` passes on as it came.)
         this.end(k, event);
         return;
       case 'rejected':

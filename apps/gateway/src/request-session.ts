@@ -2,10 +2,16 @@ import type { GatewayEntry } from '@sluice/protocol';
 import type { GatewayError } from './errors.js';
 
 /**
- * What a session tells its responder: the worker's entries in order (sequence already checked), or a
- * failure the gateway itself decided (timeout, sequence gap, lost worker, shutdown).
+ * What a session tells its responder: the worker's entries in order (sequence already checked), a
+ * failure the gateway itself decided (timeout, sequence gap, lost worker, shutdown), or that a resume
+ * on this gateway took the stream over.
+ * - `failed`, `detached`: the delivery ends but the work goes on (a draining gateway detached it for a
+ *   resume elsewhere).
+ * - `superseded`: a newer connection resumed the stream here; this one ends with `error` (the client's
+ *   error frame) while the work goes on for the new one. Not a failure of the request.
  */
-export type SessionEvent = GatewayEntry | { type: 'failed'; error: GatewayError };
+export type SessionEvent =
+  GatewayEntry | { type: 'failed'; error: GatewayError; detached?: boolean } | { type: 'superseded'; error: GatewayError };
 
 /** `queued`: in BullMQ's queue; `running`: a worker holds it (it may still wait inside the engine: see `scheduled`). */
 export type SessionState = 'queued' | 'running' | 'closed';

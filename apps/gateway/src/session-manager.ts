@@ -98,7 +98,7 @@ export class SessionManager {
       // connection takes the stream over; the old one ends without stopping the work.
       this.remove(previous);
       this.emit(previous, {
-        type: 'failed',
+        type: 'superseded',
         error: new GatewayError('stream_interrupted', { message: 'The stream was resumed by another connection.' }),
       });
     }
@@ -250,12 +250,17 @@ export class SessionManager {
   /**
    * The client went away. Without a resume grace nobody wants the answer: the work stops. With one,
    * the request goes on into its log, and any gateway may resume it within the grace.
+   * @returns whether the work goes on (detached)
    */
-  clientLeft(session: RequestSession): void {
-    if (session.state === 'closed') return;
-    if (session.graceMs === 0) return this.cancel(session, 'client_closed');
+  clientLeft(session: RequestSession): boolean {
+    if (session.state === 'closed') return false;
+    if (session.graceMs === 0) {
+      this.cancel(session, 'client_closed');
+      return false;
+    }
     this.remove(session);
     this.canceller.detach(session);
+    return true;
   }
 
   /** The answer was delivered (or the responder gave up on its own): forget the session, cancel nothing. */
@@ -309,7 +314,8 @@ export class SessionManager {
   /**
    * This gateway stops with streams still open (its drain bound ran out): each ends with `error`. A
    * request with a resume grace is detached, not cancelled — it goes on into its log for its client
-   * to resume on another gateway, as it would if this gateway had crashed; the rest are cancelled.
+   * to resume on another gateway, as it would if this gateway had crashed; its `failed` says so
+   * (`detached`), so its key's stream slot and token reservation stay held. The rest are cancelled.
    */
   shutDown(error: GatewayError): void {
     const resumable = new GatewayError(error.code, {
@@ -322,7 +328,7 @@ export class SessionManager {
         continue;
       }
       this.clientLeft(session);
-      this.emit(session, { type: 'failed', error: resumable });
+      this.emit(session, { type: 'failed', error: resumable, detached: true });
     }
   }
 

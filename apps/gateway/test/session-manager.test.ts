@@ -1,6 +1,7 @@
 import { pino } from 'pino';
 import { describe, expect, it } from 'vitest';
 import type { CancelReason, GatewayEntry } from '@sluice/protocol';
+import { GatewayError } from '../src/errors.js';
 import type { SessionEvent } from '../src/request-session.js';
 import { SessionManager } from '../src/session-manager.js';
 import type { MigrationResult } from '../src/job-queue.js';
@@ -206,18 +207,42 @@ describe('SessionManager', () => {
     manager.close();
   });
 
-  it('hands a stream resumed on the same gateway to the new connection; the old one ends without cancelling', () => {
+  it('hands a stream resumed on the same gateway to the new connection; the old one ends, superseded, without cancelling', () => {
     const { manager, cancels, events, open } = setup();
     const first = open('r', Date.now() + 60_000, 5_000);
     const second = manager.open('r', Date.now() + 60_000, () => events.push({ type: 'failed', error: new Error('second') as never }), {
       graceMs: 5_000,
     });
-    expect(events).toMatchObject([{ type: 'failed', error: { code: 'stream_interrupted' } }]);
+    // Not a failure of the request: its work goes on for the new connection (what the key holds stays held).
+    expect(events).toMatchObject([{ type: 'superseded', error: { code: 'stream_interrupted' } }]);
     // The old connection's close arrives late: it must not touch the new session.
     manager.clientLeft(first);
     expect(manager.size).toBe(1);
     expect(second.state).toBe('queued');
     expect(cancels).toEqual([]);
+    manager.close();
+  });
+
+  it('tells the responders of the streams it detaches at shutdown that their work goes on, and cancels the rest', () => {
+    const { manager, cancels, detached, events, open } = setup();
+    open('graced', Date.now() + 60_000, 5_000);
+    open('plain');
+    manager.shutDown(new GatewayError('shutting_down'));
+    expect(detached).toEqual(['graced']);
+    expect(cancels).toEqual([{ requestId: 'plain', reason: 'shutdown', wasQueued: true }]);
+    expect(events).toEqual([
+      { type: 'failed', error: expect.objectContaining({ code: 'shutting_down' }) as unknown, detached: true },
+      { type: 'failed', error: expect.objectContaining({ code: 'shutting_down' }) as unknown },
+    ]);
+    manager.close();
+  });
+
+  it('says whether a client that left leaves its work running', () => {
+    const { manager, open } = setup();
+    const graced = open('graced', Date.now() + 60_000, 5_000);
+    expect(manager.clientLeft(graced)).toBe(true);
+    expect(manager.clientLeft(graced)).toBe(false);
+    expect(manager.clientLeft(open('plain'))).toBe(false);
     manager.close();
   });
 

@@ -1,7 +1,11 @@
 import { Counter, type Registry } from 'prom-client';
 
-/** Why a request with a valid key was refused. */
-export type KeyRefusal = 'requests' | 'tokens' | 'streams' | 'model';
+/**
+ * Why a request with a valid key was refused: `requests`, `tokens`, `streams` (the 429 of that limit),
+ * `tokens_over_limit` (the 400 of a request larger than the key's whole TPM: no retry could pass it),
+ * `model` (403).
+ */
+export type KeyRefusal = 'requests' | 'tokens' | 'streams' | 'tokens_over_limit' | 'model';
 /** Why a request was refused before any key was known (no `key` label: unknown keys make no series). */
 export type AuthFailure = 'missing' | 'invalid';
 
@@ -41,7 +45,7 @@ export function createKeyUsageMetrics(registry: Registry, maxKeys = 100): KeyUsa
   });
   const refusals = new Counter({
     name: 'sluice_gateway_key_refusals_total',
-    help: 'Requests with a valid API key refused, by key and reason (requests, tokens, streams: the 429 limit hit; model: 403).',
+    help: 'Requests with a valid API key refused, by key and reason (requests, tokens, streams: the 429 limit hit; tokens_over_limit: 400, larger than the whole TPM; model: 403).',
     labelNames: ['key', 'reason'] as const,
     registers,
   });

@@ -1,8 +1,9 @@
+import { randomUUID } from 'node:crypto';
 import type { ServerResponse } from 'node:http';
 import type { Logger } from 'pino';
 import type { RequestScripts } from '@sluice/protocol';
 import { GatewayError } from '../errors.js';
-import type { RequestObserver } from '../hooks.js';
+import { workGoesOn, type RequestObserver } from '../hooks.js';
 import type { ParsedRequest } from '../openai/request-schemas.js';
 import type { AuthenticatedKey } from './auth-middleware.js';
 import type { KeyUsageRecorder } from './key-usage-recorder.js';
@@ -44,6 +45,8 @@ export interface KeyGrant {
   readonly key: AuthenticatedKey;
   readonly requestId: string;
   readonly reservedTokens: number;
+  /** The admitted delivery's token on its stream slot (rate-limiter.ts): a resume's claim replaces it. */
+  readonly slotOwner: string;
 }
 
 /**
@@ -101,7 +104,8 @@ export class KeyAdmission {
           );
     if (limits.tpm !== undefined && reservedTokens > limits.tpm) {
       // It could never pass: no window is ever empty enough. A 400, so that no client retries it.
-      this.#usage.refused(record.name, 'tokens');
+      // Its own reason: `tokens` is the 429 of a window too full for now.
+      this.#usage.refused(record.name, 'tokens_over_limit');
       const promptTokens = promptIds.reduce((sum, ids) => sum + ids.length, 0);
       const byPrompt = promptTokens > limits.tpm;
       throw new GatewayError('tokens_over_key_limit', {
@@ -111,13 +115,14 @@ export class KeyAdmission {
         param: byPrompt ? (request.endpoint === 'chat' ? 'messages' : 'prompt') : request.maxTokensParam,
       });
     }
+    const slotOwner = randomUUID();
     if (limits.rpm === undefined && limits.tpm === undefined && limits.maxStreams === undefined) {
       this.#usage.admitted(record.name);
-      return { key, requestId, reservedTokens };
+      return { key, requestId, reservedTokens, slotOwner };
     }
     let admission;
     try {
-      admission = await this.#limiter.admit(key.hash, limits, requestId, reservedTokens, this.#leaseMs);
+      admission = await this.#limiter.admit(key.hash, limits, requestId, reservedTokens, this.#leaseMs, slotOwner);
     } catch (error) {
       throw new GatewayError('store_unavailable', { message: 'The rate limiter is unavailable.', cause: error });
     }
@@ -132,14 +137,16 @@ export class KeyAdmission {
       throw new GatewayError('rate_limit_exceeded', { message, retryAfterS });
     }
     this.#usage.admitted(record.name);
-    return { key, requestId, reservedTokens };
+    return { key, requestId, reservedTokens, slotOwner };
   }
 
   /**
    * The request's observer, plus the settlement when it finishes: tokens settle to prompt +
-   * completion tokens as the responder counted them; a client that detached (resume grace) keeps its
-   * whole reservation, and its stream slot for the grace, as its work goes on unseen (a stream resumed
-   * meanwhile takes the slot on: {@link resumedSlot}).
+   * completion tokens as the responder counted them. A delivery whose work goes on (its end is
+   * `detached`: a client that left within its resume grace, a slow client detached so, a stream a
+   * draining gateway left for a resume elsewhere, a stream taken over by a resume here) keeps the whole
+   * reservation, and the stream slot for the grace, as its work goes on unseen. A resume claims the
+   * slot ({@link resumed}); from then on this delivery's settlement leaves the slot alone.
    * @param graceMs the request's resume grace
    */
   observe(grant: KeyGrant, observer: RequestObserver, graceMs = 0): RequestObserver {
@@ -153,7 +160,7 @@ export class KeyAdmission {
         observer.finished(info);
         if (settled) return;
         settled = true;
-        const detached = info.end.outcome === 'disconnect' && info.end.detached === true;
+        const detached = workGoesOn(info.end);
         const used = detached ? grant.reservedTokens : info.promptTokens + info.completionTokens;
         this.recordUsage(grant.key.record.name, grant.requestId, info.promptTokens, info.completionTokens);
         this.settle(grant, used, detached ? graceMs + SLOT_SLACK_MS : 0);
@@ -167,19 +174,21 @@ export class KeyAdmission {
   }
 
   /**
-   * A stream of `key`'s request resumed here: its stream slot is held again until the request's
-   * deadline, and when the stream ends it is freed (or held for the grace again when this client
-   * detaches too), and the tokens it delivered that no earlier delivery recorded count under the key.
+   * A stream of `key`'s request resumed here: this delivery claims the request's stream slot with a
+   * token of its own and holds it until the request's deadline, whichever delivery held it before
+   * (their later endings no longer touch it). When the stream ends the slot is freed (or held for the
+   * grace when its work goes on: `detached`), unless a newer resume claimed it meanwhile; and the
+   * tokens it delivered that no earlier delivery recorded count under the key. Its token reservation
+   * is the admission's, settled by the first delivery.
    * @returns the observer of the resumed stream's ending (its usage: totals through its last event)
    */
   resumed(key: AuthenticatedKey, requestId: string, deadlineAt: number, graceMs: number): RequestObserver['finished'] {
-    const slot = (holdMs: number) =>
-      this.#limiter
-        .slot(key.hash, requestId, holdMs)
-        .catch((error: unknown) => this.#logger.warn({ err: error, requestId }, 'holding a resumed stream slot failed'));
-    void slot(Math.max(1, deadlineAt - Date.now()) + SLOT_SLACK_MS);
+    const owner = randomUUID();
+    const slots = key.record.limits.maxStreams !== undefined;
+    const failed = (error: unknown) => this.#logger.warn({ err: error, requestId }, 'holding a resumed stream slot failed');
+    if (slots) void this.#limiter.claim(key.hash, requestId, owner, Math.max(1, deadlineAt - Date.now()) + SLOT_SLACK_MS).catch(failed);
     return (info) => {
-      void slot(info.end.outcome === 'disconnect' && info.end.detached === true ? graceMs + SLOT_SLACK_MS : 0);
+      if (slots) void this.#limiter.hold(key.hash, requestId, owner, workGoesOn(info.end) ? graceMs + SLOT_SLACK_MS : 0).catch(failed);
       this.recordUsage(key.record.name, requestId, info.promptTokens, info.completionTokens);
     };
   }
@@ -200,7 +209,7 @@ export class KeyAdmission {
   private settle(grant: KeyGrant, used: number, holdMs: number): void {
     const { limits, name } = grant.key.record;
     if (limits.tpm === undefined && limits.maxStreams === undefined) return;
-    this.#limiter.settle(grant.key.hash, grant.requestId, limits.tpm === undefined ? 0 : used, holdMs).then(
+    this.#limiter.settle(grant.key.hash, grant.requestId, grant.slotOwner, limits.tpm === undefined ? 0 : used, holdMs).then(
       (delta) => {
         if (delta > 0)
           this.#logger.warn(

@@ -1,3 +1,5 @@
+import type { AuthFailure, KeyRefusal } from '@sluice/metrics';
+
 /**
  * Where access control reports per-key usage (main.ts wires `@sluice/metrics`' KeyUsageMetrics;
  * tests leave it out). Calls are synchronous and must never throw.
@@ -5,8 +7,8 @@
 export interface KeyUsageRecorder {
   admitted(name: string): void;
   used(name: string, promptTokens: number, completionTokens: number): void;
-  refused(name: string, reason: 'requests' | 'tokens' | 'streams' | 'model'): void;
-  authFailed(reason: 'missing' | 'invalid'): void;
+  refused(name: string, reason: KeyRefusal): void;
+  authFailed(reason: AuthFailure): void;
 }
 
 export const noKeyUsage: KeyUsageRecorder = { admitted() {}, used() {}, refused() {}, authFailed() {} };

@@ -21,15 +21,25 @@ import type { ApiKeyLimits } from './api-key.js';
  *   concurrent requests can never overshoot and the window counts what was really used.
  * - streams: a sorted set of request ids scored by a lease expiry, removed when the request ends (a
  *   gateway that dies mid-stream leaks its slots only until the lease, the request deadline, passes).
+ *   Each slot has an owner (a hash beside it, request id → token): the delivery that holds it — the
+ *   admission's, then each resume's, which claims it with a fresh token. Only the owner moves or
+ *   frees the slot, so an older delivery that ends late (the connection a resume took over, or one
+ *   on another gateway that closes after the resume) can never shorten or free what a resume holds.
  */
 
 const WINDOW_MS = 60_000;
 
-const ADMIT = `
+/** Lua: extends a key's expiry to at least `ms` from now (never shortens what a longer hold set). */
+const KEEP = `
+local function keep(key, ms)
+  if redis.call('PTTL', key) < ms then redis.call('PEXPIRE', key, ms) end
+end`;
+
+const ADMIT = `${KEEP}
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local rpm, tpm, maxStreams = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-local cost, id, window, lease = tonumber(ARGV[4]), ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7])
+local cost, id, window, lease, owner = tonumber(ARGV[4]), ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7]), ARGV[8]
 local refused = ''
 local retryMs = 0
 local reqCount, total, streams = 0, 0, 0
@@ -68,7 +78,9 @@ if tpm > 0 then
   end
 end
 if maxStreams > 0 then
-  redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', now)
+  local expired = redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', now)
+  for _, member in ipairs(expired) do redis.call('HDEL', KEYS[6], member) end
+  if #expired > 0 then redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', now) end
   streams = redis.call('ZCARD', KEYS[5])
   if refused == '' and streams >= maxStreams then
     refused = 'streams'
@@ -91,8 +103,10 @@ if refused == '' then
   end
   if maxStreams > 0 then
     redis.call('ZADD', KEYS[5], now + lease, id)
+    redis.call('HSET', KEYS[6], id, owner)
     streams = streams + 1
-    redis.call('PEXPIRE', KEYS[5], lease)
+    keep(KEYS[5], lease)
+    keep(KEYS[6], lease)
   end
 end
 -- Full reset: when the newest entry leaves the window.
@@ -109,20 +123,26 @@ return {refused, retryMs, reqCount, reqReset, total, tokReset, streams}
 `;
 
 /**
- * Lua (with `id` and `holdMs` set): stream slot `id` held `holdMs` from now on Redis's clock (a
- * detached generation goes on unseen; a resumed stream runs), or freed (0).
+ * Lua (with `id`, `owner` and `holdMs` set): stream slot `id`, if `owner` still holds it, held `holdMs`
+ * from now on Redis's clock (a detached generation goes on unseen; a resumed stream runs), or freed
+ * with its owner entry (0). A delivery that no longer owns the slot (a resume claimed it) changes nothing.
  */
-const HOLD_SLOT = `
-if holdMs > 0 then
-  local t = redis.call('TIME')
-  redis.call('ZADD', KEYS[5], tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + holdMs, id)
-  if redis.call('PTTL', KEYS[5]) < holdMs then redis.call('PEXPIRE', KEYS[5], holdMs) end
-else
-  redis.call('ZREM', KEYS[5], id)
+const HOLD_SLOT = `${KEEP}
+if redis.call('HGET', KEYS[6], id) == owner then
+  if holdMs > 0 then
+    local t = redis.call('TIME')
+    redis.call('ZADD', KEYS[5], tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + holdMs, id)
+    keep(KEYS[5], holdMs)
+    keep(KEYS[6], holdMs)
+  else
+    redis.call('ZREM', KEYS[5], id)
+    redis.call('HDEL', KEYS[6], id)
+  end
 end`;
 
+/** Settles a request's token reservation to ARGV[2] used tokens (always), then its slot as {@link HOLD_SLOT}. */
 const SETTLE = `
-local id, used, holdMs = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local id, used, owner, holdMs = ARGV[1], tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
 local reserved = redis.call('HGET', KEYS[3], id)
 local delta = 0
 if reserved then
@@ -135,10 +155,24 @@ ${HOLD_SLOT}
 return delta
 `;
 
-/** A resumed stream takes its slot again for ARGV[2] ms, or gives it back (0). */
-const SLOT = `
-local id, holdMs = ARGV[1], tonumber(ARGV[2])
+/** A resumed delivery's slot: held (or freed) as {@link HOLD_SLOT}. */
+const HOLD = `
+local id, owner, holdMs = ARGV[1], ARGV[2], tonumber(ARGV[3])
 ${HOLD_SLOT}
+return 1
+`;
+
+/**
+ * A resume takes request `id`'s slot, whoever held it: owner ARGV[2], held ARGV[3] ms from now. Not
+ * counted against max-streams: the request was admitted once, and a resume only moves its delivery.
+ */
+const CLAIM = `${KEEP}
+local id, owner, holdMs = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local t = redis.call('TIME')
+redis.call('ZADD', KEYS[5], tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + holdMs, id)
+redis.call('HSET', KEYS[6], id, owner)
+keep(KEYS[5], holdMs)
+keep(KEYS[6], holdMs)
 return 1
 `;
 
@@ -180,7 +214,8 @@ class Script {
 
 const admitScript = new Script(ADMIT);
 const settleScript = new Script(SETTLE);
-const slotScript = new Script(SLOT);
+const holdScript = new Script(HOLD);
+const claimScript = new Script(CLAIM);
 
 export class RateLimiter {
   readonly #redis: Redis;
@@ -194,14 +229,22 @@ export class RateLimiter {
   /** The Redis keys of one API key's limits; one hash tag, so a Redis Cluster keeps them in one slot. */
   keys(keyHash: string): string[] {
     const base = `${this.#prefix}:ratelimit:{${keyHash}}`;
-    return [`${base}:requests`, `${base}:tokens`, `${base}:token-costs`, `${base}:token-total`, `${base}:streams`];
+    return [`${base}:requests`, `${base}:tokens`, `${base}:token-costs`, `${base}:token-total`, `${base}:streams`, `${base}:stream-owners`];
   }
 
   /**
    * Admits one request of `tokens` reserved tokens under `limits`, or says which limit refuses it and
    * when to retry. `leaseMs` bounds how long a stream slot outlives a gateway that died holding it.
+   * @param owner the admitted delivery's token: it holds the stream slot until a resume claims it
    */
-  async admit(keyHash: string, limits: ApiKeyLimits, requestId: string, tokens: number, leaseMs: number): Promise<Admission> {
+  async admit(
+    keyHash: string,
+    limits: ApiKeyLimits,
+    requestId: string,
+    tokens: number,
+    leaseMs: number,
+    owner: string,
+  ): Promise<Admission> {
     const reply = (await admitScript.run(this.#redis, this.keys(keyHash), [
       limits.rpm ?? 0,
       limits.tpm ?? 0,
@@ -210,6 +253,7 @@ export class RateLimiter {
       requestId,
       WINDOW_MS,
       leaseMs,
+      owner,
     ])) as [string, number, number, number, number, number, number];
     const [refused, retryMs, requestsUsed, requestsResetMs, tokensUsed, tokensResetMs, streams] = reply;
     const state: LimitState = { limits, requestsUsed, requestsResetMs, tokensUsed, tokensResetMs, streams };
@@ -218,16 +262,23 @@ export class RateLimiter {
   }
 
   /**
-   * The request ended having used `tokens`: settle its reservation and free its stream slot — or,
-   * @param holdMs when its client detached (the generation goes on unseen): keep the slot this long
+   * The request's delivery by `owner` ended having used `tokens`: settle its reservation and free its
+   * stream slot — unless a resume owns the slot by now (then the slot is left as the resume set it) —
+   * @param holdMs or, when its client detached (the generation goes on unseen), keep the slot this long
+   * @returns how many tokens it used beyond its reservation (negative: a refund)
    */
-  async settle(keyHash: string, requestId: string, tokens: number, holdMs = 0): Promise<number> {
-    return (await settleScript.run(this.#redis, this.keys(keyHash), [requestId, tokens, holdMs])) as number;
+  async settle(keyHash: string, requestId: string, owner: string, tokens: number, holdMs = 0): Promise<number> {
+    return (await settleScript.run(this.#redis, this.keys(keyHash), [requestId, tokens, owner, holdMs])) as number;
   }
 
-  /** A request's stream slot held for `holdMs` from now (a resumed stream), or freed (0). */
-  async slot(keyHash: string, requestId: string, holdMs: number): Promise<void> {
-    await slotScript.run(this.#redis, this.keys(keyHash), [requestId, holdMs]);
+  /** A resume takes a request's stream slot with its own `owner` token, held for `holdMs` from now. */
+  async claim(keyHash: string, requestId: string, owner: string, holdMs: number): Promise<void> {
+    await claimScript.run(this.#redis, this.keys(keyHash), [requestId, owner, holdMs]);
+  }
+
+  /** A resumed delivery ended: its slot held for `holdMs` from now, or freed (0), if `owner` still holds it. */
+  async hold(keyHash: string, requestId: string, owner: string, holdMs: number): Promise<void> {
+    await holdScript.run(this.#redis, this.keys(keyHash), [requestId, owner, holdMs]);
   }
 
   /** Tokens reserved or used in the current window (tests, `keys list`). */

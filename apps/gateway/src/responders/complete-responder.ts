@@ -3,7 +3,8 @@ import type { TokenLogprobWire } from '@sluice/protocol';
 import { fromWireError, type GatewayError } from '../errors.js';
 import type { ChoiceResult } from '../openai/response-format.js';
 import type { SessionEvent } from '../request-session.js';
-import { errorEnd, errorResponse, Outcome, paramRenamer, type ResponderContext } from './responder-context.js';
+import type { RequestEnd } from '../hooks.js';
+import { errorEnd, errorResponse, failedEnd, Outcome, paramRenamer, SUPERSEDED_END, type ResponderContext } from './responder-context.js';
 
 /** Collects a whole answer for `stream: false` and replies once, with the complete object or an error. */
 export class CompleteResponder {
@@ -84,7 +85,11 @@ export class CompleteResponder {
         this.fail(fromWireError(event.error, paramRenamer(this.ctx.request)));
         return;
       case 'failed':
-        this.fail(event.error);
+        this.fail(event.error, failedEnd(event.error, event.detached === true));
+        return;
+      case 'superseded':
+        // Its id was resumed as a stream on this gateway: the answer goes there now.
+        this.fail(event.error, SUPERSEDED_END);
         return;
     }
   }
@@ -96,9 +101,9 @@ export class CompleteResponder {
     this.resolveReply(RESPONSE_ALREADY_SENT);
   }
 
-  private fail(error: GatewayError): void {
+  private fail(error: GatewayError, end: RequestEnd = errorEnd(error)): void {
     this.finished = true;
     this.resolveReply(errorResponse(error, this.ctx.retryAfterS, this.ctx.requestId));
-    this.outcome.report(errorEnd(error), error.status);
+    this.outcome.report(end, error.status);
   }
 }

@@ -56,6 +56,18 @@ export function errorEnd(error: GatewayError): RequestEnd {
   }
 }
 
+/**
+ * The end a gateway-side failure reports: {@link errorEnd}, marked `detached` when the work goes on
+ * (a draining gateway left it to a resume elsewhere).
+ */
+export function failedEnd(error: GatewayError, detached: boolean): RequestEnd {
+  const end = errorEnd(error);
+  return detached && end.outcome === 'error' ? { ...end, detached } : end;
+}
+
+/** How a delivery taken over by a resume on this gateway ended: its client's connection is replaced, its work goes on. */
+export const SUPERSEDED_END: RequestEnd = { outcome: 'disconnect', detached: true };
+
 /** Reports the end of a request to its observer, once, with the token counts the responder saw. */
 export class Outcome {
   private reported = false;

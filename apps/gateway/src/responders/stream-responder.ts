@@ -5,7 +5,8 @@ import { fromWireError, GatewayError, toSseErrorFrames } from '../errors.js';
 import type { SessionEvent } from '../request-session.js';
 import { isAscii } from '../openai/response-format.js';
 import { SseWriter, type HeartbeatTicker } from '../sse-writer.js';
-import { errorEnd, errorResponse, Outcome, paramRenamer, type ResponderContext } from './responder-context.js';
+import type { RequestEnd } from '../hooks.js';
+import { errorEnd, errorResponse, failedEnd, Outcome, paramRenamer, SUPERSEDED_END, type ResponderContext } from './responder-context.js';
 
 export interface StreamResponderOptions {
   /** Max wait for the worker's accept/reject before the 200 goes out anyway. */
@@ -17,8 +18,11 @@ export interface StreamResponderOptions {
    * buffer); beyond, the stream ends as `slow_client`. 0: no bound.
    */
   maxBufferBytes?: number;
-  /** The stream gave up on its client (too slow): stop or detach its work, as when a client leaves. */
-  onGiveUp?: () => void;
+  /**
+   * The stream gave up on its client (too slow): stop or detach its work, as when a client leaves.
+   * @returns whether the work goes on (detached within a resume grace): the end is reported so
+   */
+  onGiveUp?: () => boolean;
 }
 
 /** How long a given-up stream's last bytes may take to leave before its socket is closed. */
@@ -103,7 +107,7 @@ export class StreamResponder {
 
   handle(event: SessionEvent): void {
     if (this.phase === 'done') return;
-    if (event.type !== 'failed') this.seq = event.seq;
+    if (event.type !== 'failed' && event.type !== 'superseded') this.seq = event.seq;
     switch (event.type) {
       case 'accepted': {
         this.outcome.promptTokens = event.promptTokens;
@@ -155,7 +159,11 @@ export class StreamResponder {
         this.fail(fromWireError(event.error, paramRenamer(this.ctx.request)), this.idLine());
         return;
       case 'failed':
-        this.fail(event.error, '');
+        this.fail(event.error, '', failedEnd(event.error, event.detached === true));
+        return;
+      case 'superseded':
+        // The client learns from the error frame that this connection is over; its work goes on.
+        this.fail(event.error, '', SUPERSEDED_END);
         return;
     }
   }
@@ -206,20 +214,23 @@ export class StreamResponder {
     this.resolveReply(RESPONSE_ALREADY_SENT);
   }
 
-  /** @param idLine the cursor of a worker's error entry ('' for the gateway's own failures) */
-  private fail(error: GatewayError, idLine: string): void {
+  /**
+   * @param idLine the cursor of a worker's error entry ('' for the gateway's own failures)
+   * @param end what to report (the error's own end unless told otherwise)
+   */
+  private fail(error: GatewayError, idLine: string, end: RequestEnd = errorEnd(error)): void {
     const wasPending = this.phase === 'pending';
     this.phase = 'done';
     this.clearTimers();
     if (wasPending) {
       this.writer.abandon();
       this.resolveReply(errorResponse(error, this.ctx.retryAfterS, this.ctx.requestId));
-      this.outcome.report(errorEnd(error), error.status);
+      this.outcome.report(end, error.status);
       return;
     }
     this.flushAll();
     this.writer.endWith(idLine + toSseErrorFrames(error));
-    this.outcome.report(errorEnd(error), 200);
+    this.outcome.report(end, 200);
   }
 
   private text(index: number, text: string, logprobs: TokenLogprobWire[] | undefined, tokens: number): void {
@@ -281,8 +292,8 @@ export class StreamResponder {
       timer.unref();
       res.once('finish', () => clearTimeout(timer));
     }
-    this.outcome.report({ outcome: 'slow_client', cause }, 200);
-    this.options.onGiveUp?.();
+    const detached = this.options.onGiveUp?.() === true;
+    this.outcome.report({ outcome: 'slow_client', cause, detached }, 200);
   }
 
   private flushAll(): void {

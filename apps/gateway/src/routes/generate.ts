@@ -95,9 +95,11 @@ export function generateHandler(deps: AppDeps, endpoint: Endpoint) {
           headersWaitMs: config.headersWaitMs,
           streamIntervalMs: config.streamIntervalMs,
           maxBufferBytes: config.maxStreamBufferBytes,
-          // A client that does not read is treated as one that left.
+          // A client that does not read is treated as one that left (its work detached within a grace).
           onGiveUp: () => {
-            for (const session of opened) sessions.clientLeft(session);
+            let detached = false;
+            for (const session of opened) detached = sessions.clientLeft(session) || detached;
+            return detached;
           },
         })
       : new CompleteResponder(ctx);
