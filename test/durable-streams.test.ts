@@ -8,6 +8,7 @@ import { sleep, waitFor } from './support/processes.js';
 import type { GatewayProcess, WorkerProcess } from './support/sluice.js';
 import { freezeMidAnswers, retryMidAnswer } from './support/mid-answer.js';
 import { collect, empty, read, readSse, type Collected } from './support/sse.js';
+import { scrapePrometheus } from './support/prometheus.js';
 import { loggedAnswer, type LoggedAnswer } from './support/token-log.js';
 
 /**
@@ -269,13 +270,19 @@ describe('durable token streams: nginx → 2 gateways → Redis → 2 workers', 
     expect(tail).toMatchObject({ id: undefined, text: '', textChunks: 0, done: true, errors: [] });
   });
 
-  it("resumes a completions stream cut off before its first chunk by the reply's X-Stream-Id, behind nginx", async () => {
+  it("resumes a completions stream cut off before its first chunk by the reply's X-Stream-Id, behind nginx, and counts it as an active resumed stream", async () => {
     // nginx gives every request an X-Request-Id (the client's here), so the chunks' id is the
     // gateway's own: before this header, a client cut off before the first token could not name it.
     const payload = { model: MODEL, prompt: 'Once upon a time', max_tokens: 24, temperature: 0, ignore_eos: true, stream: true };
     const controller = new AbortController();
+    const activeStreams = async () => {
+      const scraped = await Promise.all(gateways.map((g) => scrapePrometheus(`${g.url}/metrics`)));
+      const sum = (name: string) => scraped.reduce((total, m) => total + m.value(name), 0);
+      return { active: sum('sluice_gateway_active_streams'), resumed: sum('sluice_gateway_active_resumed_streams') };
+    };
     for (const w of workers) w.process.signal('SIGSTOP');
     let streamId: string | null;
+    let resumed: Response;
     try {
       const first = await fetch(`${nginx.url}/v1/completions`, {
         method: 'POST',
@@ -287,15 +294,29 @@ describe('durable token streams: nginx → 2 gateways → Redis → 2 workers', 
       expect(first.headers.get('x-request-id')).toBe('client-chosen-id');
       streamId = first.headers.get('x-stream-id');
       controller.abort();
+      expect(streamId).toMatch(/^cmpl-/);
+      expect(streamId).not.toBe('cmpl-client-chosen-id');
+      resumed = await fetch(`${nginx.url}/v1/completions/${streamId}?stream=true`);
+      // Open while nothing can end it: an active stream of the gateway that took it, counted as resumed
+      // (the first connection's end reaches its gateway meanwhile).
+      await waitFor(
+        'one active stream, the resumed one',
+        async () => {
+          const open = await activeStreams();
+          return open.active === 1 && open.resumed === 1 ? true : undefined;
+        },
+        1_000,
+      );
     } finally {
       for (const w of workers) w.process.signal('SIGCONT');
     }
-    expect(streamId).toMatch(/^cmpl-/);
-    expect(streamId).not.toBe('cmpl-client-chosen-id');
-    const resumed = await fetch(`${nginx.url}/v1/completions/${streamId}?stream=true`);
     expect(resumed.status).toBe(200);
     expect(resumed.headers.get('x-stream-id')).toBe(streamId);
     const out = await collect(resumed);
+    await waitFor('the resumed stream closed', async () => {
+      const open = await activeStreams();
+      return open.active === 0 && open.resumed === 0 ? true : undefined;
+    });
     const logged = await loggedAnswer(redis, streamId!.slice('cmpl-'.length));
     expect(out).toMatchObject({ id: streamId, done: true, errors: [], finishReasons: { 0: 'length' } });
     expect(logged).toMatchObject({ tokens: 24, ended: true });

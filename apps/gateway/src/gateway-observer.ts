@@ -17,6 +17,17 @@ export function createGatewayObserver(metrics: GatewayMetrics, logger: Logger): 
     sseWritten: metrics.sseWritten,
     streamGap: () => metrics.streamGaps.inc(),
     streamResumed: () => metrics.streamResumes.inc(),
+    resumedStreamOpened: () => {
+      metrics.activeStreams.inc();
+      metrics.activeResumedStreams.inc();
+      let open = true;
+      return () => {
+        if (!open) return;
+        open = false;
+        metrics.activeStreams.dec();
+        metrics.activeResumedStreams.dec();
+      };
+    },
     resumedTokensWritten: (tokens) => metrics.streamTokens.inc(tokens),
     streamMigrated: (byThisGateway) => {
       if (byThisGateway) metrics.streamMigrations.inc();

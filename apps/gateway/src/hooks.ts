@@ -79,6 +79,8 @@ export interface GatewayHooks {
   streamMigrated?(byThisGateway: boolean): void;
   /** A client resumed a stream here (`GET .../{id}?stream=true`). */
   streamResumed?(): void;
+  /** A resumed stream is open here: an active stream until the returned function is called (once or more). */
+  resumedStreamOpened?(): () => void;
   /** Entries of a request were lost between worker and gateway (a sequence gap, repaired from the token log). */
   streamGap?(info: { requestId: string; expected: number; got: number }): void;
   /**

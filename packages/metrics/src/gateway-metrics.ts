@@ -53,6 +53,8 @@ export interface GatewayMetrics {
   readonly requests: Counter<'route' | 'status'>;
   readonly requestsAccepted: Counter;
   readonly activeStreams: Gauge;
+  /** Resumed streams open now: counted in `activeStreams` too. */
+  readonly activeResumedStreams: Gauge;
   readonly timeToFirstToken: Histogram;
   readonly interTokenLatency: Histogram;
   readonly e2eRequestLatency: Histogram;
@@ -111,7 +113,12 @@ export function createGatewayMetrics(registry: Registry = new Registry(), option
   });
   const activeStreams = new Gauge({
     name: 'sluice_gateway_active_streams',
-    help: 'SSE streams currently open to clients.',
+    help: 'SSE streams currently open to clients, resumed ones included (sluice_gateway_active_resumed_streams of them).',
+    registers,
+  });
+  const activeResumedStreams = new Gauge({
+    name: 'sluice_gateway_active_resumed_streams',
+    help: 'Resumed SSE streams (GET .../{id}?stream=true) currently open to clients: part of sluice_gateway_active_streams, not of the accepted requests in flight.',
     registers,
   });
   // Observed per step of every stream: kept as plain bucket counts, folded in when read (see PendingHistogram).
@@ -264,6 +271,7 @@ export function createGatewayMetrics(registry: Registry = new Registry(), option
     requests,
     requestsAccepted,
     activeStreams,
+    activeResumedStreams,
     timeToFirstToken,
     interTokenLatency,
     e2eRequestLatency,

@@ -107,6 +107,8 @@ export function resumeHandler(deps: AppDeps, endpoint: Endpoint) {
     if (client.gone || res.destroyed) throw new GatewayError('client_closed');
     let responderUsage = () => ({ promptTokens: 0, completionTokens: 0 });
     let slotEnded: RequestObserver['finished'] | undefined;
+    // Counted among the gateway's active streams from the takeover to its end.
+    let activeEnded: (() => void) | undefined = undefined;
     const request: ParsedRequest = {
       endpoint,
       model: format.model,
@@ -139,7 +141,10 @@ export function resumeHandler(deps: AppDeps, endpoint: Endpoint) {
         ...noObserver(),
         contentWritten: (tokens) => hooks.resumedTokensWritten?.(tokens),
         tokensWithoutText: (tokens) => hooks.resumedTokensWritten?.(tokens),
-        finished: (info) => slotEnded?.(info),
+        finished: (info) => {
+          activeEnded?.();
+          slotEnded?.(info);
+        },
       },
     };
     const responder: StreamResponder = new StreamResponder(ctx, res, heartbeats, {
@@ -161,6 +166,7 @@ export function resumeHandler(deps: AppDeps, endpoint: Endpoint) {
     // Under a key (the request's: see ownedByCaller), the resumed stream holds the request's stream
     // slot while it runs (max-streams), and its tokens count under the key.
     if (admission !== undefined && apiKey !== undefined) slotEnded = admission.resumed(apiKey, jobId, meta.deadlineAt, meta.graceMs);
+    activeEnded = hooks.resumedStreamOpened?.();
     // Past its `accepted` (before the cursor), the session learns its worker and attempt from the meta:
     // a worker lost from now on migrates the stream as it would one opened here.
     const session = sessions.open(jobId, meta.deadlineAt, (event) => responder.handle(event), {
@@ -185,6 +191,7 @@ export function resumeHandler(deps: AppDeps, endpoint: Endpoint) {
       await jobs.attach(jobId);
     } catch (error) {
       sessions.release(session);
+      activeEnded?.();
       throw new GatewayError('store_unavailable', { message: 'The stream store is unavailable.', cause: error });
     }
     attached = true;
