@@ -141,6 +141,7 @@ class ThreadEngine implements Engine {
       n: resolved.sampling.n,
       ...(resolved.continuation === undefined ? {} : { choices: [resolved.continuation.choiceIndex] }),
       promptTokens: resolved.promptTokenIds.length,
+      generatedTokens: resolved.continuation?.generatedTokenIds.length ?? 0,
       submittedAt,
       cancel: onAbort,
       ...(sink === undefined ? {} : { sink }),

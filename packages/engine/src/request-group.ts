@@ -67,7 +67,9 @@ export class RequestGroup implements SchedulableGroup {
     return live;
   }
 
+  /** Its output so far: a continuation's generated tokens count from the start, before its prefill made sequences. */
   get completionTokens(): number {
+    if (this.sequences.length === 0) return this.request.continuation?.generatedTokenIds.length ?? 0;
     let total = 0;
     for (const sequence of this.sequences) total += sequence.outputTokenIds.length;
     return total;

@@ -23,10 +23,12 @@ export class RequestStream implements AsyncIterableIterator<EngineEvent> {
 
   /** @param options.sink takes every event instead of the iterator (a submitted request: nobody iterates). */
   /** @param options.choices the choice indexes it carries (default 0..n-1; a continuation's one choice) */
+  /** @param options.generatedTokens a continuation's tokens generated before it: its output from the start */
   constructor(options: {
     n: number;
     choices?: number[];
     promptTokens: number;
+    generatedTokens?: number;
     submittedAt: number;
     cancel: () => void;
     sink?: (event: EngineEvent) => void;
@@ -34,6 +36,7 @@ export class RequestStream implements AsyncIterableIterator<EngineEvent> {
     this.#cancel = options.cancel;
     this.#sink = options.sink;
     this.#promptTokens = options.promptTokens;
+    this.#completionTokens = options.generatedTokens ?? 0;
     this.#submittedAt = options.submittedAt;
     this.#open = new Set(options.choices ?? Array.from({ length: options.n }, (_, index) => index));
   }

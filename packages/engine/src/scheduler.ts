@@ -84,8 +84,8 @@ export class Scheduler<G extends SchedulableGroup> {
     let budget = maxStepTokens - decodeRows;
     const prefill: Array<PrefillChunk<G>> = [];
     for (const group of this.#prefilling) {
-      if (budget <= 0) break;
-      const length = Math.min(group.promptLength - group.prefilled, budget);
+      const length = chunkLength(group.promptLength - group.prefilled, budget, maxStepTokens);
+      if (length === 0) break;
       prefill.push({ group, start: group.prefilled, length });
       budget -= length;
     }
@@ -101,17 +101,33 @@ export class Scheduler<G extends SchedulableGroup> {
       const nextRows = rows + next.rows;
       const nextLongest = Math.max(longest, next.reservedLength);
       if (nextRows > maxBatchSize || nextRows * nextLongest > maxCachedTokens) break;
+      const length = chunkLength(next.promptLength, budget, maxStepTokens);
+      if (length === 0) break;
       this.#waiting.shift();
       this.#prefilling.push(next);
       admitted.push(next);
       rows = nextRows;
       longest = nextLongest;
-      const length = Math.min(next.promptLength, budget);
       prefill.push({ group: next, start: 0, length });
       budget -= length;
     }
     return { admitted, prefill, decodeRows };
   }
+}
+
+/**
+ * How many of a prompt's `remaining` tokens a step with `budget` left prefills: all that fit, but no
+ * one-token piece of a longer prompt, neither as the cut nor as the rest it leaves (0: it waits for a
+ * budget of two). onnxruntime's GroupQueryAttention computes a one-token call on its decode path,
+ * whose keys and values differ in the last bits from a longer call's, so a prompt whose last token was
+ * prefilled alone would give logprobs that depend on how its prompt was cut (bit-identical otherwise:
+ * docs/engine.md, "Batch invariance"). A step budget below two allows nothing else.
+ */
+function chunkLength(remaining: number, budget: number, maxStepTokens: number): number {
+  if (remaining <= budget) return remaining;
+  if (maxStepTokens < 2) return Math.max(0, budget);
+  const length = remaining - budget === 1 ? budget - 1 : budget;
+  return length >= 2 ? length : 0;
 }
 
 function remove<T>(list: T[], item: T): boolean {

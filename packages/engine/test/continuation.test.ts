@@ -126,6 +126,45 @@ describe.each(['replay', 'prefill'] as const)('a continuation on another engine 
     }
   });
 
+  it('counts its generated tokens as output when it is aborted before its prefill, or before it was sent', async () => {
+    // 8-token steps: the 40-token prompt takes five, and the abort, sent right after the submit, lands before its end.
+    const slow = await createEngine({
+      modelDir: await ensureBuiltinModel('tiny'),
+      maxBatchSize: 2,
+      maxStepTokens: 8,
+      intraOpThreads: 1,
+      continuationMode: mode,
+    });
+    try {
+      const generatedTokenIds = Array.from({ length: 10 }, (_, i) => 100 + i);
+      const prompt = Array.from({ length: 40 }, (_, i) => 10 + i);
+      const usage = async (abortBeforeSubmit: boolean) => {
+        const controller = new AbortController();
+        if (abortBeforeSubmit) controller.abort();
+        const stream = slow.generate(
+          {
+            id: `aborted-${abortBeforeSubmit}`,
+            promptTokenIds: prompt,
+            sampling: { maxTokens: 30 },
+            continuation: { choiceIndex: 0, generatedTokenIds },
+          },
+          controller.signal,
+        );
+        controller.abort();
+        const events = [];
+        for await (const event of stream) events.push(event);
+        const deltas = events.filter((event) => event.type === 'text-delta').length;
+        const finish = events.find((event) => event.type === 'finish');
+        return { deltas, completionTokens: finish?.usage.completionTokens };
+      };
+      const aborted = await usage(false);
+      expect(aborted.completionTokens).toBe(10 + aborted.deltas);
+      expect(await usage(true)).toEqual({ deltas: 0, completionTokens: 10 });
+    } finally {
+      await slow.close();
+    }
+  });
+
   it.runIf(mode === 'replay')('refuses a continuation with n > 1 or with as many tokens as max_tokens, naming the field', () => {
     const prompt = prompts[0]!;
     expect(() =>
@@ -188,6 +227,30 @@ describe('a replayed continuation amid other requests, GroupQueryAttention form'
       }
     } finally {
       await Promise.all([alone.close(), busy.close()]);
+      await made.remove();
+    }
+  }, 120_000);
+
+  it('is bit-identical however a step budget cuts the prompt: no prompt token is prefilled alone', async () => {
+    // 25 and 49 tokens in 24-token steps were cut 24 + 1 and 24 + 24 + 1: a one-token call takes
+    // GroupQueryAttention's decode path, and every logprob after it differed in the last bits.
+    // (Lengths of 32k + 1 still differ, in onnxruntime's kernels: docs/engine.md, "Batch invariance".)
+    const made = await tinyModelDir('gqa');
+    const [alone, chunked] = await Promise.all([
+      createEngine({ modelDir: made.dir, maxBatchSize: 4, maxStepTokens: 1024, intraOpThreads: 1 }),
+      createEngine({ modelDir: made.dir, maxBatchSize: 4, maxStepTokens: 24, intraOpThreads: 1 }),
+    ]);
+    try {
+      const sampling: SamplingParams = { temperature: 0, maxTokens: 12, ignoreEos: true, logprobs: true };
+      for (const length of [25, 49, 50]) {
+        const prompt = Array.from({ length }, (_, j) => 3 + ((j * 37 + length) % 900));
+        const whole = await collect(alone.generate({ id: `w${length}`, promptTokenIds: prompt, sampling }));
+        const cut = await collect(chunked.generate({ id: `c${length}`, promptTokenIds: prompt, sampling }));
+        expect(cut.tokens[0], `${length} tokens`).toEqual(whole.tokens[0]);
+        expect(cut.logprobs[0], `${length} tokens`).toEqual(whole.logprobs[0]);
+      }
+    } finally {
+      await Promise.all([alone.close(), chunked.close()]);
       await made.remove();
     }
   }, 120_000);

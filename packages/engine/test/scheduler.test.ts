@@ -60,6 +60,42 @@ describe('Scheduler', () => {
     expect(scheduler.running).toEqual([short, long]);
   });
 
+  it('never prefills one token of a longer prompt alone: neither as the cut nor as the rest it leaves', () => {
+    // 17 tokens in a 16-token step: 15 + 2, not 16 + 1 (a one-token call of GroupQueryAttention takes
+    // its decode path, whose keys and values differ in the last bits).
+    const scheduler = new Scheduler<Group>(limits);
+    const prompt = new Group('prompt', 17, 4);
+    scheduler.enqueue(prompt);
+    expect(runStep(scheduler).prefill.map((chunk) => chunk.length)).toEqual([15]);
+    expect(runStep(scheduler).prefill.map((chunk) => chunk.length)).toEqual([2]);
+
+    // A budget of one (three rows decoding in a four-token step) prefills nothing: the prompt waits.
+    const tight = new Scheduler<Group>({ maxBatchSize: 4, maxStepTokens: 4, maxCachedTokens: 10_000 });
+    const decoding = ['x', 'y', 'z'].map((name) => new Group(name, 1, 100));
+    for (const group of decoding) tight.enqueue(group);
+    runStep(tight);
+    const waiting = new Group('waiting', 5, 4);
+    tight.enqueue(waiting);
+    const plan = runStep(tight);
+    expect(plan.decodeRows).toBe(3);
+    expect(plan.admitted).toEqual([]);
+    expect(plan.prefill).toEqual([]);
+    for (const group of decoding) tight.remove(group);
+    // Five tokens in a four-token step: 3 + 2, not 4 + 1.
+    expect(runStep(tight).prefill.map((chunk) => [chunk.group.name, chunk.length])).toEqual([['waiting', 3]]);
+    expect(runStep(tight).prefill.map((chunk) => [chunk.group.name, chunk.length])).toEqual([['waiting', 2]]);
+    expect(tight.running).toEqual([waiting]);
+  });
+
+  it('prefills one token at a time when the step itself holds one token', () => {
+    const scheduler = new Scheduler<Group>({ maxBatchSize: 1, maxStepTokens: 1, maxCachedTokens: 10_000 });
+    const prompt = new Group('prompt', 3, 1);
+    scheduler.enqueue(prompt);
+    const chunks = [0, 1, 2].flatMap(() => runStep(scheduler).prefill.map((chunk) => chunk.length));
+    expect(chunks).toEqual([1, 1, 1]);
+    expect(scheduler.running).toEqual([prompt]);
+  });
+
   it('starts a newcomer at the next step even when others are mid-generation', () => {
     const scheduler = new Scheduler<Group>(limits);
     const first = new Group('first', 4, 100);
