@@ -32,26 +32,24 @@ export class Relay {
     private readonly logger: Logger,
   ) {}
 
+  /** `raw` decoded, or undefined (logged) when it is malformed. */
+  private decoded<T>(raw: string, decode: (raw: string) => T, what: string): T | undefined {
+    try {
+      return decode(raw);
+    } catch (error) {
+      this.logger.error({ err: error }, `malformed ${what} dropped`);
+      return undefined;
+    }
+  }
+
   async start(): Promise<void> {
     this.subscriber.on('message', (channel: string, raw: string) => {
       if (channel === this.channel) {
-        let message: GatewayMessage;
-        try {
-          message = decodeGatewayMessage(raw);
-        } catch (error) {
-          this.logger.error({ err: error }, 'malformed gateway message dropped');
-          return;
-        }
-        this.handlers.message(message);
+        const message = this.decoded(raw, decodeGatewayMessage, 'gateway message');
+        if (message !== undefined) this.handlers.message(message);
       } else if (channel === this.gatewaysChannel) {
-        let message: GatewayBroadcast;
-        try {
-          message = decodeGatewayBroadcast(raw);
-        } catch (error) {
-          this.logger.error({ err: error }, 'malformed message to all gateways dropped');
-          return;
-        }
-        this.handlers.broadcast(message);
+        const message = this.decoded(raw, decodeGatewayBroadcast, 'message to all gateways');
+        if (message !== undefined) this.handlers.broadcast(message);
       }
     });
     this.subscriber.on('ready', () => {
