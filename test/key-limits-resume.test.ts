@@ -164,6 +164,37 @@ describe('a key’s limits across resumes and drains', () => {
     }
   });
 
+  it('ends a resume whose attach fails with an error frame, and holds its slot no longer than the grace', async () => {
+    const key = await createKey(cluster.redis.url, ['--name', 'attach-failed', '--max-streams', '1', '--tpm', String(TPM)]);
+    const [g0, g1] = gateways as [GatewayProcess, GatewayProcess];
+    const graceMs = 3_000;
+    const { before, jobId, close } = await frozenMidAnswer(g0, key, graceMs);
+    try {
+      close();
+      await waitFor('the stream detached', async () => (((await slotLeft(key, jobId)) ?? Infinity) <= graceMs + 1_000 ? true : undefined));
+      // Redis refuses PUBLISH for a moment: the attach (route script, then a publish) fails.
+      await redis.call('ACL', 'SETUSER', 'default', '-publish');
+      let resumed: Collected;
+      try {
+        const res = await resume(g1, key, before);
+        expect(res.status).toBe(200);
+        resumed = await collect(res);
+      } finally {
+        await redis.call('ACL', 'SETUSER', 'default', '+publish');
+      }
+      // It used to stay open with nothing to feed it, its slot claimed to the request's deadline (~10 min).
+      expect(resumed.errors).toMatchObject([{ code: 'store_unavailable' }]);
+      expect(resumed.done).toBe(true);
+      expect(await slotLeft(key, jobId)).toBeLessThanOrEqual(graceMs + 1_000);
+      const metrics = await scrapePrometheus(`${g1.url}/metrics`);
+      expect(metrics.value('sluice_gateway_active_resumed_streams')).toBe(0);
+    } finally {
+      thaw([worker]);
+    }
+    // Nobody resumed it within its grace: the work is cancelled and the slot lapses.
+    await waitFor('the key streaming again', async () => ((await newStream(g0, key)) === 200 ? true : undefined), 30_000);
+  });
+
   it('keeps the slot and the reservation of a stream that a draining gateway detached, until its resume ends', async () => {
     const key = await createKey(cluster.redis.url, ['--name', 'drained', '--max-streams', '1', '--tpm', String(TPM)]);
     const draining = await cluster.gateway({ ...env, DRAIN_TIMEOUT_MS: '300' });

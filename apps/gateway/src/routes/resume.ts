@@ -190,9 +190,14 @@ export function resumeHandler(deps: AppDeps, endpoint: Endpoint) {
     try {
       await jobs.attach(jobId);
     } catch (error) {
+      // Nothing was taken over: the request stays where it was (detached, or still delivered by its
+      // first connection). The stream, its 200 sent, ends with a store_unavailable error frame and
+      // [DONE] (it used to stay open with nothing to feed it), and the slot this resume claimed is held
+      // for the grace, as a detached delivery holds it, then lapses (it was held to the deadline).
       sessions.release(session);
-      activeEnded?.();
-      throw new GatewayError('store_unavailable', { message: 'The stream store is unavailable.', cause: error });
+      const failure = new GatewayError('store_unavailable', { message: 'The stream store is unavailable: resume again.', cause: error });
+      responder.handle({ type: 'failed', error: failure, detached: true });
+      return responder.reply;
     }
     attached = true;
     if (client.gone) {
