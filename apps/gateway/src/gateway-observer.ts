@@ -28,7 +28,8 @@ export function createGatewayObserver(metrics: GatewayMetrics, logger: Logger): 
         metrics.activeResumedStreams.dec();
       };
     },
-    resumedTokensWritten: (tokens) => metrics.streamTokens.inc(tokens),
+    // Bound once: a resumed stream calls this per write.
+    resumedTokensWritten: metrics.tokensWritten,
     streamMigrated: (byThisGateway) => {
       if (byThisGateway) metrics.streamMigrations.inc();
     },

@@ -84,6 +84,11 @@ export interface GatewayMetrics {
    */
   sseWritten: (kind: SseEventKind, bytes: number, frames?: number) => void;
   /**
+   * Counts completion tokens written to a client outside a tracked request (a resumed stream: its
+   * request is tracked where it started). Runs per write: a plain number, folded in at scrape.
+   */
+  tokensWritten: (tokens: number) => void;
+  /**
    * Starts timing one accepted completion request (after validation and admission; a rejected request
    * is counted with `rejected` instead). The tracker records queue time, TTFT, inter-token latency,
    * end-to-end latency, tokens written and how the request ended.
@@ -297,6 +302,9 @@ export function createGatewayMetrics(registry: Registry = new Registry(), option
       if (seen === undefined) return;
       pendingFrames.set(kind, seen + frames);
       pendingBytes.set(kind, pendingBytes.get(kind)! + bytes);
+    },
+    tokensWritten(tokens) {
+      pendingTokens += tokens;
     },
     trackRequest({ stream, receivedAt }) {
       requestsAccepted.inc();

@@ -67,4 +67,13 @@ describe('a tracked stream on the write path', () => {
     expect(text).toContain('sluice_time_to_first_token_seconds_count 1');
     expect(text).toContain('sluice_time_to_first_token_seconds_sum 0.005');
   });
+
+  it("counts a resumed stream's tokens without a prom-client call per write, folded in when scraped", async () => {
+    const calls = spyOnPromClient();
+    const metrics = createGatewayMetrics(new Registry());
+    calls.length = 0;
+    for (let write = 0; write < 100; write++) metrics.tokensWritten(3);
+    expect(calls).toEqual([]);
+    expect(await metrics.registry.metrics()).toContain('sluice_gateway_stream_tokens_total 300');
+  });
 });
