@@ -166,13 +166,10 @@ return 1
  * A resume takes request `id`'s slot, whoever held it: owner ARGV[2], held ARGV[3] ms from now. Not
  * counted against max-streams: the request was admitted once, and a resume only moves its delivery.
  */
-const CLAIM = `${KEEP}
+const CLAIM = `
 local id, owner, holdMs = ARGV[1], ARGV[2], tonumber(ARGV[3])
-local t = redis.call('TIME')
-redis.call('ZADD', KEYS[5], tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + holdMs, id)
 redis.call('HSET', KEYS[6], id, owner)
-keep(KEYS[5], holdMs)
-keep(KEYS[6], holdMs)
+${HOLD_SLOT}
 return 1
 `;
 
