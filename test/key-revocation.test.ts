@@ -178,6 +178,45 @@ describe('revoking an API key', () => {
     }
   });
 
+  it('cancels its detached requests, running or waiting: nobody may resume them any more', async () => {
+    const [gw0, gw1] = announced as [GatewayProcess, GatewayProcess];
+    const key = await createKey(cluster.redis.url, ['--name', 'left']);
+    const waitList = `${names.bullPrefix}:generate:wait`;
+    const graceful = (prompt: string) => ({ ...long(prompt), resume_grace_ms: 120_000 });
+    const { streams } = await startFrozenMidAnswers([worker], redis, {
+      start: () => [new LiveStream(`${gw0.url}/v1/completions`, graceful('A client that leaves mid-answer'), auth(key))],
+      progress: (stream) => stream.until('a few chunks', () => stream.contentChunks >= 3),
+      maxTokens: MAX_TOKENS,
+    });
+    const running = streams[0]!;
+    let waitingId: string | undefined;
+    try {
+      // A second stream waits in the queue behind the frozen worker; both clients leave within their
+      // grace: no gateway holds a session of either any more.
+      const waiting = new LiveStream(`${gw1.url}/v1/completions`, graceful('A client that leaves while queued'), auth(key));
+      await waitFor('the second stream in the queue', async () => ((await redis.llen(waitList)) === 1 ? true : undefined));
+      waitingId = (await redis.lrange(waitList, 0, 0))[0]!;
+      for (const stream of [running, waiting]) stream.abort();
+      for (const id of [running.jobId, waitingId]) {
+        await waitFor(`${id} detached`, async () => ((await redis.hget(names.metaKey(id), 'detachedAt')) ? true : undefined));
+      }
+
+      const revoked = await runKeys(cluster.redis.url, ['revoke', '--name', 'left']);
+      expect(revoked.code, revoked.stderr).toBe(0);
+      // The waiting one leaves the queue at once (the worker is still frozen); its log ends it.
+      await waitFor('the waiting request removed from the queue', async () => ((await redis.llen(waitList)) === 0 ? true : undefined));
+      expect((await loggedEnd(redis, waitingId)).finishReason).toBe('abort');
+    } finally {
+      worker.process.signal('SIGCONT');
+    }
+    // The running one is stopped by its worker once thawed (it used to run on to max_tokens unseen).
+    const end = await loggedEnd(redis, running.jobId);
+    expect(end.finishReason).toBe('abort');
+    expect(end.tokens).toBeLessThan(MAX_TOKENS);
+    await waitFor('the worker idle', async () => ((await worker.health()).running === 0 ? true : undefined));
+    expect(worker.process.output()).toMatch(new RegExp(`"requestId":"${running.jobId}"[^\\n]*"abortReason":"key_revoked"`));
+  });
+
   it('ends them at the next registry poll on a gateway that missed the announcement', async () => {
     const key = await createKey(cluster.redis.url, ['--name', 'missed']);
     const { streams } = await startFrozenMidAnswers([worker], redis, {

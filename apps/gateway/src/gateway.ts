@@ -101,7 +101,7 @@ export async function startGateway(config: GatewayConfig, logger: Logger, option
   );
   // A revoked key's requests in flight end here: at its announcement, or at the next registry poll
   // for a gateway that missed it.
-  const revocation = access.store === undefined ? undefined : new KeyRevocation(access.store, sessions, logger);
+  const revocation = access.store === undefined ? undefined : new KeyRevocation(access.store, sessions, jobs, logger);
   const relay = new Relay(
     subscriber,
     channel,

@@ -216,6 +216,34 @@ export class RedisJobQueue implements JobSubmitter, WorkCanceller {
   }
 
   /**
+   * The API key `owner` was revoked: stops its detached requests, running or waiting (their client left
+   * within a resume grace, so no gateway holds a session to end them, and nobody may resume them now:
+   * they would run on unseen until their grace ran out). Found among BullMQ's jobs by their meta, as
+   * {@link migrateDetached} finds those of lost workers, and cancelled as `POST .../{id}/cancel` does.
+   * Every gateway told of the revoke tries; a second cancel changes nothing.
+   * @returns how many it stopped
+   */
+  async cancelDetachedOf(owner: string): Promise<number> {
+    const requestIds = new Set<string>();
+    for (const job of await this.queue.getJobs(['active', 'waiting', 'prioritized'])) {
+      const requestId = (job?.data as GenerateJob | undefined)?.requestId;
+      if (requestId !== undefined) requestIds.add(requestId);
+    }
+    if (requestIds.size === 0) return 0;
+    const reads = this.redis.pipeline();
+    for (const requestId of requestIds) reads.hgetall(this.names.metaKey(requestId));
+    const metas = (await reads.exec()) ?? [];
+    let cancelled = 0;
+    for (const [i, requestId] of [...requestIds].entries()) {
+      const meta = decodeRequestMeta((metas[i]?.[1] as Record<string, string> | undefined) ?? {});
+      if (meta === undefined || meta.owner !== owner || meta.channel !== '') continue;
+      await this.cancelRequest(requestId, meta, 'key_revoked');
+      cancelled++;
+    }
+    return cancelled;
+  }
+
+  /**
    * Routes a request's live entries to this gateway (a client resumed it here). Resolves once the
    * route is recorded, so a log read started afterwards misses nothing this gateway will not get live.
    */
@@ -229,11 +257,11 @@ export class RedisJobQueue implements JobSubmitter, WorkCanceller {
    * the queue is removed, and its stream (if a gateway holds one) is ended here: an `accepted`, each
    * choice ended `abort`, and a `finish`, as a worker would have written them.
    */
-  async cancelRequest(requestId: string, meta: RequestMeta): Promise<void> {
+  async cancelRequest(requestId: string, meta: RequestMeta, reason: CancelReason = 'cancelled'): Promise<void> {
     await this.redis
       .multi()
-      .set(this.names.cancelMarkerKey(requestId), 'cancelled', 'PX', markerTtlMs(meta.deadlineAt))
-      .publish(this.names.controlChannel, encodeControlMessage({ type: 'cancel', requestIds: [requestId], reason: 'cancelled' }))
+      .set(this.names.cancelMarkerKey(requestId), reason, 'PX', markerTtlMs(meta.deadlineAt))
+      .publish(this.names.controlChannel, encodeControlMessage({ type: 'cancel', requestIds: [requestId], reason }))
       .exec();
     // The current attempt's job: after a migration, the continuation waits under its own id.
     if (!(await this.removeQueued(requestId, attemptJobId(requestId, meta.attempt)))) return;

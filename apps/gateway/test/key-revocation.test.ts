@@ -22,6 +22,7 @@ function setup(missing: (hashes: readonly string[]) => Promise<string[]>) {
     pino({ level: 'silent' }),
   );
   const lookups: string[][] = [];
+  const detachedCancels: string[] = [];
   const revocation = new KeyRevocation(
     {
       missing: async (hashes) => {
@@ -30,6 +31,12 @@ function setup(missing: (hashes: readonly string[]) => Promise<string[]>) {
       },
     },
     sessions,
+    {
+      cancelDetachedOf: async (owner) => {
+        detachedCancels.push(owner);
+        return 0;
+      },
+    },
     pino({ level: 'silent' }),
   );
   const events = new Map<string, SessionEvent[]>();
@@ -37,7 +44,7 @@ function setup(missing: (hashes: readonly string[]) => Promise<string[]>) {
     events.set(id, []);
     return sessions.open(id, Date.now() + 60_000, (event) => events.get(id)!.push(event), { owner });
   };
-  return { sessions, revocation, cancels, lookups, events, open };
+  return { sessions, revocation, cancels, lookups, detachedCancels, events, open };
 }
 
 const failure = (events: SessionEvent[] | undefined) =>
@@ -45,7 +52,7 @@ const failure = (events: SessionEvent[] | undefined) =>
 
 describe('KeyRevocation', () => {
   it('ends every session of the revoked key, and only those, with invalid_api_key, and cancels their work', () => {
-    const { sessions, revocation, cancels, events, open } = setup(async () => []);
+    const { sessions, revocation, cancels, detachedCancels, events, open } = setup(async () => []);
     open('queued', LEAKED);
     const running = open('running', LEAKED);
     sessions.dispatch({ workerId: 'w', entries: [{ requestId: 'running', seq: 0, type: 'accepted', workerId: 'w', promptTokens: 3 }] });
@@ -69,6 +76,8 @@ describe('KeyRevocation', () => {
     expect(failure(events.get('keyless'))).toBeUndefined();
     expect(sessions.size).toBe(2);
     expect(sessions.owners()).toEqual(new Set([OTHER]));
+    // Its detached requests (no session here) are looked for in the queue: test/key-revocation.test.ts.
+    expect(detachedCancels).toEqual([LEAKED]);
   });
 
   it('checks each distinct key of the open sessions once, and ends the sessions of the ones gone', async () => {
