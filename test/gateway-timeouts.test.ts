@@ -3,7 +3,8 @@ import { Cluster, MODEL } from './support/cluster.js';
 import { sleep, waitFor } from './support/processes.js';
 import type { WorkerProcess } from './support/sluice.js';
 import { startFrozenMidAnswers } from './support/mid-answer.js';
-import { LiveStream, postRaw, streamError } from './support/sse.js';
+import { checkChunkSequence, LiveStream, postRaw, streamError } from './support/sse.js';
+import { loggedAnswer } from './support/token-log.js';
 
 const long = (prompt: string) => ({ model: MODEL, prompt, max_tokens: 1800, ignore_eos: true, temperature: 0, stream: true });
 
@@ -159,5 +160,36 @@ describe('timeouts end the stream with a clear error and cancel the work', () =>
     }
     // The cancel was waiting in the worker's socket: the sequence leaves once it runs again.
     await worker.sequenceCancelled(stream.requestId);
+  });
+
+  it('delivers the whole answer, not an idle_timeout, when the gateway itself was stopped past IDLE_TIMEOUT_MS', async () => {
+    const idleTimeoutMs = 2_000;
+    const gateway = await cluster.gateway({ IDLE_TIMEOUT_MS: String(idleTimeoutMs) });
+    const redis = cluster.redis.client();
+    const stream = new LiveStream(`${gateway.url}/v1/completions`, long('A gateway that is paused'));
+    try {
+      await stream.until('3 content chunks', () => stream.contentChunks >= 3);
+      // Stopped (as a paused VM or container): the worker goes on, its entries wait in the gateway's
+      // socket and in the token log. It used to wake, run its sweep before reading the socket, and end
+      // the stream with "The worker sent nothing for too long".
+      gateway.process.signal('SIGSTOP');
+      const stoppedAt = Date.now();
+      await waitFor(
+        'the answer in the token log',
+        async () => ((await loggedAnswer(redis, stream.jobId)).ended ? true : undefined),
+        30_000,
+      );
+      await sleep(Math.max(0, stoppedAt + idleTimeoutMs + 1_500 - Date.now()));
+    } finally {
+      gateway.process.signal('SIGCONT');
+    }
+    try {
+      expect(await stream.ended).toBe('done');
+      const answer = checkChunkSequence(stream.items, 'completion', false);
+      expect(answer.finishReason).toBe('length');
+      expect(answer.text).toBe((await loggedAnswer(redis, stream.jobId)).text);
+    } finally {
+      redis.disconnect();
+    }
   });
 });

@@ -25,6 +25,9 @@ export interface SessionManagerOptions {
 /** A session that heard nothing for this long reads its token log once (and again after as long). */
 const REPAIR_IDLE_MS = 1_000;
 
+/** A sweep timer this much later than two of its periods means the process was stopped or blocked. */
+const STALL_SLACK_MS = 250;
+
 /**
  * The demultiplexer's table: request id → session. Delivers every request's entries exactly once and
  * in order: pub/sub is the fast path, and a sequence gap (a lost message, a subscriber that reconnected)
@@ -37,6 +40,14 @@ export class SessionManager {
   private readonly sessions = new Map<string, RequestSession>();
   private queued = 0;
   private readonly sweepTimer: NodeJS.Timeout;
+  /**
+   * Since when this gateway has been awake to hear its workers: the queue and idle timeouts count only
+   * time after it. A process that was stopped (SIGSTOP, a paused VM, a long GC or blocked loop) wakes
+   * with its workers' entries unread in its sockets, and its timers run before its sockets are read:
+   * the first sweep would otherwise end healthy streams with a false `idle_timeout`.
+   */
+  private awakeSince = 0;
+  private lastTickAt = Date.now();
   private emptyWaiters: Array<() => void> = [];
   /** Cancels sent, to send again if the request's entries keep coming (a worker missed the message). */
   private readonly cancelled = new CancelledRequests();
@@ -52,7 +63,7 @@ export class SessionManager {
     private readonly onMigrated: (byThisGateway: boolean) => void = () => {},
   ) {
     const sweepMs = Math.max(10, Math.min(500, Math.floor(Math.min(options.queueTimeoutMs, options.idleTimeoutMs) / 10)));
-    this.sweepTimer = setInterval(() => this.sweep(Date.now()), sweepMs);
+    this.sweepTimer = setInterval(() => this.tick(sweepMs), sweepMs);
     this.sweepTimer.unref();
   }
 
@@ -393,6 +404,14 @@ export class SessionManager {
     clearInterval(this.sweepTimer);
   }
 
+  private tick(sweepMs: number): void {
+    const now = Date.now();
+    // The timer fired far later than asked: the process was stopped or its loop blocked meanwhile.
+    if (now - this.lastTickAt > 2 * sweepMs + STALL_SLACK_MS) this.awakeSince = now;
+    this.lastTickAt = now;
+    this.sweep(now);
+  }
+
   /** Runs the timeouts; exposed for tests. */
   sweep(now: number): void {
     this.cancelled.sweep(now);
@@ -402,8 +421,9 @@ export class SessionManager {
       } else if (isWaiting(session)) {
         // In the queue or inside an engine that has not scheduled it: the queue timeout applies (not
         // the idle one: nothing is generated yet).
-        if (now - session.enqueuedAt >= this.options.queueTimeoutMs) this.fail(session, new GatewayError('queue_timeout'), 'timeout');
-      } else if (session.state === 'running' && now - session.lastEventAt >= this.options.idleTimeoutMs) {
+        if (now - Math.max(session.enqueuedAt, this.awakeSince) >= this.options.queueTimeoutMs)
+          this.fail(session, new GatewayError('queue_timeout'), 'timeout');
+      } else if (session.state === 'running' && now - Math.max(session.lastEventAt, this.awakeSince) >= this.options.idleTimeoutMs) {
         this.fail(session, new GatewayError('idle_timeout'), 'timeout');
       } else if (
         session.state === 'running' &&

@@ -292,6 +292,31 @@ describe('SessionManager', () => {
     manager.close();
   });
 
+  it('counts the idle and queue timeouts only from when a stopped process woke up, whose entries are still unread', async () => {
+    const { manager, events, logs, open } = setup();
+    open('running');
+    open('queued');
+    const entries: GatewayEntry[] = [
+      { requestId: 'running', seq: 0, type: 'accepted', workerId: 'w', promptTokens: 1 },
+      { requestId: 'running', seq: 1, type: 'scheduled' },
+    ];
+    // (In its log as well: a quiet stream's sweep reads the log once a second.)
+    logs.set('running', entries);
+    manager.dispatch({ workerId: 'w', entries });
+    // The loop blocked past both timeouts (500 ms idle, 1,000 ms queue), as a process stopped with
+    // SIGSTOP: no timer, no socket read runs meanwhile.
+    Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, 1_200);
+    // Awake: the sweep timer (every 50 ms here) runs first, the worker's entries come after it.
+    await new Promise((resolve) => setTimeout(resolve, 120));
+    expect(events.filter((e) => e.type === 'failed')).toEqual([]);
+    manager.dispatch({ workerId: 'w', entries: [{ requestId: 'running', seq: 2, type: 'text-delta', index: 0, text: 'x', tokens: 1 }] });
+    expect(events.at(-1)).toMatchObject({ type: 'text-delta', seq: 2 });
+    // Awake and silent past the idle timeout: it applies again.
+    await new Promise((resolve) => setTimeout(resolve, 700));
+    expect(events.find((e) => e.type === 'failed')).toMatchObject({ error: { code: 'idle_timeout' } });
+    manager.close();
+  });
+
   it('fails a session past its deadline whatever its state', () => {
     const { manager, events, open } = setup();
     const session = open('a', Date.now() + 100);
