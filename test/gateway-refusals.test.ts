@@ -93,6 +93,21 @@ describe('refusals before any SSE byte', () => {
         );
         expect(tooManyCompletionTokens.error).toMatchObject({ code: 'context_length_exceeded', param: 'max_completion_tokens' });
       });
+
+      it('names the prompt of a batch that it refuses, prompt[k], and says what is wrong with an empty list', async () => {
+        const completion = (prompt: unknown) => refused('/v1/completions', { model: MODEL, prompt, max_tokens: 4, stream });
+        const empty = await completion(['a', '']);
+        expect(empty.status).toBe(400);
+        expect(empty.error).toMatchObject({ code: 'invalid_request', param: 'prompt[1]', message: 'prompt[1]: must not be empty.' });
+        const outOfVocabulary = await completion([[1, 2], [10_000_000]]);
+        expect(outOfVocabulary.error).toMatchObject({ code: 'invalid_request', param: 'prompt[1]' });
+        expect(outOfVocabulary.error.message).toMatch(/^prompt\[1\]: token ids must be in/);
+        const tooLong = await completion(['word '.repeat(5000), 'a']);
+        expect(tooLong.error).toMatchObject({ code: 'context_length_exceeded', param: 'prompt[0]' });
+        // A single prompt is `prompt`, as before.
+        expect((await completion('')).error).toMatchObject({ param: 'prompt', message: 'prompt: must not be empty.' });
+        expect((await completion([])).error).toMatchObject({ param: 'prompt', message: 'prompt: must hold at least one prompt.' });
+      });
     });
   }
 

@@ -144,4 +144,35 @@ describe('streams through gateway, Redis and worker', () => {
     const results = await Promise.all(runs);
     for (const { caseIndex, text } of results) expect(text, `case ${caseIndex}`).toBe(alone[caseIndex]);
   });
+
+  it("counts every prompt of a batch in each chunk's continuous usage, as the final usage does", async () => {
+    const prompts = ['Hello', 'a b c d e f'];
+    const counts = await Promise.all(
+      prompts.map(async (prompt) => {
+        const res = await postRaw(`${gateway.url}/tokenize`, { model: MODEL, prompt });
+        return (res.json as { count: number }).count;
+      }),
+    );
+    const promptTokens = counts.reduce((sum, count) => sum + count, 0);
+    expect(counts[0]).not.toBe(counts[1]);
+    const streamed = await postRaw(`${gateway.url}/v1/completions`, {
+      model: MODEL,
+      prompt: prompts,
+      n: 2,
+      max_tokens: 2,
+      temperature: 0,
+      stream: true,
+      stream_options: { include_usage: true, continuous_usage_stats: true },
+    });
+    const chunks = streamed.items.flatMap((item) =>
+      item.kind === 'data' && item.data !== '[DONE]'
+        ? [JSON.parse(item.data) as { choices: unknown[]; usage: { prompt_tokens: number } }]
+        : [],
+    );
+    const final = chunks.at(-1)!;
+    expect(final.choices).toEqual([]);
+    expect(final.usage.prompt_tokens).toBe(promptTokens);
+    expect(chunks.length).toBeGreaterThan(1);
+    for (const chunk of chunks) expect(chunk.usage.prompt_tokens).toBe(promptTokens);
+  });
 });

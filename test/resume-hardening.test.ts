@@ -6,7 +6,8 @@ import { Cluster, MODEL } from './support/cluster.js';
 import { freezeMidAnswers, retryMidAnswer, thaw, unfinishedInLog } from './support/mid-answer.js';
 import { waitFor } from './support/processes.js';
 import { scrapePrometheus } from './support/prometheus.js';
-import { collect, empty, read } from './support/sse.js';
+import { collect, collectSse, empty, read } from './support/sse.js';
+import { readTokenLog } from './support/token-log.js';
 import type { GatewayProcess, WorkerProcess } from './support/sluice.js';
 
 /**
@@ -354,6 +355,49 @@ describe('resume and cancel, hardened: redis-server, 2 gateways, 2 workers', () 
       for (const text of Object.values(replay)) expect(text.startsWith('Echo me back')).toBe(true);
       const after = await fetch(`${b.url}/v1/completions/${id}?stream=true`, { headers: { 'Last-Event-ID': '0' } });
       expect(await after.text()).not.toContain('Echo me back');
+    });
+  });
+
+  describe('a completions stream with logprobs', () => {
+    it('resumes text_offset where the original stream had it after the cursor, for every choice', async () => {
+      await ensureWorkers();
+      const body = { model: MODEL, prompt: 'Hello', max_tokens: 10, temperature: 0, n: 2, logprobs: 1, stream: true, ignore_eos: true };
+      /** Each choice's (token, text_offset) pairs, in order. */
+      const offsets = async (res: Response) => {
+        expect(res.status).toBe(200);
+        const byChoice: Record<number, Array<[string, number]>> = {};
+        for (const item of await collectSse(res.body!)) {
+          if (item.kind !== 'data' || item.data === '[DONE]') continue;
+          const chunk = JSON.parse(item.data) as {
+            choices: Array<{ index: number; logprobs: { tokens: string[]; text_offset: number[] } | null }>;
+          };
+          for (const { index, logprobs } of chunk.choices) {
+            if (logprobs !== null)
+              (byChoice[index] ??= []).push(...logprobs.tokens.map((t, k): [string, number] => [t, logprobs.text_offset[k]!]));
+          }
+        }
+        return byChoice;
+      };
+      const res = await post(a.url, '/v1/completions', body);
+      const id = res.headers.get('x-stream-id')!;
+      const original = await offsets(res);
+      // A cursor halfway through choice 1's deltas in the log (the choices' deltas alternate): both
+      // choices have tokens on either side of it.
+      const deltas = (await readTokenLog(redis, jobOf(id))).filter((entry) => entry.type === 'text-delta' && entry.index === 1);
+      const cursor = deltas[Math.floor(deltas.length / 2)]!.seq;
+      for (const resume of [
+        () => fetch(`${b.url}/v1/completions/${id}?stream=true`, { headers: { 'Last-Event-ID': String(cursor) } }),
+        () => fetch(`${b.url}/v1/completions/${id}?stream=true&starting_after=${cursor}`),
+      ]) {
+        const resumed = await offsets(await resume());
+        for (const index of [0, 1]) {
+          const all = original[index]!;
+          const rest = resumed[index]!;
+          expect(rest.length, `choice ${index}`).toBeGreaterThan(0);
+          expect(rest.length, `choice ${index}`).toBeLessThan(all.length);
+          expect(rest, `choice ${index}`).toEqual(all.slice(all.length - rest.length));
+        }
+      }
     });
   });
 

@@ -4,7 +4,8 @@ import type { RequestSession, SessionEvent } from './request-session.js';
  * A completions request with a batch of prompts runs as one job per prompt (the engine serves one
  * prompt per request); this merges their sessions' events into the one reply OpenAI gives:
  * - choice `index` = prompt index × n + choice index;
- * - the first `accepted` starts the reply (later ones add nothing a client sees);
+ * - the first `accepted` starts the reply, with the whole batch's prompt tokens (what every chunk's
+ *   `continuous_usage_stats` and the final usage count); later ones add nothing a client sees;
  * - one `finish` once every prompt finished, with the usage summed over the prompts;
  * - the first refusal or failure ends the whole reply and stops the other prompts' work.
  * A batch's events carry no cursor (seq -1): each job keeps its own token log, so a batch's stream is
@@ -22,6 +23,8 @@ export class PromptBatch {
   constructor(
     /** Choices per prompt. */
     private readonly n: number,
+    /** The prompt tokens of all the prompts together (each counted once, as their `finish` usages are). */
+    private readonly batchPromptTokens: number,
     private readonly listener: (event: SessionEvent) => void,
     /** Stops one prompt's work (its client is gone as far as it is concerned). */
     private readonly stop: (session: RequestSession) => void,
@@ -42,7 +45,7 @@ export class PromptBatch {
       case 'accepted':
         if (this.accepted) return;
         this.accepted = true;
-        this.listener({ ...event, seq: -1 });
+        this.listener({ ...event, seq: -1, promptTokens: this.batchPromptTokens });
         return;
       case 'scheduled':
         // The batch's queue time ends with its first prompt scheduled.

@@ -8,10 +8,15 @@ import type { ServedModel } from './worker-registry.js';
  * The prompt's token ids, checked against the model as the engine would check them: every refusal
  * that depends only on the request is an HTTP 4xx here, before the 200, whatever the load (a worker
  * that is busy or frozen cannot turn it into a late SSE error frame).
+ * @param promptParam the client's field of this prompt (`prompt[k]` for prompt k of a batch)
  * @throws GatewayError `invalid_request` or `context_length_exceeded`, naming the client's field
  */
-export function promptTokenIds(request: ParsedRequest, tokenizer: ModelTokenizer, model: ServedModel): number[] {
-  const promptParam = request.endpoint === 'chat' ? 'messages' : 'prompt';
+export function promptTokenIds(
+  request: ParsedRequest,
+  tokenizer: ModelTokenizer,
+  model: ServedModel,
+  promptParam: string = request.endpoint === 'chat' ? 'messages' : 'prompt',
+): number[] {
   const input = request.input;
   const maxContext = Math.min(tokenizer.maxContextLength, model.maxContextLength);
   // A prompt whose byte length alone proves it cannot fit is refused unencoded: encoding megabytes
@@ -32,7 +37,7 @@ export function promptTokenIds(request: ParsedRequest, tokenizer: ModelTokenizer
     );
   }
   const ids = encoded;
-  if (ids.length === 0) throw new GatewayError('invalid_request', { message: 'The prompt is empty.', param: promptParam });
+  if (ids.length === 0) throw new GatewayError('invalid_request', { message: `${promptParam}: must not be empty.`, param: promptParam });
   if (input.kind === 'tokens') {
     const bad = ids.find((id) => id >= tokenizer.vocabSize);
     if (bad !== undefined) {

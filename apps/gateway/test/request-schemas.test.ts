@@ -104,6 +104,11 @@ describe('completion requests', () => {
     expect(refusal(() => parseCompletionRequest({ model: 'm', prompt: [] })).param).toBe('prompt');
   });
 
+  it('refuses an empty list of prompts saying so, not "Invalid input"', () => {
+    const empty = refusal(() => parseCompletionRequest({ model: 'm', prompt: [] }));
+    expect(empty).toMatchObject({ param: 'prompt', message: 'prompt: must hold at least one prompt.' });
+  });
+
   it('takes echo, but not with logprobs (prompt logprobs are not computed)', () => {
     expect(parseCompletionRequest({ model: 'm', prompt: 'a', echo: true }).echo).toBe(true);
     expect(parseCompletionRequest({ model: 'm', prompt: 'a', echo: false }).echo).toBeUndefined();

@@ -142,11 +142,16 @@ export const MAX_PROMPTS = 32;
 export const completionRequestSchema = z
   .strictObject({
     ...commonFields,
-    prompt: z.union([z.string(), z.array(z.string()).min(1).max(MAX_PROMPTS), tokenIds, z.array(tokenIds).min(1).max(MAX_PROMPTS)]).meta({
-      description:
-        'A prompt (text or token ids) or a batch of prompts. A batch of P prompts with n choices answers with P × n choices; ' +
-        'choice `index` = prompt index × n + choice index, as OpenAI does.',
-    }),
+    prompt: z
+      .union([z.string(), z.array(z.string()).min(1).max(MAX_PROMPTS), tokenIds, z.array(tokenIds).min(1).max(MAX_PROMPTS)], {
+        // Every array branch refuses `[]` alike, which zod reports only as "Invalid input".
+        error: (issue) => (Array.isArray(issue.input) && issue.input.length === 0 ? 'must hold at least one prompt.' : undefined),
+      })
+      .meta({
+        description:
+          'A prompt (text or token ids) or a batch of prompts. A batch of P prompts with n choices answers with P × n choices; ' +
+          'choice `index` = prompt index × n + choice index, as OpenAI does.',
+      }),
     logprobs: opt(z.number().int().min(0).max(20)).meta({
       description:
         'Log probability of each sampled token, with the `logprobs` most likely alternatives; `top_logprobs` also holds the sampled token (up to logprobs + 1 entries).',

@@ -60,6 +60,12 @@ export interface ResponseFormatOptions {
   liveUsage?: () => UsageNumbers;
   /** Completions `echo`: the text each choice starts with, by choice index. */
   echo?: readonly string[];
+  /**
+   * Completions `text_offset`: how far each choice's text (by choice index) had come, beyond its echo,
+   * before this response's first token: a resumed stream's count up to its cursor
+   * ({@link logprobsTextLength} of the logprobs written before it).
+   */
+  textBefore?: readonly number[];
 }
 
 export class ResponseFormat {
@@ -92,7 +98,10 @@ export class ResponseFormat {
     this.tail = includeUsage || options.liveUsage !== undefined ? '],"usage":null}\n\n' : ']}\n\n';
     this.asciiHead = isAscii(this.head);
     this.deltaSuffix = `${endpoint === 'chat' ? '}' : ''},"logprobs":null,"finish_reason":null}`;
-    options.echo?.forEach((text, index) => this.textOffsets.set(index, codePoints(text)));
+    const choices = Math.max(options.echo?.length ?? 0, options.textBefore?.length ?? 0);
+    for (let index = 0; index < choices; index++) {
+      this.textOffsets.set(index, codePoints(this.echoText(index)) + (options.textBefore?.[index] ?? 0));
+    }
   }
 
   /** The end of a chunk: its usage (so far, with continuous usage stats) and the frame's end. */
@@ -204,6 +213,13 @@ export class ResponseFormat {
       `"top_logprobs":[${top.join(',')}],"text_offset":${JSON.stringify(textOffset)}}`
     );
   }
+}
+
+/** How far a completion's logprobs move its `text_offset` on: the characters of their tokens. */
+export function logprobsTextLength(logprobs: readonly TokenLogprobWire[]): number {
+  let length = 0;
+  for (const lp of logprobs) length += codePoints(lp.token);
+  return length;
 }
 
 /**

@@ -48,7 +48,10 @@ export function generateHandler(deps: AppDeps, endpoint: Endpoint) {
     const tokenizer = await deps.tokenizers.forModel(served);
     // Gone before anything was taken: refused as a client that left mid-body is (nobody gets the reply).
     if (client.gone) throw new GatewayError('client_closed');
-    const promptIds = prompts.map((input) => promptTokenIds({ ...request, input }, tokenizer, served));
+    // A refusal of prompt k of a batch names it: `prompt[k]`.
+    const promptIds = prompts.map((input, k) =>
+      promptTokenIds({ ...request, input }, tokenizer, served, request.prompts === undefined ? undefined : `prompt[${k}]`),
+    );
 
     const formatOptions: ResponseFormatOptions = { fingerprint: systemFingerprint(request.model) };
     if (request.echo === true) formatOptions.echo = echoTexts(prompts, request.n, tokenizer);
@@ -109,6 +112,7 @@ export function generateHandler(deps: AppDeps, endpoint: Endpoint) {
       prompts.length > 1
         ? new PromptBatch(
             request.n,
+            promptIds.reduce((sum, ids) => sum + ids.length, 0),
             (event) => responder.handle(event),
             (session) => sessions.cancel(session, 'client_closed'),
           )

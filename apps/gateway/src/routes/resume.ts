@@ -4,7 +4,7 @@ import { ClientPresence } from '../client-presence.js';
 import { GatewayError } from '../errors.js';
 import { batchRequestId, endsRequest, type GatewayEntry, type RequestMeta } from '@sluice/protocol';
 import type { Endpoint, ParsedRequest } from '../openai/request-schemas.js';
-import { ResponseFormat } from '../openai/response-format.js';
+import { logprobsTextLength, ResponseFormat, type UsageNumbers } from '../openai/response-format.js';
 import type { RequestObserver } from '../hooks.js';
 import { noObserver, type ResponderContext } from '../responders/responder-context.js';
 import { StreamResponder } from '../responders/stream-responder.js';
@@ -93,16 +93,17 @@ export function resumeHandler(deps: AppDeps, endpoint: Endpoint) {
       });
     }
     if (c.req.method === 'HEAD') return c.body(null, 200, { ...SSE_HEADERS, 'X-Request-Id': c.get('requestId'), 'X-Stream-Id': chunkId });
-    // What the events up to the cursor counted: usage on every chunk counts on from there, and a key's
-    // usage records the stream's totals (each token once, whichever gateways deliver it).
+    // What the events up to the cursor counted: usage on every chunk counts on from there, a key's
+    // usage records the stream's totals (each token once, whichever gateways deliver it), and a
+    // completion's logprobs count `text_offset` on from the text written before. (Whether a completion
+    // asked for logprobs is not in its format: every completions resume reads.)
     const apiKey = c.get('apiKey');
     const admission = apiKey === undefined ? undefined : deps.access?.admission;
-    const usageBefore =
-      format.continuousUsage !== true && admission === undefined
-        ? undefined
-        : cursor < 0
-          ? usageOf([])
-          : usageOf((await log.read(jobId, 0, cursor)).entries);
+    const countsUsage = format.continuousUsage === true || admission !== undefined;
+    const before =
+      cursor >= 0 && (countsUsage || endpoint === 'completion')
+        ? writtenBefore((await log.read(jobId, 0, cursor)).entries, format.n)
+        : writtenBefore([], format.n);
     // Gone before anything was taken over: nobody gets the reply, and the stream stays as it was.
     if (client.gone || res.destroyed) throw new GatewayError('client_closed');
     let responderUsage = () => ({ promptTokens: 0, completionTokens: 0 });
@@ -131,6 +132,7 @@ export function resumeHandler(deps: AppDeps, endpoint: Endpoint) {
         ...(format.continuousUsage === true ? { liveUsage: () => responderUsage() } : {}),
         // Written with the `accepted` event: again only by a resume from before it.
         ...(format.echo === undefined ? {} : { echo: Array.from({ length: format.n }, () => format.echo!) }),
+        textBefore: before.textLengths,
       }),
       receivedAt: Date.now(),
       retryAfterS: config.retryAfterS,
@@ -153,8 +155,8 @@ export function resumeHandler(deps: AppDeps, endpoint: Endpoint) {
       maxBufferBytes: config.maxStreamBufferBytes,
       onGiveUp: () => sessions.clientLeft(session),
     });
-    if (usageBefore !== undefined) {
-      responder.usageSoFar(usageBefore);
+    if (countsUsage) {
+      responder.usageSoFar(before.usage);
       responderUsage = () => responder.usage;
     }
     if (cursor === lastSeq && last !== undefined && endsRequest(last)) {
@@ -242,15 +244,21 @@ export function cancelHandler(deps: AppDeps, endpoint: Endpoint) {
 }
 
 /**
- * The usage a stream's events carried: the prompt's tokens (its `accepted` entry) and the completion
- * tokens of its deltas. Exact while the log still holds the stream's first entries (`STREAM_MAX_ENTRIES`).
+ * What a stream's events wrote: the usage they carried (the prompt's tokens, from its `accepted`
+ * entry, and the completion tokens of its deltas) and, by choice index, the length of the text their
+ * logprobs covered, as `text_offset` counts it. Exact while the log still holds the stream's first
+ * entries (`STREAM_MAX_ENTRIES`).
  */
-function usageOf(entries: readonly GatewayEntry[]): { promptTokens: number; completionTokens: number } {
+function writtenBefore(entries: readonly GatewayEntry[], n: number): { usage: UsageNumbers; textLengths: number[] } {
   let promptTokens = 0;
   let completionTokens = 0;
+  const textLengths = Array.from({ length: n }, () => 0);
   for (const entry of entries) {
     if (entry.type === 'accepted') promptTokens = entry.promptTokens;
-    else if (entry.type === 'text-delta') completionTokens += entry.tokens;
+    else if (entry.type === 'text-delta') {
+      completionTokens += entry.tokens;
+      if (entry.logprobs !== undefined) textLengths[entry.index] = (textLengths[entry.index] ?? 0) + logprobsTextLength(entry.logprobs);
+    }
   }
-  return { promptTokens, completionTokens };
+  return { usage: { promptTokens, completionTokens }, textLengths };
 }
