@@ -1,10 +1,15 @@
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { redisNames } from '@sluice/protocol';
 import { Cluster, MODEL } from './support/cluster.js';
 import { sleep, waitFor } from './support/processes.js';
 import { startRedis, type RedisServer } from './support/redis-server.js';
 import type { GatewayProcess } from './support/sluice.js';
-import { freezeMidAnswers, retryMidAnswer } from './support/mid-answer.js';
-import { LiveStream, postRaw, streamError } from './support/sse.js';
+import { freezeMidAnswers, retryMidAnswer, startFrozenMidAnswers } from './support/mid-answer.js';
+import { checkChunkSequence, LiveStream, postRaw, streamError } from './support/sse.js';
+import { loggedAnswer } from './support/token-log.js';
 
 /**
  * Redis killed (SIGKILL) and restarted empty on the same port while streams run. Timings are
@@ -139,5 +144,92 @@ describe('when Redis is killed and restarted under load', () => {
     await waitFor('/readyz 200', async () => ((await gateway.get('/readyz')).status === 200 ? true : undefined), 30_000, 50);
     const next = await postRaw(`${gateway.url}/v1/completions`, { model: MODEL, prompt: 'Hello', max_tokens: 4, temperature: 0 });
     expect(next.status).toBe(200);
+  });
+});
+
+/**
+ * Redis with persistence (an append-only file, every write synced) killed while a worker writes its
+ * streams' steps, and restarted from its data: the tokens logged before the kill are still there, the
+ * ones written meanwhile are lost. The worker stops those requests (it cannot write them), and once
+ * Redis answers again it hands each one over: a new attempt continues it from its log, token-identical,
+ * and the gateway's open stream goes on to the whole answer. (They used to end with `worker_lost` or,
+ * when that entry was lost too, stay silent until IDLE_TIMEOUT_MS.) The gateway is stopped (SIGSTOP)
+ * through the outage, so that its own outage bound does not end the streams first (tested above).
+ */
+describe('when Redis with persistence is killed mid-answer and restarted from its data', () => {
+  const dir = mkdtempSync(join(tmpdir(), 'sluice-aof-'));
+  let cluster: Cluster;
+  let restarted: RedisServer | undefined;
+  const body = { model: MODEL, max_tokens: 600, ignore_eos: true, temperature: 0, stream: true };
+  const prompts = ['Once upon a time', 'The river', 'A lighthouse keeper', 'In the city'];
+
+  beforeAll(async () => {
+    cluster = await Cluster.start({ appendOnlyDir: dir });
+    // A long TTL: the frozen worker is not taken for lost (a gateway would then move its streams itself).
+    await cluster.worker({ WORKER_TTL_MS: '60000', LOG_LEVEL: 'info' });
+    await cluster.gateway();
+  });
+
+  afterAll(async () => {
+    for (const p of [...cluster.gateways, ...cluster.workers]) p.process.signal('SIGCONT');
+    await Promise.all([...cluster.gateways, ...cluster.workers].map((p) => p.process.stop(3_000)));
+    await restarted?.stop();
+    await cluster.redis.stop();
+    rmSync(dir, { recursive: true, force: true });
+  });
+
+  it("continues each stream on a new attempt once Redis is back: the client gets the whole answer, the uninterrupted one's text", async () => {
+    const worker = cluster.workers[0]!;
+    const gateway = cluster.gateways[0]!;
+    // The uninterrupted answers, each alone.
+    const references: string[] = [];
+    for (const prompt of prompts) {
+      const reference = new LiveStream(`${gateway.url}/v1/completions`, { ...body, prompt });
+      await reference.ended;
+      references.push(checkChunkSequence(reference.items, 'completion', false).text);
+    }
+    const redis = cluster.redis.client();
+    let streams: LiveStream[];
+    try {
+      ({ streams } = await startFrozenMidAnswers([worker], redis, {
+        start: () => prompts.map((prompt) => new LiveStream(`${gateway.url}/v1/completions`, { ...body, prompt })),
+        progress: (stream) => stream.until('streaming', () => stream.contentChunks > 0),
+        maxTokens: body.max_tokens,
+      }));
+    } finally {
+      redis.disconnect();
+    }
+    gateway.process.signal('SIGSTOP');
+    try {
+      cluster.redis.process.signal('SIGKILL');
+      await cluster.redis.process.exited;
+      // Thawed with Redis away, the worker cannot write its next step: it stops those requests.
+      worker.process.signal('SIGCONT');
+      await waitFor('the worker losing a step', () =>
+        worker.process.output().includes('"abortReason":"redis_unavailable"') ? true : undefined,
+      );
+      restarted = await startRedis({ port: cluster.redis.port, appendOnlyDir: dir });
+    } finally {
+      gateway.process.signal('SIGCONT');
+    }
+    const ended = await Promise.race([Promise.all(streams.map((stream) => stream.ended)), sleep(60_000).then(() => undefined)]);
+    expect(ended, 'every stream ended').toBeDefined();
+    const check = restarted.client();
+    try {
+      for (const [i, stream] of streams.entries()) {
+        // No error frame, one finish, [DONE]: the whole answer, as the uninterrupted run wrote it.
+        const answer = checkChunkSequence(stream.items, 'completion', false);
+        expect(answer.finishReason).toBe('length');
+        expect(answer.text).toBe(references[i]);
+        expect(answer.text).toBe((await loggedAnswer(check, stream.jobId)).text);
+      }
+      const attempts = await Promise.all(
+        streams.map(async (stream) => Number(await check.hget(redisNames().metaKey(stream.jobId), 'attempt'))),
+      );
+      expect(Math.max(...attempts), 'a stream the worker handed over').toBeGreaterThan(1);
+    } finally {
+      check.disconnect();
+    }
+    expect(worker.process.output()).toContain('handed over after a Redis outage');
   });
 });

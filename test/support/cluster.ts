@@ -13,8 +13,9 @@ export class Cluster {
 
   private constructor(readonly redis: RedisServer) {}
 
-  static async start(): Promise<Cluster> {
-    return new Cluster(await startRedis());
+  /** @param redis how its Redis runs (persistence: see startRedis) */
+  static async start(redis: { appendOnlyDir?: string } = {}): Promise<Cluster> {
+    return new Cluster(await startRedis(redis));
   }
 
   async worker(env: Record<string, string> = {}): Promise<WorkerProcess> {

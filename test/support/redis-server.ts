@@ -16,13 +16,21 @@ export function hasRedisServer(): boolean {
   return spawnSync('redis-server', ['--version']).status === 0;
 }
 
-/** @param options.port a fixed port: a Redis restarted where the old one was (its clients reconnect) */
-export async function startRedis(options: { port?: number } = {}): Promise<RedisServer> {
+/**
+ * @param options.port a fixed port: a Redis restarted where the old one was (its clients reconnect)
+ * @param options.appendOnlyDir persistence: an append-only file in this folder, every write synced
+ *   (a Redis restarted on the same folder comes back with everything acknowledged before it died)
+ */
+export async function startRedis(options: { port?: number; appendOnlyDir?: string } = {}): Promise<RedisServer> {
   const port = options.port ?? (await freePort());
+  const persistence =
+    options.appendOnlyDir === undefined
+      ? ['--appendonly', 'no']
+      : ['--appendonly', 'yes', '--appendfsync', 'always', '--dir', options.appendOnlyDir];
   const proc = startProcess(
     'redis',
     'redis-server',
-    ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no', '--maxmemory-policy', 'noeviction'],
+    ['--port', String(port), '--bind', '127.0.0.1', '--save', '', ...persistence, '--maxmemory-policy', 'noeviction'],
     {},
   );
   const url = `redis://127.0.0.1:${port}`;

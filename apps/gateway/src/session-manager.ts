@@ -25,6 +25,9 @@ export interface SessionManagerOptions {
 /** A session that heard nothing for this long reads its token log once (and again after as long). */
 const REPAIR_IDLE_MS = 1_000;
 
+/** A repair whose log read failed reads again after this long. */
+const REPAIR_RETRY_MS = 200;
+
 /** A sweep timer this much later than two of its periods means the process was stopped or blocked. */
 const STALL_SLACK_MS = 250;
 
@@ -186,8 +189,11 @@ export class SessionManager {
       },
       (error: unknown) => {
         session.repairing = false;
-        this.logger.warn({ err: error, requestId: session.requestId }, 'reading the token log failed');
-        this.fail(session, new GatewayError('stream_interrupted'), 'stream_failed');
+        // Redis away for a moment (its connection reconnecting): nothing is known lost, so read again
+        // soon. The idle timeout bounds the retries, and an outage that outlasts a reconnect ends the
+        // streams anyway (gateway.ts). (A failed read used to end the stream at once.)
+        this.logger.warn({ err: error, requestId: session.requestId }, 'reading the token log failed: reading it again');
+        setTimeout(() => this.repair(session), REPAIR_RETRY_MS).unref();
       },
     );
   }

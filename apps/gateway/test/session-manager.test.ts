@@ -11,16 +11,23 @@ import type { TokenLog } from '../src/token-log-reader.js';
 function memoryLog() {
   const logs = new Map<string, GatewayEntry[]>();
   let reads = 0;
+  let failNext = false;
   const log: TokenLog = {
     read: async (requestId, fromSeq) => {
       reads++;
+      if (failNext) {
+        failNext = false;
+        throw new Error("Stream isn't writeable and enableOfflineQueue options is false");
+      }
       const entries = logs.get(requestId);
       return { entries: (entries ?? []).filter((e) => e.seq >= fromSeq), known: entries !== undefined };
     },
     meta: async () => undefined,
     last: async (requestId) => logs.get(requestId)?.at(-1),
   };
-  return { log, logs, reads: () => reads };
+  /** The next read fails, as on a connection that is reconnecting. */
+  const failNextRead = () => (failNext = true);
+  return { log, logs, reads: () => reads, failNextRead };
 }
 
 function setup() {
@@ -28,7 +35,7 @@ function setup() {
   const detached: string[] = [];
   const migrations: Array<{ requestId: string; attempt: number; lostWorkerId: string }> = [];
   let migration: MigrationResult = { outcome: 'exhausted' };
-  const { log, logs, reads } = memoryLog();
+  const { log, logs, reads, failNextRead } = memoryLog();
   const manager = new SessionManager(
     { queueTimeoutMs: 1_000, idleTimeoutMs: 500 },
     {
@@ -52,6 +59,7 @@ function setup() {
     events,
     logs,
     reads,
+    failNextRead,
     open: (id: string, deadlineAt = Date.now() + 60_000, graceMs = 0) => manager.open(id, deadlineAt, (e) => events.push(e), { graceMs }),
   };
 }
@@ -121,6 +129,24 @@ describe('SessionManager', () => {
     await tick();
     manager.dispatch({ workerId: 'w', entries: [entries[2]!] });
     expect(events.map((e) => ('seq' in e ? e.seq : e.type))).toEqual([0, 1, 2, 3]);
+    manager.close();
+  });
+
+  it('reads the log again, instead of failing the stream, when a repair read fails (Redis reconnecting)', async () => {
+    const { manager, events, logs, failNextRead, open } = setup();
+    open('r');
+    const entries: GatewayEntry[] = [
+      { requestId: 'r', seq: 0, type: 'accepted', workerId: 'w', promptTokens: 1 },
+      { requestId: 'r', seq: 1, type: 'text-delta', index: 0, text: 'a', tokens: 1 },
+      { requestId: 'r', seq: 2, type: 'text-delta', index: 0, text: 'b', tokens: 1 },
+    ];
+    logs.set('r', entries);
+    manager.dispatch({ workerId: 'w', entries: [entries[0]!] });
+    // The gap's first read meets a connection that is not back yet.
+    failNextRead();
+    manager.dispatch({ workerId: 'w', entries: [entries[2]!] });
+    await new Promise((resolve) => setTimeout(resolve, 400));
+    expect(events.map((e) => ('seq' in e ? e.seq : e.type))).toEqual([0, 1, 2]);
     manager.close();
   });
 

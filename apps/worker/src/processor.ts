@@ -32,6 +32,9 @@ const isCancel = (reason: unknown): boolean => cancelReasonSchema.safeParse(reas
 /** The reason a drain passes to `abort()` at its bound: the request moves to another worker ({@link RequestHandover}). */
 export const HANDOVER_REASON = 'worker_draining';
 
+/** How long a request whose entries Redis lost waits for Redis to return before its stream ends `worker_lost`. */
+const RECOVERY_WAIT_MS = 30_000;
+
 /** Engine field names → OpenAI request fields, for the `param` of an error. */
 const FIELD_NAMES: Record<string, string> = {
   promptTokenIds: 'prompt',
@@ -182,7 +185,9 @@ export class JobProcessor {
     controller.signal.addEventListener(
       'abort',
       () => {
-        if (controller.signal.reason === HANDOVER_REASON && this.deps.handover !== undefined) route.handingOver = true;
+        // A drain, or entries lost while Redis was away: another worker carries the stream on from its log.
+        const reason: unknown = controller.signal.reason;
+        if ((reason === HANDOVER_REASON || reason === REDIS_UNAVAILABLE) && this.deps.handover !== undefined) route.handingOver = true;
       },
       { once: true },
     );
@@ -218,7 +223,7 @@ export class JobProcessor {
         parts.left = started.parts;
         parts.completionTokens = started.priorTokens;
         await done;
-        if (route.handingOver === true) await this.handOver(job, route, log);
+        if (route.handingOver === true) await this.handOver(job, route, controller.signal.reason === REDIS_UNAVAILABLE, log);
       }
     } catch (error) {
       log.error({ err: error }, 'job failed');
@@ -445,24 +450,36 @@ export class JobProcessor {
   }
 
   /**
-   * After a drain stopped the request: once everything written for it is in its log, another worker
-   * continues it. If it cannot move, its stream ends as before (`worker_shutdown`).
+   * After a drain stopped the request, or Redis went away while its entries were written (they are lost,
+   * but its log and meta may have outlived the outage: a Redis with persistence): once Redis answers
+   * and everything written for it is in its log, another worker (this one too) continues it from the
+   * log, token-identical. If it cannot move (no Redis within {@link RECOVERY_WAIT_MS}, or its meta is
+   * gone: a Redis restarted empty), its stream ends as before (`worker_shutdown`, `worker_lost`).
    */
-  private async handOver(job: GenerateJob, route: Route, logger: Logger): Promise<void> {
+  private async handOver(job: GenerateJob, route: Route, redisLost: boolean, logger: Logger): Promise<void> {
     const { router, handover } = this.deps;
     let moved = false;
     try {
-      await router.drained();
-      moved = (await handover?.handOver(job, route.attempt, route.channel ?? ''))?.moved === true;
+      if (!redisLost || (await router.whenAnswering(Math.min(RECOVERY_WAIT_MS, Math.max(0, job.deadlineAt - Date.now()))))) {
+        // (Appends that failed with the connection settle as failed; nothing of them is waited for.)
+        await router.drained().catch(() => undefined);
+        moved = (await handover?.handOver(job, route.attempt, route.channel ?? ''))?.moved === true;
+      }
     } catch (error) {
       logger.warn({ err: error }, 'handing the request over failed');
     }
     if (moved) {
-      logger.info({ attempt: route.attempt + 1 }, 'handed over to another worker (drain)');
+      logger.info({ attempt: route.attempt + 1 }, redisLost ? 'handed over after a Redis outage' : 'handed over to another worker (drain)');
       return;
     }
     route.handingOver = false;
-    router.push(route, { type: 'error', error: { code: 'worker_shutdown', message: 'The worker shut down.', param: null } });
+    route.lost = false;
+    router.push(route, {
+      type: 'error',
+      error: redisLost
+        ? { code: 'worker_lost', message: 'The worker lost its connection to Redis.', param: null }
+        : { code: 'worker_shutdown', message: 'The worker shut down.', param: null },
+    });
   }
 
   private running(route: Route, signal: AbortSignal): void {
@@ -496,14 +513,16 @@ export class JobProcessor {
     if (signal.aborted && signal.reason === SHUTDOWN_REASON) {
       // A drain tells the client why its stream ends.
       router.push(route, { type: 'error', error: { code: 'worker_shutdown', message: 'The worker shut down.', param: null } });
+    } else if (signal.aborted && (signal.reason === 'superseded' || route.handingOver === true)) {
+      // A newer attempt owns the request (or is about to: a drain, or a Redis outage, hands it over):
+      // nothing more from here.
     } else if (signal.aborted && signal.reason === REDIS_UNAVAILABLE) {
-      // Entries were lost while Redis was away: the answer cannot be completed, and says so.
+      // Entries were lost while Redis was away (and no handover here): the answer cannot be completed, and says so.
+      route.lost = false;
       router.push(route, {
         type: 'error',
         error: { code: 'worker_lost', message: 'The worker lost its connection to Redis.', param: null },
       });
-    } else if (signal.aborted && (signal.reason === 'superseded' || route.handingOver === true)) {
-      // A newer attempt owns the request (or is about to: a drain hands it over): nothing more from here.
     } else if (!signal.aborted && event.error !== undefined) {
       logger.error({ code: event.error.code, message: event.error.message }, 'engine error');
       router.push(route, { type: 'error', error: toWireError(event.error.code, event.error.message) });

@@ -1,3 +1,4 @@
+import { setTimeout as sleep } from 'node:timers/promises';
 import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
 import type { EngineEvent, StepEvent, TokenLogprob } from '@sluice/engine';
@@ -5,6 +6,10 @@ import { endsRequest, RequestScripts, type GatewayEntryDraft, type RedisNames, t
 
 /** The abort reason of a request whose entries could not be written (Redis unreachable). */
 export const REDIS_UNAVAILABLE = 'redis_unavailable';
+
+/** How long a PING may take to say Redis answers again, and how long to wait before the next try. */
+const PING_WAIT_MS = 500;
+const PING_RETRY_MS = 100;
 
 /** An entry before the router numbers it and names its request. */
 export type EntryDraft = GatewayEntryDraft extends infer E ? (E extends GatewayEntryDraft ? Omit<E, 'requestId'> : never) : never;
@@ -43,6 +48,8 @@ export interface Route {
    * the continuation carries the stream on from the log), but its engine finish still settles the job.
    */
   handingOver?: boolean;
+  /** An append of its entries failed: nothing more is written for it (see `StepRouter.#lost`). */
+  lost?: boolean;
   /** Engine request ids routed here besides the request's own. */
   aliases: string[];
   /**
@@ -225,8 +232,9 @@ export class StepRouter {
     if (event.type === 'text-delta' && event.text !== '' && route.timing !== undefined) route.timing.firstStepAt ??= epochMs();
   }
 
-  /** Numbers an entry and queues it for this step's write. */
+  /** Numbers an entry and queues it for this step's write (none for a request whose entries were lost). */
   push(route: Route, draft: EntryDraft): void {
+    if (route.lost === true) return;
     const seq = route.nextSeq++;
     const entry = { ...draft, requestId: route.requestId, seq, ...(route.attempt > 1 ? { attempt: route.attempt } : {}) };
     const json = JSON.stringify(entry);
@@ -316,6 +324,23 @@ export class StepRouter {
   }
 
   /** Resolves when everything pushed so far has been handed to Redis. */
+  /**
+   * Resolves true once Redis answers a PING on this connection, false after `timeoutMs`. Its status
+   * alone is not enough: just after an outage a connection may still say `ready` before it has noticed
+   * its socket is gone, and a command written then waits for a resend that may never come.
+   */
+  async whenAnswering(timeoutMs: number): Promise<boolean> {
+    const until = Date.now() + timeoutMs;
+    while (Date.now() < until) {
+      if (this.#redis.status === 'ready') {
+        const answer = await Promise.race([this.#redis.ping().catch(() => undefined), sleep(PING_WAIT_MS)]);
+        if (answer === 'PONG') return true;
+      }
+      await sleep(PING_RETRY_MS);
+    }
+    return false;
+  }
+
   async drained(): Promise<void> {
     if (this.#turnFlush) await new Promise<void>((resolve) => setImmediate(resolve));
     await this.#flushing;
@@ -438,16 +463,18 @@ export class StepRouter {
 
   #appendFailed(route: Route, error: unknown): void {
     this.logger.error({ err: error, requestId: route.requestId }, 'appending to the token log failed');
-    if (this.#redis.status !== 'ready') this.#lost(route);
+    this.#lost(route);
   }
 
   /**
-   * Redis was away when this request's entries were written: they are neither in its log nor with its
-   * gateway, so the answer cannot be completed. The request stops now (no decoding for nobody, nothing
-   * held in memory to replay later); its gateway fails the stream when its repair finds the gap.
+   * This request's entries could not be appended (Redis away, the connection closing under the write):
+   * whether they are in its log is unknown, and a later append that succeeds would leave a gap in it.
+   * Nothing more is written for it here: it stops now, and once Redis answers the processor hands it
+   * over so that a continuation goes on from what its log holds (or, that failing, ends its stream).
    */
   #lost(route: Route): void {
-    if (route.ended) return;
+    if (route.ended || route.lost === true) return;
+    route.lost = true;
     route.abort(REDIS_UNAVAILABLE);
   }
 
