@@ -233,3 +233,55 @@ describe('when Redis with persistence is killed mid-answer and restarted from it
     expect(worker.process.output()).toContain('handed over after a Redis outage');
   });
 });
+
+/**
+ * Redis refusing writes (`maxmemory` reached, `noeviction`) while streams run: PUBLISH still works, so
+ * the live path carries on while the token logs miss those steps. The worker keeps its streams going
+ * (a refused append is Redis's answer on a sound connection); only a connection that fails under a
+ * write makes it stop and hand the request over (above).
+ */
+describe('when Redis refuses writes (out of memory) mid-answer', () => {
+  let cluster: Cluster;
+  const body = { model: MODEL, prompt: 'Once upon a time', max_tokens: 400, ignore_eos: true, temperature: 0, stream: true };
+
+  beforeAll(async () => {
+    cluster = await Cluster.start();
+    // A long TTL: its heartbeats are refused too while Redis is full.
+    await cluster.worker({ WORKER_TTL_MS: '60000' });
+    await cluster.gateway();
+  });
+
+  afterAll(async () => {
+    cluster.workers[0]?.process.signal('SIGCONT');
+    await cluster?.stop();
+  });
+
+  it('delivers the whole answer live', async () => {
+    const worker = cluster.workers[0]!;
+    const gateway = cluster.gateways[0]!;
+    const reference = new LiveStream(`${gateway.url}/v1/completions`, body);
+    await reference.ended;
+    const expected = checkChunkSequence(reference.items, 'completion', false).text;
+    const redis = cluster.redis.client();
+    try {
+      const { streams } = await startFrozenMidAnswers([worker], redis, {
+        start: () => [new LiveStream(`${gateway.url}/v1/completions`, body)],
+        progress: (stream) => stream.until('streaming', () => stream.contentChunks > 0),
+        maxTokens: body.max_tokens,
+      });
+      await redis.config('SET', 'maxmemory', '1');
+      try {
+        worker.process.signal('SIGCONT');
+        await waitFor('an append refused', () => (worker.process.output().includes('OOM') ? true : undefined));
+        expect(await streams[0]!.ended).toBe('done');
+      } finally {
+        await redis.config('SET', 'maxmemory', '0');
+      }
+      const answer = checkChunkSequence(streams[0]!.items, 'completion', false);
+      expect(answer.finishReason).toBe('length');
+      expect(answer.text).toBe(expected);
+    } finally {
+      redis.disconnect();
+    }
+  });
+});

@@ -1,5 +1,5 @@
 import { setTimeout as sleep } from 'node:timers/promises';
-import type { Redis } from 'ioredis';
+import { ReplyError, type Redis } from 'ioredis';
 import type { Logger } from 'pino';
 import type { EngineEvent, StepEvent, TokenLogprob } from '@sluice/engine';
 import { endsRequest, RequestScripts, type GatewayEntryDraft, type RedisNames, type TokenLogprobWire } from '@sluice/protocol';
@@ -463,7 +463,10 @@ export class StepRouter {
 
   #appendFailed(route: Route, error: unknown): void {
     this.logger.error({ err: error, requestId: route.requestId }, 'appending to the token log failed');
-    this.#lost(route);
+    // Redis answered with an error (out of memory, ...): that append was not made, on a sound
+    // connection, and the live stream goes on (a later resume may find the gap). Any other failure (the
+    // connection failed under the write) leaves what reached the log unknown.
+    if (!(error instanceof ReplyError)) this.#lost(route);
   }
 
   /**
