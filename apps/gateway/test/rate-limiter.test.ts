@@ -138,6 +138,29 @@ describe('RateLimiter stream slots', () => {
     for (const key of [keys[4]!, keys[5]!]) expect(await redis.pttl(key)).toBeGreaterThan(50_000);
   });
 
+  it('lets the token total expire with the window it sums, even after a refusal dropped an old entry', async () => {
+    const limits = { tpm: 1_000 };
+    expect((await limiter.admit(KEY, limits, 'a', 5, LEASE_MS, 'a')).admitted).toBe(true);
+    expect((await limiter.admit(KEY, limits, 'b', 600, LEASE_MS, 'b')).admitted).toBe(true);
+    // `a` leaves the window (61 s old); a request too big for what is left is refused, and drops it.
+    await redis.zadd(keys[1]!, (await redisNow()) - 61_000, 'a');
+    expect(await limiter.admit(KEY, limits, 'c', 500, LEASE_MS, 'c')).toMatchObject({ admitted: false, refused: 'tokens' });
+    expect(await limiter.tokensInWindow(KEY)).toBe(600);
+    // The total keeps the window's expiry (the refusal's SET used to clear it: the total outlived its
+    // entries, and the key was refused for good).
+    expect(await redis.pttl(keys[3]!)).toBeGreaterThan(60_000);
+    // The window's entries expire (as their TTL would): nothing is used any more.
+    await redis.del(keys[1]!, keys[2]!);
+    expect((await limiter.admit(KEY, limits, 'd', 505, LEASE_MS, 'd')).admitted).toBe(true);
+    expect(await limiter.tokensInWindow(KEY)).toBe(505);
+  });
+
+  it('heals a token total left behind without its entries (written before the fix)', async () => {
+    await redis.set(keys[3]!, '607');
+    expect((await limiter.admit(KEY, { tpm: 1_000 }, 'r1', 505, LEASE_MS, 'a')).admitted).toBe(true);
+    expect(await limiter.tokensInWindow(KEY)).toBe(505);
+  });
+
   it('loads its scripts again when Redis forgot them (NOSCRIPT)', async () => {
     await admit('r1', 'a');
     await redis.script('FLUSH');

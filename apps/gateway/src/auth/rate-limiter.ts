@@ -61,7 +61,14 @@ if tpm > 0 then
   end
   if #old > 0 then
     redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - window)
-    redis.call('SET', KEYS[4], total)
+    -- KEEPTTL: the total expires with the window's entries (a plain SET made it outlive them, and a
+    -- key kept a phantom total, refused for good, once they expired).
+    redis.call('SET', KEYS[4], total, 'KEEPTTL')
+  end
+  -- No entry in the window, no tokens: heals a total left behind without its entries.
+  if total ~= 0 and redis.call('EXISTS', KEYS[2]) == 0 then
+    total = 0
+    redis.call('DEL', KEYS[4])
   end
   if refused == '' and total + cost > tpm then
     refused = 'tokens'
