@@ -1,6 +1,8 @@
+import { connect } from 'node:net';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { createKey } from './support/api-keys.js';
 import { Cluster, MODEL } from './support/cluster.js';
-import { waitFor } from './support/processes.js';
+import { sleep, waitFor } from './support/processes.js';
 import type { GatewayProcess, WorkerProcess } from './support/sluice.js';
 import { startFrozenMidAnswers } from './support/mid-answer.js';
 import { LiveStream, postRaw } from './support/sse.js';
@@ -148,6 +150,43 @@ describe('refusals before any SSE byte', () => {
       worker.process.signal('SIGCONT');
     }
     await Promise.all([running.ended, queued.ended]);
+    await waitFor('worker idle', async () => ((await worker.health()).running === 0 ? true : undefined));
+  });
+
+  it('holds the queue bound for requests of a key with limits that arrive together', async () => {
+    // The key's limits take a Redis round trip after the bound's check: ten requests whose bodies
+    // complete together all passed the check meanwhile, and all ten were queued past a bound of 2.
+    const key = await createKey(cluster.redis.url, ['--name', 'together', '--rpm', '1000']);
+    const bounded = await cluster.gateway({ AUTH: 'keys', MAX_QUEUED_REQUESTS: '2', HEADERS_WAIT_MS: '0' });
+    const body = JSON.stringify(chat({ stream: true, max_tokens: 5 }));
+    const { port, hostname } = new URL(bounded.url);
+    worker.process.signal('SIGSTOP');
+    const clients = Array.from({ length: 10 }, () => {
+      const socket = connect(Number(port), hostname);
+      let reply = '';
+      socket.setEncoding('utf8').on('data', (data: string) => (reply += data));
+      // Each request but its body's last byte: its headers (and key) are read, its body waits.
+      socket.write(
+        `POST /v1/chat/completions HTTP/1.1\r\nHost: ${hostname}\r\nContent-Type: application/json\r\n` +
+          `Authorization: Bearer ${key}\r\nContent-Length: ${Buffer.byteLength(body)}\r\n\r\n${body.slice(0, -1)}`,
+      );
+      return { socket, reply: () => reply };
+    });
+    try {
+      await sleep(300);
+      for (const client of clients) client.socket.write(body.slice(-1));
+      const statuses = await waitFor('every reply', () => {
+        const lines = clients.map((client) => client.reply().split('\r\n')[0] ?? '');
+        return lines.every((line) => line.startsWith('HTTP/1.1')) ? lines.map((line) => Number(line.split(' ')[1])) : undefined;
+      });
+      expect(statuses.filter((status) => status === 200).length).toBe(2);
+      expect(statuses.filter((status) => status !== 200 && status !== 429)).toEqual([]);
+      for (const client of clients.filter((c) => c.reply().startsWith('HTTP/1.1 429')))
+        expect(client.reply()).toMatch(/"code":"queue_full"/);
+    } finally {
+      for (const client of clients) client.socket.destroy();
+      worker.process.signal('SIGCONT');
+    }
     await waitFor('worker idle', async () => ((await worker.health()).running === 0 ? true : undefined));
   });
 });

@@ -42,6 +42,8 @@ const STALL_SLACK_MS = 250;
 export class SessionManager {
   private readonly sessions = new Map<string, RequestSession>();
   private queued = 0;
+  /** Queue places held by requests being admitted (see {@link reserveQueued}). */
+  private reserved = 0;
   private readonly sweepTimer: NodeJS.Timeout;
   /**
    * Since when this gateway has been awake to hear its workers: the queue and idle timeouts count only
@@ -75,9 +77,28 @@ export class SessionManager {
     return this.sessions.has(requestId);
   }
 
-  /** Sessions waiting for a worker (the admission bound counts these). */
+  /**
+   * Sessions waiting for a worker, and places held by requests still being admitted (the admission
+   * bound counts both).
+   */
   get queuedCount(): number {
-    return this.queued;
+    return this.queued + this.reserved;
+  }
+
+  /**
+   * Holds `count` queue places for a request between the admission bound's check and its sessions'
+   * opening: the awaits in between (its tokenizer, its key's limits) let other requests pass the same
+   * check meanwhile, so a key with limits could fill the queue past its bound. @returns the release
+   * (call it once the sessions are open, or the request was refused)
+   */
+  reserveQueued(count: number): () => void {
+    this.reserved += count;
+    let released = false;
+    return () => {
+      if (released) return;
+      released = true;
+      this.reserved -= count;
+    };
   }
 
   get size(): number {

@@ -44,150 +44,160 @@ export function generateHandler(deps: AppDeps, endpoint: Endpoint) {
     if (apiKey !== undefined) admission?.checkModel(apiKey, request.model);
     const prompts = request.prompts ?? [request.input];
     if (sessions.queuedCount + prompts.length > config.maxQueuedRequests) throw new GatewayError('queue_full');
-    // Tokenized here, not on a worker: a prompt that cannot fit is a 400 before the 200 under any load.
-    const tokenizer = await deps.tokenizers.forModel(served);
-    // Gone before anything was taken: refused as a client that left mid-body is (nobody gets the reply).
-    if (client.gone) throw new GatewayError('client_closed');
-    // A refusal of prompt k of a batch names it: `prompt[k]`.
-    const promptIds = prompts.map((input, k) =>
-      promptTokenIds({ ...request, input }, tokenizer, served, request.prompts === undefined ? undefined : `prompt[${k}]`),
-    );
-
-    const formatOptions: ResponseFormatOptions = { fingerprint: systemFingerprint(request.model) };
-    if (request.echo === true) formatOptions.echo = echoTexts(prompts, request.n, tokenizer);
-
-    // The client's id (`X-Request-Id`, checked by the app's middleware) is for logs and the reply; it
-    // need not be unique, so the job, the session and the pub/sub entries use an id of our own.
-    const requestId = c.get('requestId');
-    // Our own id serves as both when the client sent none: then logs, reply and job id agree.
-    const jobId = c.req.header('x-request-id') === requestId ? randomUUID() : requestId;
-    // The key's limits, last of the refusals: a granted request settles when it ends.
-    const grant =
-      apiKey === undefined || admission === undefined
-        ? undefined
-        : await admission.admit(apiKey, request, promptIds, served.maxContextLength, jobId, res);
-    if (client.gone) {
-      // Gone while the key's limits were decided: nothing is enqueued, and the grant (token
-      // reservation, stream slot) is settled at once, as if the request had used nothing.
-      if (grant !== undefined) admission?.release(grant);
-      throw new GatewayError('client_closed');
-    }
-    const started =
-      hooks.requestStarted?.({ requestId, jobId, endpoint, model: request.model, stream: request.stream, receivedAt: receivedAtMono }) ??
-      noObserver();
-    // Only a stream can be resumed (and a batch of prompts cannot: see PromptBatch).
-    const graceMs =
-      request.stream && prompts.length === 1 ? Math.min(request.resumeGraceMs ?? config.resumeGraceMs, config.maxResumeGraceMs) : 0;
-    const observer = grant === undefined || admission === undefined ? started : admission.observe(grant, started, graceMs);
-    // Usage so far on every chunk: read from the responder, which counts the tokens it writes.
-    let responderUsage = () => ({ promptTokens: 0, completionTokens: 0 });
-    if (request.continuousUsage === true && request.stream) formatOptions.liveUsage = () => responderUsage();
-    const ctx: ResponderContext = {
-      requestId,
-      // A batch of P prompts answers with P × n choices.
-      request: prompts.length > 1 ? { ...request, n: prompts.length * request.n } : request,
-      format: new ResponseFormat(endpoint, jobId, request.model, request.includeUsage, undefined, formatOptions),
-      receivedAt,
-      retryAfterS: config.retryAfterS,
-      hooks,
-      observer,
-      timing: new RequestTiming(receivedAtMono, performance.now()),
-    };
-    const responder = request.stream
-      ? new StreamResponder(ctx, res, heartbeats, {
-          headersWaitMs: config.headersWaitMs,
-          streamIntervalMs: config.streamIntervalMs,
-          maxBufferBytes: config.maxStreamBufferBytes,
-          // A client that does not read is treated as one that left (its work detached within a grace).
-          onGiveUp: () => {
-            let detached = false;
-            for (const session of opened) detached = sessions.clientLeft(session) || detached;
-            return detached;
-          },
-        })
-      : new CompleteResponder(ctx);
-    if (responder instanceof StreamResponder) responderUsage = () => responder.usage;
-    const deadlineAt = receivedAt + config.requestTimeoutMs;
-    const batch =
-      prompts.length > 1
-        ? new PromptBatch(
-            request.n,
-            promptIds.reduce((sum, ids) => sum + ids.length, 0),
-            (event) => responder.handle(event),
-            (session) => sessions.cancel(session, 'client_closed'),
-          )
-        : undefined;
-    // Prompt k of a batch runs as its own job; the first keeps the reply's id.
-    const jobIds = prompts.map((_, k) => batchRequestId(jobId, k));
-    const opened: RequestSession[] = jobIds.map((id, k) => {
-      const session = sessions.open(id, deadlineAt, batch?.listenerFor(k) ?? ((event) => responder.handle(event)), {
-        graceMs,
-        // A revoke of the key ends the session (auth/key-revocation.ts).
-        owner: apiKey?.hash,
-      });
-      batch?.add(session);
-      return session;
-    });
-    // The stream owns its cleanup: a client that leaves at any stage cancels the work (or, with a
-    // resume grace, leaves it running for a resume from any gateway). One that leaves while the job is
-    // being enqueued is answered at once and its work cancelled as soon as the enqueue is done (a
-    // cancel sent before the job exists could miss it).
-    let enqueued = false;
-    const leave = () => {
-      if (responder.done) return;
-      if (responder instanceof StreamResponder) responder.clientClosed(graceMs > 0);
-      else responder.clientClosed();
-      if (enqueued) for (const session of opened) sessions.clientLeft(session);
-    };
-    client.onLeave(leave);
-
-    const format: StreamFormat = {
-      endpoint,
-      model: request.model,
-      created: ctx.format.created,
-      includeUsage: request.includeUsage,
-      n: request.n,
-      maxTokensParam: request.maxTokensParam,
-      ...(request.continuousUsage === true && request.stream ? { continuousUsage: true } : {}),
-      ...(prompts.length > 1 ? { prompts: prompts.length } : {}),
-      ...(prompts.length === 1 && formatOptions.echo !== undefined ? { echo: formatOptions.echo[0] ?? '' } : {}),
-    };
+    // Held while the request is admitted: the awaits below (its tokenizer, its key's limits) let other
+    // requests pass the same check meanwhile, which filled the queue past its bound (10 of 10 admitted
+    // at MAX_QUEUED_REQUESTS=2 with a key with limits).
+    const releaseQueued = sessions.reserveQueued(prompts.length);
     try {
-      await Promise.all(
-        promptIds.map((promptTokenIds, k) =>
-          jobs.submit(
-            {
-              requestId: jobIds[k]!,
-              correlationId: requestId,
-              channel,
-              model: request.model,
-              input: { kind: 'tokens', promptTokenIds },
-              sampling: request.sampling,
-              defaultMaxTokens: request.defaultMaxTokens,
-              resumeGraceMs: graceMs,
-              enqueuedAt: Date.now(),
-              deadlineAt,
-            },
-            format,
-            c.get('apiKey')?.hash ?? '',
-          ),
-        ),
+      // Tokenized here, not on a worker: a prompt that cannot fit is a 400 before the 200 under any load.
+      const tokenizer = await deps.tokenizers.forModel(served);
+      // Gone before anything was taken: refused as a client that left mid-body is (nobody gets the reply).
+      if (client.gone) throw new GatewayError('client_closed');
+      // A refusal of prompt k of a batch names it: `prompt[k]`.
+      const promptIds = prompts.map((input, k) =>
+        promptTokenIds({ ...request, input }, tokenizer, served, request.prompts === undefined ? undefined : `prompt[${k}]`),
       );
-    } catch (error) {
-      for (const session of opened) sessions.release(session);
-      const refusal = new GatewayError('store_unavailable', { message: 'The job queue is unavailable.', cause: error });
-      // Tracked already: it ends as an error outcome, and the app's error handler counts the refusal.
-      observer.finished({ end: { outcome: 'error', code: refusal.code }, status: refusal.status, promptTokens: 0, completionTokens: 0 });
-      throw refusal;
-    }
-    enqueued = true;
-    observer.enqueued?.();
-    if (client.gone) {
-      for (const session of opened) sessions.clientLeft(session);
+
+      const formatOptions: ResponseFormatOptions = { fingerprint: systemFingerprint(request.model) };
+      if (request.echo === true) formatOptions.echo = echoTexts(prompts, request.n, tokenizer);
+
+      // The client's id (`X-Request-Id`, checked by the app's middleware) is for logs and the reply; it
+      // need not be unique, so the job, the session and the pub/sub entries use an id of our own.
+      const requestId = c.get('requestId');
+      // Our own id serves as both when the client sent none: then logs, reply and job id agree.
+      const jobId = c.req.header('x-request-id') === requestId ? randomUUID() : requestId;
+      // The key's limits, last of the refusals: a granted request settles when it ends.
+      const grant =
+        apiKey === undefined || admission === undefined
+          ? undefined
+          : await admission.admit(apiKey, request, promptIds, served.maxContextLength, jobId, res);
+      if (client.gone) {
+        // Gone while the key's limits were decided: nothing is enqueued, and the grant (token
+        // reservation, stream slot) is settled at once, as if the request had used nothing.
+        if (grant !== undefined) admission?.release(grant);
+        throw new GatewayError('client_closed');
+      }
+      const started =
+        hooks.requestStarted?.({ requestId, jobId, endpoint, model: request.model, stream: request.stream, receivedAt: receivedAtMono }) ??
+        noObserver();
+      // Only a stream can be resumed (and a batch of prompts cannot: see PromptBatch).
+      const graceMs =
+        request.stream && prompts.length === 1 ? Math.min(request.resumeGraceMs ?? config.resumeGraceMs, config.maxResumeGraceMs) : 0;
+      const observer = grant === undefined || admission === undefined ? started : admission.observe(grant, started, graceMs);
+      // Usage so far on every chunk: read from the responder, which counts the tokens it writes.
+      let responderUsage = () => ({ promptTokens: 0, completionTokens: 0 });
+      if (request.continuousUsage === true && request.stream) formatOptions.liveUsage = () => responderUsage();
+      const ctx: ResponderContext = {
+        requestId,
+        // A batch of P prompts answers with P × n choices.
+        request: prompts.length > 1 ? { ...request, n: prompts.length * request.n } : request,
+        format: new ResponseFormat(endpoint, jobId, request.model, request.includeUsage, undefined, formatOptions),
+        receivedAt,
+        retryAfterS: config.retryAfterS,
+        hooks,
+        observer,
+        timing: new RequestTiming(receivedAtMono, performance.now()),
+      };
+      const responder = request.stream
+        ? new StreamResponder(ctx, res, heartbeats, {
+            headersWaitMs: config.headersWaitMs,
+            streamIntervalMs: config.streamIntervalMs,
+            maxBufferBytes: config.maxStreamBufferBytes,
+            // A client that does not read is treated as one that left (its work detached within a grace).
+            onGiveUp: () => {
+              let detached = false;
+              for (const session of opened) detached = sessions.clientLeft(session) || detached;
+              return detached;
+            },
+          })
+        : new CompleteResponder(ctx);
+      if (responder instanceof StreamResponder) responderUsage = () => responder.usage;
+      const deadlineAt = receivedAt + config.requestTimeoutMs;
+      const batch =
+        prompts.length > 1
+          ? new PromptBatch(
+              request.n,
+              promptIds.reduce((sum, ids) => sum + ids.length, 0),
+              (event) => responder.handle(event),
+              (session) => sessions.cancel(session, 'client_closed'),
+            )
+          : undefined;
+      // Prompt k of a batch runs as its own job; the first keeps the reply's id.
+      const jobIds = prompts.map((_, k) => batchRequestId(jobId, k));
+      const opened: RequestSession[] = jobIds.map((id, k) => {
+        const session = sessions.open(id, deadlineAt, batch?.listenerFor(k) ?? ((event) => responder.handle(event)), {
+          graceMs,
+          // A revoke of the key ends the session (auth/key-revocation.ts).
+          owner: apiKey?.hash,
+        });
+        batch?.add(session);
+        return session;
+      });
+      // Counted as queued by their sessions from here.
+      releaseQueued();
+      // The stream owns its cleanup: a client that leaves at any stage cancels the work (or, with a
+      // resume grace, leaves it running for a resume from any gateway). One that leaves while the job is
+      // being enqueued is answered at once and its work cancelled as soon as the enqueue is done (a
+      // cancel sent before the job exists could miss it).
+      let enqueued = false;
+      const leave = () => {
+        if (responder.done) return;
+        if (responder instanceof StreamResponder) responder.clientClosed(graceMs > 0);
+        else responder.clientClosed();
+        if (enqueued) for (const session of opened) sessions.clientLeft(session);
+      };
+      client.onLeave(leave);
+
+      const format: StreamFormat = {
+        endpoint,
+        model: request.model,
+        created: ctx.format.created,
+        includeUsage: request.includeUsage,
+        n: request.n,
+        maxTokensParam: request.maxTokensParam,
+        ...(request.continuousUsage === true && request.stream ? { continuousUsage: true } : {}),
+        ...(prompts.length > 1 ? { prompts: prompts.length } : {}),
+        ...(prompts.length === 1 && formatOptions.echo !== undefined ? { echo: formatOptions.echo[0] ?? '' } : {}),
+      };
+      try {
+        await Promise.all(
+          promptIds.map((promptTokenIds, k) =>
+            jobs.submit(
+              {
+                requestId: jobIds[k]!,
+                correlationId: requestId,
+                channel,
+                model: request.model,
+                input: { kind: 'tokens', promptTokenIds },
+                sampling: request.sampling,
+                defaultMaxTokens: request.defaultMaxTokens,
+                resumeGraceMs: graceMs,
+                enqueuedAt: Date.now(),
+                deadlineAt,
+              },
+              format,
+              c.get('apiKey')?.hash ?? '',
+            ),
+          ),
+        );
+      } catch (error) {
+        for (const session of opened) sessions.release(session);
+        const refusal = new GatewayError('store_unavailable', { message: 'The job queue is unavailable.', cause: error });
+        // Tracked already: it ends as an error outcome, and the app's error handler counts the refusal.
+        observer.finished({ end: { outcome: 'error', code: refusal.code }, status: refusal.status, promptTokens: 0, completionTokens: 0 });
+        throw refusal;
+      }
+      enqueued = true;
+      observer.enqueued?.();
+      if (client.gone) {
+        for (const session of opened) sessions.clientLeft(session);
+        return responder.reply;
+      }
+      responder.begin();
       return responder.reply;
+    } finally {
+      releaseQueued();
     }
-    responder.begin();
-    return responder.reply;
   };
 }
 
