@@ -5,6 +5,7 @@
  */
 import { readFile } from 'node:fs/promises';
 import onnxProto from 'onnx-proto';
+import { exactOnnxInt64 } from '@sluice/model';
 import { orderedKvNames, PAST_INPUT, PRESENT_OUTPUT } from './kv-names.js';
 
 const { onnx } = onnxProto;
@@ -30,6 +31,7 @@ const NEW_KV_OUTPUT = (layer: number, kind: string): string => `sluice_new_kv.${
  * undefined: the engine then fetches `present.*`.
  */
 export async function rewriteDecoderGraph(modelPath: string): Promise<{ bytes: Uint8Array; newKvNames: string[] } | undefined> {
+  exactOnnxInt64();
   let model: onnxProto.onnx.ModelProto;
   try {
     model = onnx.ModelProto.decode(await readFile(modelPath));

@@ -1,5 +1,6 @@
 import { closeSync, fstatSync, openSync, readSync } from 'node:fs';
 import onnxProto from 'onnx-proto';
+import { exactOnnxInt64 } from './onnx-proto.js';
 import { ModelDirError } from './model-dir-error.js';
 import type { OnnxIo } from './types.js';
 
@@ -251,6 +252,7 @@ function scanInitializer(reader: FileReader, tensor: Field): { name?: string; lo
 }
 
 function decodeValueInfo(bytes: Uint8Array): ValueInfo {
+  exactOnnxInt64();
   const info = onnx.ValueInfoProto.decode(bytes);
   const tensor = info.type?.tensorType;
   return {

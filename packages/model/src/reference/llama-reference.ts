@@ -1,6 +1,7 @@
 import { readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import onnxProto from 'onnx-proto';
+import { exactOnnxInt64 } from '../onnx-proto.js';
 
 const { onnx } = onnxProto;
 
@@ -71,6 +72,7 @@ function readConfig(json: Record<string, unknown>): ReferenceConfig {
 
 /** Float32 initializers of an ONNX model by name, widened to float64. */
 export function readOnnxWeights(modelBytes: Uint8Array): Map<string, Float64Array> {
+  exactOnnxInt64();
   const model = onnx.ModelProto.decode(modelBytes);
   const weights = new Map<string, Float64Array>();
   for (const tensor of model.graph?.initializer ?? []) {

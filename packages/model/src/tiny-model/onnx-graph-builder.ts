@@ -1,4 +1,5 @@
 import onnxProto from 'onnx-proto';
+import { exactOnnxInt64 } from '../onnx-proto.js';
 
 const { onnx } = onnxProto;
 
@@ -171,6 +172,7 @@ export class OnnxGraphBuilder {
         output: this.outputs,
       },
     });
+    exactOnnxInt64();
     return onnx.ModelProto.encode(model).finish();
   }
 
