@@ -3,6 +3,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { redisNames } from '@sluice/protocol';
+import { runKeys } from './support/api-keys.js';
 import { Cluster, MODEL } from './support/cluster.js';
 import { sleep, waitFor } from './support/processes.js';
 import { startRedis, type RedisServer } from './support/redis-server.js';
@@ -283,5 +284,60 @@ describe('when Redis refuses writes (out of memory) mid-answer', () => {
     } finally {
       redis.disconnect();
     }
+  });
+});
+
+/**
+ * The key a gateway stores from API_KEY at start is stored again when Redis comes back without its
+ * data (it was a 401 for every request until the gateways restarted), but not after a mere reconnect
+ * to the same Redis, where a revoke of it must hold.
+ */
+describe('when Redis restarts without its data, behind gateways started with API_KEY', () => {
+  let cluster: Cluster;
+  let restarted: RedisServer | undefined;
+  const apiKey = `sk-${'0123456789abcdef'.repeat(3)}`;
+
+  beforeAll(async () => {
+    cluster = await Cluster.start();
+    await cluster.worker();
+    await cluster.gateway({ AUTH: 'keys', API_KEY: apiKey, API_KEY_NAME: 'deployed' });
+  });
+
+  afterAll(async () => {
+    await Promise.all([...cluster.gateways, ...cluster.workers].map((p) => p.process.stop(3_000)));
+    await restarted?.stop();
+    await cluster.redis.stop();
+  });
+
+  const status = async () =>
+    (
+      await fetch(`${cluster.gateways[0]!.url}/v1/completions`, {
+        method: 'POST',
+        headers: { 'Content-Type': 'application/json', Authorization: `Bearer ${apiKey}` },
+        body: JSON.stringify({ model: MODEL, prompt: 'Hello', max_tokens: 2 }),
+      })
+    ).status;
+
+  it('stores the key again, and a revoke of it then holds through a reconnect', async () => {
+    expect(await status()).toBe(200);
+    cluster.redis.process.signal('SIGKILL');
+    await cluster.redis.process.exited;
+    restarted = await startRedis({ port: cluster.redis.port });
+    // Once the worker registered again (it was a 401 from here on).
+    await waitFor('the key accepted again', async () => ((await status()) === 200 ? true : undefined), 30_000, 100);
+
+    const revoked = await runKeys(restarted.url, ['revoke', '--name', 'deployed']);
+    expect(revoked.code, revoked.stderr).toBe(0);
+    expect(await status()).toBe(401);
+    // Every client's connection cut: the gateway reconnects to the same Redis, and stores nothing.
+    const admin = restarted.client();
+    try {
+      await admin.client('KILL', 'TYPE', 'normal', 'SKIPME', 'yes');
+    } finally {
+      admin.disconnect();
+    }
+    await waitFor('/readyz 200', async () => ((await cluster.gateways[0]!.get('/readyz')).status === 200 ? true : undefined), 30_000, 50);
+    await sleep(200);
+    expect(await status()).toBe(401);
   });
 });

@@ -46,6 +46,31 @@ function readApiKey(config: GatewayConfig): string | undefined {
   return key;
 }
 
+/** The Redis server's `run_id`: a new one for every start of the server. */
+async function redisRunId(redis: Redis): Promise<string | undefined> {
+  return /run_id:(\w+)/.exec(await redis.info('server'))?.[1];
+}
+
+/**
+ * A Redis that restarted without its data (no persistence) forgot the API_KEY stored at start, and
+ * every request was a 401 until the gateways restarted: it is stored again when the connection comes
+ * back to a Redis server that was restarted (a new `run_id`). A reconnect to the same server stores
+ * nothing, so a key revoked there stays revoked.
+ */
+function storeAgainAfterRedisRestarts(redis: Redis, runId: string | undefined, store: () => Promise<void>, logger: Logger): void {
+  let seen = runId;
+  redis.on('ready', () => {
+    redisRunId(redis)
+      .then(async (current) => {
+        if (current === seen) return;
+        seen = current;
+        await store();
+        logger.warn('Redis was restarted: the API key from API_KEY is stored again');
+      })
+      .catch((error: unknown) => logger.warn({ err: error }, 'storing the API key from API_KEY again failed'));
+  });
+}
+
 /**
  * Decides how this gateway checks keys, at start, like Redis's protected mode:
  * - AUTH=keys: keys required (a warning when none exists yet: every request gets 401 until one is created).
@@ -65,6 +90,7 @@ export async function startAccessControl(
   if (bootstrapKey !== undefined) {
     await store.add(bootstrapKey, config.access.apiKeyName);
     logger.info({ key: config.access.apiKeyName }, 'API key from API_KEY stored');
+    storeAgainAfterRedisRestarts(redis, await redisRunId(redis), () => store.add(bootstrapKey, config.access.apiKeyName), logger);
   }
   const keys = await store.count();
   const loopback = isLoopbackHost(config.host);
