@@ -177,12 +177,21 @@ async function main() {
     if (i > 1200) return fail('the gateway did not become ready within 2 minutes.');
     await sleep(100);
   }
-  const models = (await (await fetch(`${url}/v1/models`)).json()).data.map((m) => m.id);
-  const model = models[0] ?? 'tiny';
+  // A Redis that holds API keys already (created with `npm run keys`) makes the gateway require one.
+  const listed = await fetch(`${url}/v1/models`);
+  const keyed = listed.status === 401;
+  const models = listed.ok ? (await listed.json()).data.map((m) => m.id) : [];
+  const model = models[0] ?? process.env.MODEL_ID ?? 'tiny';
+  // `npm run keys` reads REDIS_URL (default 127.0.0.1:6379): the private Redis's URL goes with it.
+  const keysCommand = `${redisUrl === 'redis://127.0.0.1:6379' ? '' : `REDIS_URL=${redisUrl} `}npm run keys -- create --name <name>`;
   process.stdout.write(
     `\nSluice is running at ${url}  (model: ${model}; Ctrl-C stops everything)\n\n` +
       `  curl -N ${url}/v1/chat/completions -H 'Content-Type: application/json' \\\n` +
-      `    -d '{"model":"${model}","messages":[{"role":"user","content":"Hello!"}],"max_tokens":32,"stream":true}'\n\n`,
+      (keyed ? `    -H "Authorization: Bearer $SLUICE_API_KEY" \\\n` : '') +
+      `    -d '{"model":"${model}","messages":[{"role":"user","content":"Hello!"}],"max_tokens":32,"stream":true}'\n\n` +
+      (keyed
+        ? `This Redis holds API keys, so every request needs one (SLUICE_API_KEY above). A new key: ${keysCommand}\n\n`
+        : `API keys (requests need one once any exists): ${keysCommand}\n\n`),
   );
 }
 

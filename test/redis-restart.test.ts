@@ -332,7 +332,7 @@ describe('when Redis restarts without its data, behind gateways started with API
     // Every client's connection cut: the gateway reconnects to the same Redis, and stores nothing.
     const admin = restarted.client();
     try {
-      await admin.client('KILL', 'TYPE', 'normal', 'SKIPME', 'yes');
+      await admin.call('CLIENT', 'KILL', 'TYPE', 'normal', 'SKIPME', 'yes');
     } finally {
       admin.disconnect();
     }

@@ -7,7 +7,7 @@ import { createServer, type Server } from 'node:net';
 import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { redactRedisUrl } from '@sluice/protocol';
-import { runKeys } from './support/api-keys.js';
+import { createKey, runKeys } from './support/api-keys.js';
 import { freePort, startProcess, waitFor, type ManagedProcess } from './support/processes.js';
 import { hasRedisServer, startRedis, type RedisServer } from './support/redis-server.js';
 import { GATEWAY_MAIN, startWorker, WORKER_MAIN } from './support/sluice.js';
@@ -81,6 +81,17 @@ describe('a setting refused at start', () => {
     expect(line).toContain('KV_PREALLOCATE=true');
     expect(line).toMatch(/the model's context length: \d+\): /);
     expect(output).toContain('worker failed to start');
+  });
+
+  it('says in one line on stderr that it cannot connect to Redis, and why, without the password; exits 1', async () => {
+    const port = await freePort();
+    const { code, output, stderr } = await runToExit('gateway', GATEWAY_MAIN, { REDIS_URL: `redis://:${PASSWORD}@127.0.0.1:${port}` });
+    expect(code).toBe(1);
+    // It used to print only a JSON line saying "Connection is closed.".
+    expect(oneLine(stderr)).toMatch(
+      new RegExp(`^gateway cannot connect to Redis at redis://\\*\\*\\*@127\\.0\\.0\\.1:${port}: connect ECONNREFUSED`),
+    );
+    expect(output).not.toContain(PASSWORD);
   });
 
   it('stops the gateway with a message naming a port written in hexadecimal', async () => {
@@ -209,7 +220,7 @@ describe.skipIf(!hasRedisServer())('when the gateway or the worker cannot start'
     const url = `redis://:${PASSWORD}x@127.0.0.1:${lockedPort}/0`;
     const gateway = await runToExit('gateway', GATEWAY_MAIN, { REDIS_URL: url, HOST: '127.0.0.1', PORT: '0' });
     expect(gateway.code).toBe(1);
-    expect(gateway.output).toContain(`gateway failed to start (REDIS_URL=redis://***@127.0.0.1:${lockedPort}/0)`);
+    expect(gateway.output).toContain(`gateway cannot connect to Redis at redis://***@127.0.0.1:${lockedPort}/0: WRONGPASS`);
     expect(gateway.output).not.toContain(PASSWORD);
     const worker = await runToExit('worker', WORKER_MAIN, { REDIS_URL: url, METRICS_PORT: '0', MODEL_DIR: `${root}no-such-model` });
     expect(worker.code).toBe(1);
@@ -312,6 +323,19 @@ describe.skipIf(!hasRedisServer())('npm start (scripts/start.mjs)', () => {
     const { apps, output, exit } = await startAndSignal(`exec node ${root}scripts/start.mjs`, 'SIGHUP');
     expect(apps.filter(isRunning), output).toEqual([]);
     expect(exit.code).toBe(0);
+  });
+
+  it('says that requests need an API key when its Redis holds one already (it used to stop with a TypeError)', async () => {
+    await createKey(redis.url, ['--name', 'existing']);
+    try {
+      const { output, exit } = await startAndSignal(`exec node ${root}scripts/start.mjs`, 'SIGHUP');
+      expect(output).toContain('-H "Authorization: Bearer $SLUICE_API_KEY"');
+      // The keys command for the Redis it uses (`npm run keys` alone goes to 127.0.0.1:6379).
+      expect(output).toContain(`REDIS_URL=${redis.url} npm run keys -- create --name <name>`);
+      expect(exit.code).toBe(0);
+    } finally {
+      await runKeys(redis.url, ['revoke', '--name', 'existing']);
+    }
   });
 
   it('passes the SIGTERM that npm sends on to start.mjs, which stops the gateway and the worker', async () => {

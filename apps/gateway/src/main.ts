@@ -3,7 +3,7 @@ import { createGatewayMetrics } from '@sluice/metrics';
 import { redactRedisUrl } from '@sluice/protocol';
 import { AccessConfigError } from './auth/access-config-error.js';
 import { ConfigError, loadGatewayConfig } from './config.js';
-import { ListenError, startGateway } from './gateway.js';
+import { ListenError, RedisConnectError, startGateway } from './gateway.js';
 import { createGatewayObserver } from './gateway-observer.js';
 
 /** Entry point: config → serve → drain on SIGTERM/SIGINT. */
@@ -29,7 +29,7 @@ async function main(): Promise<void> {
         app.get('/metrics', async (c) => c.body(await metrics.registry.metrics(), 200, { 'Content-Type': metrics.registry.contentType })),
     });
   } catch (error) {
-    if (error instanceof AccessConfigError || error instanceof ListenError) {
+    if (error instanceof AccessConfigError || error instanceof ListenError || error instanceof RedisConnectError) {
       logger.fatal(error.message);
       process.stderr.write(`${error.message}\n`);
       process.exit(1);
