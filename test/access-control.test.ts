@@ -136,6 +136,16 @@ describe('access control across two gateways', () => {
       expect((await runKeys(cluster.redis.url, ['list'])).stdout).not.toMatch(/^no-models\t/m);
     });
 
+    it('refuses a limit that is not plain decimal digits, with the usage (exit 2)', async () => {
+      // Number() took each of these (1000, 16, 5).
+      for (const value of ['1e3', '0x10', ' 5']) {
+        const result = await runKeys(cluster.redis.url, ['create', '--name', 'odd-limit', '--rpm', value]);
+        expect(result.code, value).toBe(2);
+        expect(result.stderr).toContain(`--rpm must be a positive integer (got "${value}")`);
+      }
+      expect((await runKeys(cluster.redis.url, ['list'])).stdout).not.toMatch(/^odd-limit\t/m);
+    });
+
     it('lists keys by name and limits, never the key itself', async () => {
       const key = await keys('--name', 'listed', '--rpm', '5', '--tpm', '1000', '--max-streams', '2', '--models', `${MODEL},other`);
       const list = await runKeys(cluster.redis.url, ['list']);

@@ -25,7 +25,8 @@ class UsageError extends Error {}
 
 function positive(flag: string, value: string | undefined): number | undefined {
   if (value === undefined) return undefined;
-  const n = Number(value);
+  // Plain decimal digits only (Number() alone also took "1e3", "0x10" and padded values).
+  const n = /^\d+$/.test(value) ? Number(value) : NaN;
   if (!Number.isSafeInteger(n) || n < 1) throw new UsageError(`--${flag} must be a positive integer (got "${value}")`);
   return n;
 }
