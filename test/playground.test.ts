@@ -85,6 +85,7 @@ describe.skipIf(!existsSync(CHROMIUM))('the playground in headless Chromium', ()
   let worker: WorkerProcess;
   let browser: Browser;
   let page: Page;
+  const consoleErrors: string[] = [];
   let contextLength = 0;
 
   beforeAll(async () => {
@@ -98,6 +99,9 @@ describe.skipIf(!existsSync(CHROMIUM))('the playground in headless Chromium', ()
       args: CHROMIUM_ARGS,
     });
     page = await browser.newPage({ viewport: { width: 1280, height: 800 } });
+    page.on('console', (message) => {
+      if (message.type() === 'error') consoleErrors.push(message.text());
+    });
     await page.goto(`${gateway.url}/`);
     await page.waitForSelector(`#model option[value="${MODEL}"]`, { state: 'attached' });
   }, 180_000);
@@ -149,13 +153,17 @@ describe.skipIf(!existsSync(CHROMIUM))('the playground in headless Chromium', ()
     expect(frames).toMatch(/^id: \d+$/m);
     await page.screenshot({ path: SCREENSHOT });
     await page.click('#raw summary');
+    // (A request for /favicon.ico was a 404 in the console.)
+    expect(consoleErrors).toEqual([]);
   });
 
   it('serves the API reference at /docs from local files only: every operation of /openapi.json is shown', async () => {
     const docs = await browser.newPage();
     const origins = new Set<string>();
     docs.on('request', (request) => origins.add(new URL(request.url()).origin));
-    await docs.goto(`${gateway.url}/docs`);
+    // The trailing-slash form leads there too.
+    await docs.goto(`${gateway.url}/docs/`);
+    expect(new URL(docs.url()).pathname).toBe('/docs');
     const spec = (await (await fetch(`${gateway.url}/openapi.json`)).json()) as { paths: Record<string, object> };
     const operations = Object.values(spec.paths).reduce((sum, item) => sum + Object.keys(item).length, 0);
     await docs.waitForFunction(`document.querySelectorAll('.opblock').length === ${operations}`, undefined, { timeout: 30_000 });

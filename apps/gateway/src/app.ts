@@ -154,6 +154,8 @@ export function createApp(deps: AppDeps) {
   app.get('/openapi.json', openApiHandler());
   const docs = docsHandlers();
   app.get('/docs', docs.page);
+  // (The trailing-slash form was a 404.)
+  app.get('/docs/', (c) => c.redirect('/docs', 301));
   app.get('/docs/:file', docs.asset);
   // The playground: a chat page over the public API.
   const playground = playgroundHandlers();

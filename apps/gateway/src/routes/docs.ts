@@ -26,6 +26,7 @@ const PAGE = `<!doctype html>
 <meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>Sluice API reference</title>
+<link rel="icon" href="data:,">
 <link rel="stylesheet" href="/docs/swagger-ui.css">
 </head>
 <body>
