@@ -140,6 +140,15 @@ describe('when Redis is killed and restarted under load', () => {
     expect(refused.status).toBe(503);
     expect(refused.json).toMatchObject({ error: { code: 'store_unavailable', type: 'server_error' } });
     expect(refused.headers.get('retry-after')).toMatch(/^\d+$/);
+    // So are a resume and a cancel of a stream (they were a 500 `internal`).
+    const id = `cmpl-${streams[0]!.jobId}`;
+    const resumed = await fetch(`${gateway.url}/v1/completions/${id}?stream=true`, { headers: { 'Last-Event-ID': '0' } });
+    const cancelled = await fetch(`${gateway.url}/v1/completions/${id}/cancel`, { method: 'POST' });
+    for (const res of [resumed, cancelled]) {
+      expect(res.status).toBe(503);
+      expect(await res.json()).toMatchObject({ error: { code: 'store_unavailable', type: 'server_error' } });
+      expect(res.headers.get('retry-after')).toMatch(/^\d+$/);
+    }
     console.log(`redis down: streams ended ${Math.max(...endedAt!) - killedAt} ms after the kill, Redis still away`);
     restarted = await startRedis({ port: cluster.redis.port });
     await waitFor('/readyz 200', async () => ((await gateway.get('/readyz')).status === 200 ? true : undefined), 30_000, 50);

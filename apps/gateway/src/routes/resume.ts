@@ -74,7 +74,7 @@ export function resumeHandler(deps: AppDeps, endpoint: Endpoint) {
     }
     const { cursor, param: cursorParam } = cursorOf(c);
     if (deps.isDraining()) throw new GatewayError('shutting_down');
-    const [meta, last] = await Promise.all([log.meta(jobId), log.last(jobId)]);
+    const [meta, last] = await fromStore(Promise.all([log.meta(jobId), log.last(jobId)]));
     if (meta === undefined || meta.format.endpoint !== endpoint || !ownedByCaller(c, meta)) throw notFound(chunkId);
     const lastSeq = last?.seq ?? -1;
     if (cursor > lastSeq) {
@@ -102,7 +102,7 @@ export function resumeHandler(deps: AppDeps, endpoint: Endpoint) {
     const countsUsage = format.continuousUsage === true || admission !== undefined;
     const before =
       cursor >= 0 && (countsUsage || endpoint === 'completion')
-        ? writtenBefore((await log.read(jobId, 0, cursor)).entries, format.n)
+        ? writtenBefore((await fromStore(log.read(jobId, 0, cursor))).entries, format.n)
         : writtenBefore([], format.n);
     // Gone before anything was taken over: nobody gets the reply, and the stream stays as it was.
     if (client.gone || res.destroyed) throw new GatewayError('client_closed');
@@ -229,18 +229,29 @@ export function cancelHandler(deps: AppDeps, endpoint: Endpoint) {
     const chunkId = c.req.param('id') ?? '';
     const jobId = jobIdOf(endpoint, chunkId);
     if (jobId === undefined) throw notFound(chunkId);
-    const meta = await log.meta(jobId);
+    const meta = await fromStore(log.meta(jobId));
     if (meta === undefined || meta.format.endpoint !== endpoint || !ownedByCaller(c, meta)) throw notFound(chunkId);
     const requestIds = Array.from({ length: meta.format.prompts ?? 1 }, (_, k) => batchRequestId(jobId, k));
-    await Promise.all(
-      requestIds.map(async (id, k) => {
-        const requestMeta = k === 0 ? meta : await log.meta(id);
-        // A prompt whose meta expired has nothing left to stop.
-        if (requestMeta !== undefined) await jobs.cancelRequest(id, requestMeta);
-      }),
+    await fromStore(
+      Promise.all(
+        requestIds.map(async (id, k) => {
+          const requestMeta = k === 0 ? meta : await log.meta(id);
+          // A prompt whose meta expired has nothing left to stop.
+          if (requestMeta !== undefined) await jobs.cancelRequest(id, requestMeta);
+        }),
+      ),
     );
     return c.json({ id: chunkId, object: endpoint === 'chat' ? 'chat.completion' : 'text_completion', cancelled: true });
   };
+}
+
+/** A read or write of the stream store: Redis failing it is a 503 `store_unavailable` to retry (it was a 500 `internal`). */
+async function fromStore<T>(work: Promise<T>): Promise<T> {
+  try {
+    return await work;
+  } catch (cause) {
+    throw new GatewayError('store_unavailable', { message: 'The stream store is unavailable: try again.', cause });
+  }
 }
 
 /**
