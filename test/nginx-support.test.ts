@@ -1,8 +1,12 @@
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import { readFile } from 'node:fs/promises';
 import type { AddressInfo } from 'node:net';
-import { afterEach, describe, expect, it } from 'vitest';
+import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { Cluster, MODEL } from './support/cluster.js';
 import { SLUICE_PROXY_CONF, checkNginxConfig, startNginx, type NginxServer } from './support/nginx.js';
+import { waitFor } from './support/processes.js';
+import { scrapePrometheus } from './support/prometheus.js';
+import type { GatewayProcess, WorkerProcess } from './support/sluice.js';
 
 /** A node:http server on a free loopback port. */
 async function listen(handler: (req: IncomingMessage, res: ServerResponse) => void): Promise<{ server: Server; port: number }> {
@@ -135,6 +139,64 @@ describe('startNginx', () => {
     expect(bodies.every((body) => body === 'b')).toBe(true);
   });
 
+  it('passes a POST an upstream refuses with 503 to the next one', async () => {
+    const refused: string[] = [];
+    const ports = [
+      await upstream((req, res) => {
+        req.resume();
+        refused.push(req.method ?? '');
+        res.writeHead(503, { 'Content-Type': 'application/json', 'Retry-After': '1' });
+        res.end('{"error":{"code":"shutting_down"}}');
+      }),
+      await upstream((req, res) => {
+        let body = '';
+        req.setEncoding('utf8').on('data', (chunk: string) => (body += chunk));
+        req.on('end', () => res.end(`b:${body}`));
+      }),
+    ];
+    const nginx = await start(ports);
+    for (let i = 0; i < 6; i++) {
+      const response = await fetch(nginx.url, { method: 'POST', body: `{"i":${i}}` });
+      // The body is sent again, whole, to the next upstream.
+      expect([response.status, await response.text()]).toEqual([200, `b:{"i":${i}}`]);
+    }
+    expect(refused.length).toBeGreaterThan(0);
+    expect(refused.every((method) => method === 'POST')).toBe(true);
+  });
+
+  it('answers an OpenAI-style 503, never its own 502 page, when every upstream refuses', async () => {
+    // Every refused try marks its upstream failed (max_fails): soon nginx has none left to ask.
+    const refuse = (_: IncomingMessage, res: ServerResponse) => {
+      res.writeHead(503, { 'Content-Type': 'application/json', 'Retry-After': '1' });
+      res.end('{"error":{"message":"No worker is available.","type":"server_error","param":null,"code":"no_workers"}}');
+    };
+    const nginx = await start([await upstream(refuse), await upstream(refuse)]);
+    const codes = new Set<string>();
+    for (let i = 0; i < 6; i++) {
+      const response = await fetch(nginx.url, { method: 'POST', body: '{}', headers: { 'X-Request-Id': `refused-${i}` } });
+      expect(response.status).toBe(503);
+      expect(response.headers.get('retry-after')).toBe('1');
+      expect(response.headers.get('content-type')).toBe('application/json');
+      const body = (await response.json()) as { error: { code: string; type: string } };
+      expect(body.error.type).toBe('server_error');
+      codes.add(body.error.code);
+      // nginx's own answer carries the request's id, like a gateway's.
+      if (body.error.code === 'no_gateway_available') expect(response.headers.get('x-request-id')).toBe(`refused-${i}`);
+    }
+    // The first from an upstream; then nginx's own, while it has none left to ask.
+    expect(codes).toEqual(new Set(['no_workers', 'no_gateway_available']));
+  });
+
+  it("passes an upstream's own 502 on unchanged", async () => {
+    const port = await upstream((_, res) => {
+      res.writeHead(502, { 'Content-Type': 'application/json' });
+      res.end('{"error":{"code":"worker_lost"}}');
+    });
+    const nginx = await start([port]);
+    const response = await fetch(nginx.url, { method: 'POST', body: '{}' });
+    expect([response.status, await response.text()]).toEqual([502, '{"error":{"code":"worker_lost"}}']);
+  });
+
   it('closes the upstream connection when the client goes away mid-stream', async () => {
     let upstreamClosed!: () => void;
     const closed = new Promise<void>((resolve) => (upstreamClosed = resolve));
@@ -187,4 +249,112 @@ describe('deploy/nginx/nginx.conf', () => {
   it('rejects a broken config', async () => {
     await expect(checkNginxConfig('events {}\nhttp {\n  proxy_buffering maybe;\n}\n')).rejects.toThrow(/nginx -t failed/);
   });
+});
+
+/**
+ * A gateway stopped (SIGTERM) behind nginx: while it drains its open streams it refuses every new
+ * request with 503 `shutting_down`, and nginx, with no active health checks, kept sending it new ones
+ * (least_conn prefers it as its streams end): 6 of 8 POSTs got the 503. nginx now retries a 503 on the
+ * other gateway, POSTs included. Real redis-server, two gateways, one worker frozen (SIGSTOP) so that
+ * every stream stays open for as long as the test needs, whatever the machine's speed.
+ */
+describe('a draining gateway behind nginx', () => {
+  const STREAMS = 4;
+  const POSTS = 8;
+  let cluster: Cluster;
+  let worker: WorkerProcess;
+  let draining: GatewayProcess;
+  let other: GatewayProcess;
+  let nginx: NginxServer;
+  const open: AbortController[] = [];
+
+  /** A streaming chat request: its 200 comes at once (HEADERS_WAIT_MS=0), its answer never (the worker is frozen). */
+  const stream = (url: string, signal: AbortSignal, requestId?: string) =>
+    fetch(`${url}/v1/chat/completions`, {
+      method: 'POST',
+      headers: { 'Content-Type': 'application/json', ...(requestId === undefined ? {} : { 'X-Request-Id': requestId }) },
+      body: JSON.stringify({ model: MODEL, messages: [{ role: 'user', content: 'Hello' }], max_tokens: 8, stream: true }),
+      signal,
+    });
+  const activeStreams = async (gateway: GatewayProcess) =>
+    (await scrapePrometheus(`${gateway.url}/metrics`)).value('sluice_gateway_active_streams');
+
+  beforeAll(async () => {
+    cluster = await Cluster.start();
+    // A long TTL: the frozen worker must not look lost (every request would be a 503 no_workers).
+    worker = await cluster.worker({ WORKER_TTL_MS: '60000' });
+    // Queued streams outlast the test; the draining one is still draining when it ends.
+    const env = { QUEUE_TIMEOUT_MS: '120000', DRAIN_TIMEOUT_MS: '120000' };
+    [draining, other] = await Promise.all([cluster.gateway(env), cluster.gateway(env)]);
+    nginx = await startNginx({ upstreamPorts: [draining, other].map((g) => Number(new URL(g.url).port)) });
+  }, 120_000);
+
+  afterAll(async () => {
+    for (const controller of open) controller.abort();
+    worker?.process.signal('SIGCONT');
+    await nginx?.close();
+    await cluster?.stop();
+  });
+
+  it('sends the requests it refuses to the other gateway, POSTs included', async () => {
+    worker.process.signal('SIGSTOP');
+    // Streams open on both gateways, through nginx: the one that stops has work to drain.
+    for (let i = 0; i < STREAMS; i++) {
+      const controller = new AbortController();
+      open.push(controller);
+      expect((await stream(nginx.url, controller.signal)).status).toBe(200);
+    }
+    await waitFor('streams open on both gateways', async () =>
+      (await activeStreams(draining)) >= 1 && (await activeStreams(other)) >= 1 ? true : undefined,
+    );
+
+    draining.process.signal('SIGTERM');
+    await waitFor('the stopped gateway draining', async () => {
+      const controller = new AbortController();
+      const response = await stream(draining.url, controller.signal);
+      // Accepted before the signal landed: a stream that would never end.
+      if (response.status === 200) return void controller.abort();
+      return response.status === 503 && (await response.text()).includes('shutting_down') ? true : undefined;
+    });
+    expect(await activeStreams(draining)).toBeGreaterThanOrEqual(1);
+
+    // Each new stream stays open: least_conn then prefers the draining gateway, which refuses it.
+    const ids = Array.from({ length: POSTS }, (_, i) => `drain-${i}`);
+    const statuses: number[] = [];
+    for (const id of ids) {
+      const controller = new AbortController();
+      open.push(controller);
+      const response = await stream(nginx.url, controller.signal, id);
+      statuses.push(response.status);
+      if (response.status !== 200) await response.text();
+    }
+    expect(statuses).toEqual(ids.map(() => 200));
+    expect(draining.process.child.exitCode).toBe(null);
+
+    // nginx logs a request once it ends: every one was served by the other gateway, some after the
+    // draining one refused it.
+    for (const controller of open.splice(STREAMS)) controller.abort();
+    const drainingAddress = new URL(draining.url).host;
+    const otherAddress = new URL(other.url).host;
+    const tries = await waitFor('every POST in the access log', async () => {
+      // Each request's tries: the gateways asked, in order, and what each answered.
+      const logged = new Map<string, { upstreams: string[]; statuses: string[] }>();
+      for (const line of (await nginx.accessLog()).split('\n')) {
+        const match = / upstream=(.*) upstream_status=(.*) request_id=(\S+)$/.exec(line);
+        if (match !== null) logged.set(match[3]!, { upstreams: match[1]!.split(', '), statuses: match[2]!.split(', ') });
+      }
+      const found = ids.flatMap((id) => logged.get(id) ?? []);
+      return found.length === ids.length ? found : undefined;
+    });
+    for (const { upstreams, statuses: upstreamStatuses } of tries) {
+      expect(upstreams.at(-1)).toBe(otherAddress);
+      expect(upstreamStatuses.at(-1)).toBe('200');
+    }
+    const retried = tries.filter((t) => t.upstreams.length > 1);
+    expect(retried.length).toBeGreaterThan(0);
+    for (const { upstreams, statuses: upstreamStatuses } of retried) {
+      expect(upstreams).toEqual([drainingAddress, otherAddress]);
+      expect(upstreamStatuses).toEqual(['503', '200']);
+    }
+  }, 120_000);
 });

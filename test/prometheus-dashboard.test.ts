@@ -14,7 +14,10 @@ import { LiveStream, streamError } from './support/sse.js';
  * targets pointed at this test's gateway and worker, intervals shortened) scrapes a real gateway and
  * worker while the test drives traffic, incidents included (429s, queue timeouts before and after
  * the 200, a client that leaves). Then every panel query of the Grafana dashboard must return data,
- * and every shipped rule must evaluate without error; stopping the worker raises SluiceNoLiveWorkers.
+ * and every shipped rule must evaluate without error; stopping the worker raises SluiceNoLiveWorkers,
+ * the requests the gateway then refuses (503 no_workers, no outcome) raise SluiceGateway5xxRatioHigh,
+ * and stopping the gateway raises SluiceGatewayDown and SluiceNoLiveGateways. The alerts are seen
+ * pending (their `for:` is minutes); test/prometheus-alert-rules.promtool.yml checks when they fire.
  */
 
 const deploy = (path: string) => fileURLToPath(new URL(`../deploy/${path}`, import.meta.url));
@@ -185,21 +188,54 @@ describe.skipIf(!hasPrometheus())('the Grafana dashboard and the alert rules on 
     for (const rule of rules) expect(rule.lastError ?? '', rule.name).toBe('');
     // Recording rules record data.
     for (const rule of rules.filter((r) => r.type === 'recording')) expect((await prometheus.query(rule.name)).length, rule.name).toBe(1);
-    // All is well: no alert fires (the worker is back and traffic is fine).
+    // All is well: no alert fires (the worker is back and traffic is fine; the incidents' few 503s page no one).
     expect(await prometheus.query('sluice:live_workers:count')).toMatchObject([{ value: [expect.any(Number), '1'] }]);
+    expect(await prometheus.query('sluice:live_gateways:count')).toMatchObject([{ value: [expect.any(Number), '1'] }]);
+    const alerts = rules.filter((r) => r.type === 'alerting');
+    expect(alerts.filter((r) => r.state !== 'inactive').map((r) => r.name)).toEqual([]);
   });
+
+  /** The alert rule `name` once it is pending or firing. */
+  const active = async (name: string) => {
+    const rule = (await prometheus.rules()).flatMap((g) => g.rules).find((r) => r.name === name);
+    return rule?.state === 'pending' || rule?.state === 'firing' ? rule : undefined;
+  };
 
   it('raises SluiceNoLiveWorkers when the last worker stops', async () => {
     await worker.process.stop(5_000);
+    const alert = await waitFor('SluiceNoLiveWorkers active', () => active('SluiceNoLiveWorkers'), 20_000, 250);
+    expect(alert.health).toBe('ok');
+  });
+
+  it('raises SluiceGateway5xxRatioHigh while the gateway refuses every request before any work', async () => {
+    // The stopped worker left the registry: every request is a 503 no_workers, which has no outcome, so
+    // the error ratio cannot see it (a worker up but unregistered, or Redis down, looks the same).
+    const statuses: number[] = [];
     const alert = await waitFor(
-      'SluiceNoLiveWorkers active',
+      'SluiceGateway5xxRatioHigh active',
       async () => {
-        const rule = (await prometheus.rules()).flatMap((g) => g.rules).find((r) => r.name === 'SluiceNoLiveWorkers');
-        return rule?.state === 'pending' || rule?.state === 'firing' ? rule : undefined;
+        const batch = Array.from({ length: 10 }, async () => {
+          const res = await chat();
+          await res.text();
+          return res.status;
+        });
+        statuses.push(...(await Promise.all(batch)));
+        return active('SluiceGateway5xxRatioHigh');
       },
-      20_000,
+      30_000,
       250,
     );
     expect(alert.health).toBe('ok');
+    expect(statuses.filter((status) => status === 503).length).toBeGreaterThan(10);
+    const refused = await prometheus.query('sum(rate(sluice_gateway_rejected_total{reason="no_workers"}[1m]))');
+    expect(Number(refused[0]?.value[1])).toBeGreaterThan(0);
+  });
+
+  it('raises SluiceGatewayDown and SluiceNoLiveGateways when the gateway stops', async () => {
+    await gateway.process.stop(5_000);
+    const down = await waitFor('SluiceGatewayDown active', () => active('SluiceGatewayDown'), 20_000, 250);
+    expect(down.health).toBe('ok');
+    const none = await waitFor('SluiceNoLiveGateways active', () => active('SluiceNoLiveGateways'), 20_000, 250);
+    expect(none.health).toBe('ok');
   });
 });

@@ -118,7 +118,7 @@ events {
 
 http {
     log_format sluice '$remote_addr "$request" $status $body_bytes_sent $request_time '
-                      'upstream=$upstream_addr request_id=$sluice_request_id';
+                      'upstream=$upstream_addr upstream_status=$upstream_status request_id=$sluice_request_id';
     access_log ${dir}/access.log sluice;
 ${tempPaths(dir)}
 

@@ -24,6 +24,16 @@ export function hasPrometheus(): boolean {
   return spawnSync('prometheus', ['--version']).status === 0;
 }
 
+export function hasPromtool(): boolean {
+  return spawnSync('promtool', ['--version']).status === 0;
+}
+
+/** Runs `promtool` with `args` in `cwd`; resolves with its exit status and output. */
+export function promtool(args: readonly string[], cwd?: string): { status: number | null; output: string } {
+  const result = spawnSync('promtool', args, { cwd, encoding: 'utf8' });
+  return { status: result.status, output: `${result.stdout}${result.stderr}` };
+}
+
 /**
  * Starts Prometheus on `config` (YAML text; relative `rule_files` resolve against `dir` of the files
  * given in `files`, written next to it) and waits until it is ready.
