@@ -390,6 +390,46 @@ describe.each(FAKE_ENGINE ? (['plain'] as const) : (['plain', 'gqa'] as const))(
       300_000,
     );
 
+    it.runIf(form === 'plain')(
+      'hands them over once Redis takes writes again when it refuses them as the drain ends (out of memory)',
+      async () => {
+        await ensureWorkers(2);
+        const requests = mix(4, 1000);
+        const reference = await Promise.all(requests.map((params) => run(client, params)));
+        const others = cluster.workers.filter(alive);
+        const drainer = await cluster.worker({ ...workerEnv, DRAIN_TIMEOUT_MS: '0' });
+        for (const w of others) w.process.child.kill('SIGSTOP');
+        const redis = cluster.redis.client();
+        let runs: Running[] = [];
+        try {
+          ({ runs } = await startFrozen(
+            requests,
+            1000,
+            async () => [drainer],
+            (params) => params.stop === undefined,
+          ));
+          // Redis refuses every write (maxmemory reached) as the drain makes its move: it used to give
+          // up at the first refusal and end every stream with worker_shutdown.
+          await redis.config('SET', 'maxmemory', '1');
+          drainer.process.child.kill('SIGTERM');
+          drainer.process.child.kill('SIGCONT');
+          await waitFor('a refused handover', () =>
+            drainer.process.output().includes('handing the request over failed') ? true : undefined,
+          );
+        } finally {
+          await redis.config('SET', 'maxmemory', '0');
+          redis.disconnect();
+          for (const w of others) w.process.child.kill('SIGCONT');
+          drainer.process.child.kill('SIGCONT');
+        }
+        const results = await Promise.all(runs.map((r) => r.result));
+        results.forEach((r, i) => expectSameAnswer(r, reference[i]!, `request ${i}`));
+        expect(await drainer.process.exited).toEqual({ code: 0, signal: null });
+        expect(drainer.process.output()).toMatch(/handed over to another worker/);
+      },
+      300_000,
+    );
+
     for (const fault of ['SIGKILL', 'SIGTERM'] as const) {
       it.runIf(form === 'plain')(
         fault === 'SIGKILL'

@@ -415,8 +415,15 @@ export class SessionManager {
       },
       (error: unknown) => {
         session.migrating = false;
-        this.logger.warn({ err: error, requestId: session.requestId }, 'migrating a request failed');
-        this.fail(session, new GatewayError('worker_lost'), 'stream_failed');
+        if (session.state === 'closed') return;
+        // Redis dropped or refused the move (a moment's outage, out of memory): nothing moved, so the
+        // next registry poll tries again, and the idle timeout bounds the tries. (It used to end the
+        // stream at once.)
+        session.workerId = lostWorkerId;
+        this.logger.warn(
+          { err: error, requestId: session.requestId },
+          'migrating a request failed: trying again at the next registry poll',
+        );
       },
     );
   }

@@ -34,7 +34,7 @@ function setup() {
   const cancels: Array<{ requestId: string; reason: CancelReason; wasQueued: boolean }> = [];
   const detached: string[] = [];
   const migrations: Array<{ requestId: string; attempt: number; lostWorkerId: string }> = [];
-  let migration: MigrationResult = { outcome: 'exhausted' };
+  let migration: MigrationResult | 'refused' = { outcome: 'exhausted' };
   const { log, logs, reads, failNextRead } = memoryLog();
   const manager = new SessionManager(
     { queueTimeoutMs: 1_000, idleTimeoutMs: 500 },
@@ -43,6 +43,7 @@ function setup() {
       detach: (session) => detached.push(session.requestId),
       migrate: async (requestId, attempt, lostWorkerId) => {
         migrations.push({ requestId, attempt, lostWorkerId });
+        if (migration === 'refused') throw new Error('OOM command not allowed when used memory > maxmemory.');
         return migration;
       },
     },
@@ -55,7 +56,7 @@ function setup() {
     cancels,
     detached,
     migrations,
-    willMigrate: (result: MigrationResult) => (migration = result),
+    willMigrate: (result: MigrationResult | 'refused') => (migration = result),
     events,
     logs,
     reads,
@@ -381,6 +382,27 @@ describe('SessionManager', () => {
       entries: [{ requestId: 'a', seq: 3, attempt: 2, type: 'text-delta', index: 0, text: 'y', tokens: 1 }],
     });
     expect(events.map((e) => (e.type === 'text-delta' ? e.text : e.type))).toEqual(['accepted', 'x', 'accepted', 'y']);
+    manager.close();
+  });
+
+  it('tries the move again at the next registry poll when Redis refused it, instead of ending the stream', async () => {
+    const { manager, events, logs, migrations, willMigrate, open } = setup();
+    open('a');
+    manager.dispatch({ workerId: 'w', entries: [{ requestId: 'a', seq: 0, type: 'accepted', workerId: 'w1', promptTokens: 1 }] });
+    willMigrate('refused');
+    manager.failLostWorkers(new Set(), Date.now() + 1);
+    await tick();
+    expect(events.filter((e) => e.type === 'failed')).toEqual([]);
+    willMigrate({ outcome: 'migrated', attempt: 2 });
+    logs.set('a', [{ requestId: 'a', seq: 0, type: 'accepted', workerId: 'w1', promptTokens: 1 }]);
+    manager.failLostWorkers(new Set(), Date.now() + 1);
+    await tick();
+    expect(migrations.map((m) => m.lostWorkerId)).toEqual(['w1', 'w1']);
+    manager.dispatch({
+      workerId: 'w2',
+      entries: [{ requestId: 'a', seq: 1, attempt: 2, type: 'text-delta', index: 0, text: 'y', tokens: 1 }],
+    });
+    expect(events.map((e) => (e.type === 'text-delta' ? e.text : e.type))).toEqual(['accepted', 'y']);
     manager.close();
   });
 

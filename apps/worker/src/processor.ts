@@ -1,4 +1,5 @@
 import { randomInt } from 'node:crypto';
+import { setTimeout as sleep } from 'node:timers/promises';
 import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
 import type { Engine, EngineErrorCode, EngineEvent, SamplingParams } from '@sluice/engine';
@@ -34,6 +35,8 @@ export const HANDOVER_REASON = 'worker_draining';
 
 /** How long a request whose entries Redis lost waits for Redis to return before its stream ends `worker_lost`. */
 const RECOVERY_WAIT_MS = 30_000;
+/** How long a handover that Redis refused waits before it tries again. */
+const HANDOVER_RETRY_MS = 200;
 
 /** Engine field names → OpenAI request fields, for the `param` of an error. */
 const FIELD_NAMES: Record<string, string> = {
@@ -458,15 +461,23 @@ export class JobProcessor {
    */
   private async handOver(job: GenerateJob, route: Route, redisLost: boolean, logger: Logger): Promise<void> {
     const { router, handover } = this.deps;
+    // Redis may be away or refuse writes for a moment (a restart, out of memory): the move is tried
+    // again until it is made or known impossible, for up to RECOVERY_WAIT_MS (a refused move used to
+    // end the streams of a drain at once).
+    const until = Date.now() + Math.min(RECOVERY_WAIT_MS, Math.max(0, job.deadlineAt - Date.now()));
     let moved = false;
-    try {
-      if (!redisLost || (await router.whenAnswering(Math.min(RECOVERY_WAIT_MS, Math.max(0, job.deadlineAt - Date.now()))))) {
+    while (handover !== undefined) {
+      try {
+        if (redisLost && !(await router.whenAnswering(until - Date.now()))) break;
         // (Appends that failed with the connection settle as failed; nothing of them is waited for.)
         await router.drained().catch(() => undefined);
-        moved = (await handover?.handOver(job, route.attempt, route.channel ?? ''))?.moved === true;
+        moved = (await handover.handOver(job, route.attempt, route.channel ?? '')).moved;
+        break;
+      } catch (error) {
+        logger.warn({ err: error }, 'handing the request over failed');
+        if (Date.now() + HANDOVER_RETRY_MS >= until) break;
+        await sleep(HANDOVER_RETRY_MS);
       }
-    } catch (error) {
-      logger.warn({ err: error }, 'handing the request over failed');
     }
     if (moved) {
       logger.info({ attempt: route.attempt + 1 }, redisLost ? 'handed over after a Redis outage' : 'handed over to another worker (drain)');
