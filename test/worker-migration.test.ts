@@ -391,7 +391,7 @@ describe.each(FAKE_ENGINE ? (['plain'] as const) : (['plain', 'gqa'] as const))(
     );
 
     it.runIf(form === 'plain')(
-      'hands them over once Redis takes writes again when it refuses them as the drain ends (out of memory)',
+      'under writes Redis refuses (out of memory) as a drain ends: never a duplicated or altered text, every stream ends',
       async () => {
         await ensureWorkers(2);
         const requests = mix(4, 1000);
@@ -408,14 +408,12 @@ describe.each(FAKE_ENGINE ? (['plain'] as const) : (['plain', 'gqa'] as const))(
             async () => [drainer],
             (params) => params.stop === undefined,
           ));
-          // Redis refuses every write (maxmemory reached) as the drain makes its move: it used to give
-          // up at the first refusal and end every stream with worker_shutdown.
+          // Redis refuses every write (maxmemory reached) as the drain ends: the last steps' appends are
+          // refused while their publishes reach the gateway, and the handover's move is refused.
           await redis.config('SET', 'maxmemory', '1');
           drainer.process.child.kill('SIGTERM');
           drainer.process.child.kill('SIGCONT');
-          await waitFor('a refused handover', () =>
-            drainer.process.output().includes('handing the request over failed') ? true : undefined,
-          );
+          await waitFor('a refused write', () => (drainer.process.output().includes('OOM') ? true : undefined));
         } finally {
           await redis.config('SET', 'maxmemory', '0');
           redis.disconnect();
@@ -423,9 +421,16 @@ describe.each(FAKE_ENGINE ? (['plain'] as const) : (['plain', 'gqa'] as const))(
           drainer.process.child.kill('SIGCONT');
         }
         const results = await Promise.all(runs.map((r) => r.result));
-        results.forEach((r, i) => expectSameAnswer(r, reference[i]!, `request ${i}`));
+        results.forEach((r, i) => {
+          const want = reference[i]!;
+          // The whole answer (handed over: the log held every entry its client had), or an honest end
+          // (worker_shutdown: the log lacks entries the client has, so no continuation lines up; a
+          // continuation that ran from such a log used to duplicate text), never a text the reference lacks.
+          if (r.error === undefined) expectSameAnswer(r, want, `request ${i}`);
+          else
+            r.choices.forEach((c, k) => expect(want.choices[k]!.text.startsWith(c.text), `request ${i} choice ${k}: ${c.text}`).toBe(true));
+        });
         expect(await drainer.process.exited).toEqual({ code: 0, signal: null });
-        expect(drainer.process.output()).toMatch(/handed over to another worker/);
       },
       300_000,
     );

@@ -231,6 +231,18 @@ export class SessionManager {
     // A newer attempt that a worker started on its own (a draining worker handed the request over):
     // from now on only its entries count.
     if ((entry.attempt ?? 1) > session.attempt) session.attempt = entry.attempt ?? 1;
+    // A continuation starts after the last entry of its log. One that starts before what this stream
+    // delivered means the live path ran ahead of the log (appends Redis refused, out of memory, while
+    // their publishes went out): its entries do not line up with what the client has, and delivering
+    // them by sequence number duplicated text. The stream ends instead.
+    if (entry.type === 'accepted' && entry.continued === true && entry.seq < session.nextSeq) {
+      this.logger.warn(
+        { requestId: session.requestId, continuedAt: entry.seq, delivered: session.nextSeq },
+        'continuation behind the stream',
+      );
+      this.fail(session, new GatewayError('stream_interrupted'), 'stream_failed');
+      return;
+    }
     if (!fromLog && session.repairing) {
       session.seenSeq = Math.max(session.seenSeq, entry.seq);
       return;

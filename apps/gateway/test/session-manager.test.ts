@@ -406,6 +406,36 @@ describe('SessionManager', () => {
     manager.close();
   });
 
+  it('ends a stream whose continuation starts before what it delivered (its log lacked live entries), instead of duplicating text', () => {
+    const { manager, events, open } = setup();
+    open('a');
+    const delta = (seq: number, text: string, attempt?: number): GatewayEntry => ({
+      requestId: 'a',
+      seq,
+      type: 'text-delta',
+      index: 0,
+      text,
+      tokens: 1,
+      ...(attempt === undefined ? {} : { attempt }),
+    });
+    manager.dispatch({
+      workerId: 'w1',
+      entries: [{ requestId: 'a', seq: 0, type: 'accepted', workerId: 'w1', promptTokens: 1 }, delta(1, 'a'), delta(2, 'b'), delta(3, 'c')],
+    });
+    // Its log held seq 0–1 only (appends refused, publishes delivered): the continuation goes on from 2.
+    manager.dispatch({
+      workerId: 'w2',
+      entries: [
+        { requestId: 'a', seq: 2, attempt: 2, type: 'accepted', workerId: 'w2', promptTokens: 1, continued: true },
+        delta(3, 'b', 2),
+        delta(4, 'c', 2),
+      ],
+    });
+    expect(events.map((e) => (e.type === 'text-delta' ? e.text : e.type))).toEqual(['accepted', 'a', 'b', 'c', 'failed']);
+    expect(events.at(-1)).toMatchObject({ error: { code: 'stream_interrupted' } });
+    manager.close();
+  });
+
   it('ends a stream with worker_lost once it used up its migrations', async () => {
     const { manager, events, open } = setup();
     open('a');

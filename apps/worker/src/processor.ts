@@ -466,7 +466,8 @@ export class JobProcessor {
     // end the streams of a drain at once).
     const until = Date.now() + Math.min(RECOVERY_WAIT_MS, Math.max(0, job.deadlineAt - Date.now()));
     let moved = false;
-    while (handover !== undefined) {
+    // (A request whose log lacks entries its client has cannot be continued from the log.)
+    while (handover !== undefined && route.logBehind !== true) {
       try {
         if (redisLost && !(await router.whenAnswering(until - Date.now()))) break;
         // (Appends that failed with the connection settle as failed; nothing of them is waited for.)

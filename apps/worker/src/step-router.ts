@@ -50,6 +50,11 @@ export interface Route {
   handingOver?: boolean;
   /** An append of its entries failed: nothing more is written for it (see `StepRouter.#lost`). */
   lost?: boolean;
+  /**
+   * Redis refused an append of its entries (out of memory) while their publish went out: its client has
+   * entries its log lacks, so no continuation from the log can carry its stream on.
+   */
+  logBehind?: boolean;
   /** Engine request ids routed here besides the request's own. */
   aliases: string[];
   /**
@@ -467,6 +472,8 @@ export class StepRouter {
     // connection, and the live stream goes on (a later resume may find the gap). Any other failure (the
     // connection failed under the write) leaves what reached the log unknown.
     if (!(error instanceof ReplyError)) this.#lost(route);
+    // (An append resent after a reconnect that Redis had made before finds its entry there already.)
+    else if (!(error as Error).message.includes('equal or smaller than the target stream top item')) route.logBehind = true;
   }
 
   /**
