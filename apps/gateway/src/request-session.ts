@@ -31,6 +31,8 @@ export class RequestSession {
   nextSeq = 0;
   /** The attempt (worker epoch) whose entries count; older ones are fenced out. */
   attempt = 1;
+  /** The newest attempt whose continuation (`accepted`, `continued`) this stream delivered or started past. */
+  continuedAttempt = 1;
   /** Its worker was lost and the move to a new attempt is being decided: live entries are dropped. */
   migrating = false;
   /** A read of the token log is under way: live entries only note how far the stream got. */

@@ -140,6 +140,8 @@ export class SessionManager {
     const session = new RequestSession(requestId, Date.now(), deadlineAt, listener, options.graceMs ?? 0);
     session.nextSeq = options.nextSeq ?? 0;
     session.attempt = options.attempt ?? 1;
+    // (A resumed stream past its cursor: the continuations of its attempts so far are behind it.)
+    session.continuedAttempt = session.attempt;
     session.owner = options.owner ?? '';
     // '' is no worker (a cancel's synthetic `accepted`, a meta between attempts).
     if (options.workerId !== undefined && options.workerId !== '') session.workerId = options.workerId;
@@ -231,20 +233,26 @@ export class SessionManager {
     // A newer attempt that a worker started on its own (a draining worker handed the request over):
     // from now on only its entries count.
     if ((entry.attempt ?? 1) > session.attempt) session.attempt = entry.attempt ?? 1;
-    // A continuation starts after the last entry of its log. One that starts before what this stream
-    // delivered means the live path ran ahead of the log (appends Redis refused, out of memory, while
-    // their publishes went out): its entries do not line up with what the client has, and delivering
-    // them by sequence number duplicated text. The stream ends instead.
-    if (entry.type === 'accepted' && entry.continued === true && entry.seq < session.nextSeq) {
+    if (!fromLog && session.repairing) {
+      session.seenSeq = Math.max(session.seenSeq, entry.seq);
+      return;
+    }
+    // A continuation starts after the last entry of its log. One that starts (first seen: the same entry
+    // may come again, live and from the log) before what this stream delivered means the live path ran
+    // ahead of the log (appends Redis refused, out of memory, while their publishes went out): its
+    // entries do not line up with what the client has, and delivering them by sequence number
+    // duplicated text. The stream ends instead.
+    if (
+      entry.type === 'accepted' &&
+      entry.continued === true &&
+      (entry.attempt ?? 1) > session.continuedAttempt &&
+      entry.seq < session.nextSeq
+    ) {
       this.logger.warn(
         { requestId: session.requestId, continuedAt: entry.seq, delivered: session.nextSeq },
         'continuation behind the stream',
       );
       this.fail(session, new GatewayError('stream_interrupted'), 'stream_failed');
-      return;
-    }
-    if (!fromLog && session.repairing) {
-      session.seenSeq = Math.max(session.seenSeq, entry.seq);
       return;
     }
     // An error ends the stream whatever came before it: a job BullMQ retried after its worker died
@@ -268,6 +276,8 @@ export class SessionManager {
     }
     session.nextSeq = entry.seq + 1;
     session.lastEventAt = Date.now();
+    if (entry.type === 'accepted' && entry.continued === true)
+      session.continuedAttempt = Math.max(session.continuedAttempt, entry.attempt ?? 1);
     switch (entry.type) {
       case 'accepted':
         // A worker holds it; it still waits (counted as queued) until its engine schedules it.

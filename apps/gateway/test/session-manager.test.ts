@@ -436,6 +436,38 @@ describe('SessionManager', () => {
     manager.close();
   });
 
+  it('takes a continuation’s first entry arriving twice (live, then again from the log) as the duplicate it is', () => {
+    const { manager, events, open } = setup();
+    open('a');
+    const accepted: GatewayEntry = {
+      requestId: 'a',
+      seq: 2,
+      attempt: 2,
+      type: 'accepted',
+      workerId: 'w2',
+      promptTokens: 1,
+      continued: true,
+    };
+    manager.dispatch({
+      workerId: 'w1',
+      entries: [
+        { requestId: 'a', seq: 0, type: 'accepted', workerId: 'w1', promptTokens: 1 },
+        { requestId: 'a', seq: 1, type: 'text-delta', index: 0, text: 'a', tokens: 1 },
+      ],
+    });
+    manager.dispatch({
+      workerId: 'w2',
+      entries: [accepted, { requestId: 'a', seq: 3, attempt: 2, type: 'text-delta', index: 0, text: 'b', tokens: 1 }],
+    });
+    manager.dispatch({ workerId: 'w2', entries: [accepted] });
+    manager.dispatch({
+      workerId: 'w2',
+      entries: [{ requestId: 'a', seq: 4, attempt: 2, type: 'text-delta', index: 0, text: 'c', tokens: 1 }],
+    });
+    expect(events.map((e) => (e.type === 'text-delta' ? e.text : e.type))).toEqual(['accepted', 'a', 'accepted', 'b', 'c']);
+    manager.close();
+  });
+
   it('ends a stream with worker_lost once it used up its migrations', async () => {
     const { manager, events, open } = setup();
     open('a');
