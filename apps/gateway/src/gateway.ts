@@ -3,7 +3,7 @@ import { serve, type ServerType } from '@hono/node-server';
 import { Queue } from 'bullmq';
 import { Redis } from 'ioredis';
 import type { Logger } from 'pino';
-import { GENERATE_QUEUE, redactRedisUrl, redisNames } from '@sluice/protocol';
+import { connectRedis, GENERATE_QUEUE, redactRedisUrl, redisNames } from '@sluice/protocol';
 import { createApp } from './app.js';
 import { startAccessControl } from './auth/access-control.js';
 import { KeyRevocation } from './auth/key-revocation.js';
@@ -80,25 +80,16 @@ export async function startGateway(config: GatewayConfig, logger: Logger, option
     lazyConnect: true,
     retryStrategy,
   });
-  // connect() rejects with "Connection is closed."; the cause (ECONNREFUSED, WRONGPASS…) comes as an event.
-  let connectionError: Error | undefined;
-  for (const [name, connection] of [
-    ['commands', redis],
-    ['subscriber', subscriber],
-    ['queue', queueConnection],
-  ] as const) {
-    connection.on('error', (err: Error) => {
-      connectionError = err;
-      logger.warn({ err: err.message, connection: name }, 'redis connection error');
-    });
-  }
-  try {
-    await Promise.all([redis.connect(), subscriber.connect(), queueConnection.connect()]);
-  } catch (error) {
-    for (const connection of [redis, subscriber, queueConnection]) connection.disconnect();
-    // The event's error by its message alone: an ioredis reply error holds its command, AUTH password included.
-    throw new RedisConnectError(config.redisUrl, new Error((connectionError ?? (error as Error)).message));
-  }
+  await connectRedis(
+    [
+      ['commands', redis],
+      ['subscriber', subscriber],
+      ['queue', queueConnection],
+    ],
+    (err, connection) => logger.warn({ err, connection }, 'redis connection error'),
+  ).catch((cause: Error) => {
+    throw new RedisConnectError(config.redisUrl, cause);
+  });
   // Before anything listens: a gateway that must not start (public HOST, no key) stops here.
   const access = await startAccessControl(config, redis, logger, options.keyUsage ?? noKeyUsage).catch(async (error: unknown) => {
     await Promise.allSettled([redis.quit(), subscriber.quit(), queueConnection.quit()]);

@@ -4,7 +4,7 @@ import { Redis } from 'ioredis';
 import type { Logger } from 'pino';
 import type { Engine, StepStats } from '@sluice/engine';
 import { QUEUE_JOB_STATES, type WorkerMetrics } from '@sluice/metrics';
-import { GENERATE_QUEUE, redactRedisUrl, redisNames, type ModelCard } from '@sluice/protocol';
+import { connectRedis, GENERATE_QUEUE, redactRedisUrl, redisNames, type ModelCard } from '@sluice/protocol';
 import { ControlListener } from './control-listener.js';
 import type { WorkerConfig } from './config.js';
 import { HealthServer } from './health-server.js';
@@ -74,26 +74,16 @@ export async function startWorker(
   // BullMQ needs `maxRetriesPerRequest: null` on its connections (blocking commands).
   const subscriber = new Redis(config.redisUrl, { maxRetriesPerRequest: null, lazyConnect: true, retryStrategy, ...named('subscriber') });
   const bullConnection = new Redis(config.redisUrl, { maxRetriesPerRequest: null, lazyConnect: true, retryStrategy, ...named('queue') });
-  // connect() rejects with "Connection is closed."; the cause (ECONNREFUSED, WRONGPASS…) comes as an event.
-  let connectionError: Error | undefined;
-  for (const [name, connection] of [
-    ['commands', redis],
-    ['subscriber', subscriber],
-    ['queue', bullConnection],
-  ] as const) {
-    connection.on('error', (err: Error) => {
-      connectionError = err;
-      logger.warn({ err: err.message, connection: name }, 'redis connection error');
-    });
-  }
-  try {
-    await Promise.all([redis.connect(), subscriber.connect(), bullConnection.connect()]);
-  } catch (error) {
-    for (const connection of [redis, subscriber, bullConnection]) connection.disconnect();
-    // The event's error by its message alone: an ioredis reply error holds its command, AUTH password included.
-    const cause = connectionError === undefined ? error : new Error(connectionError.message);
+  await connectRedis(
+    [
+      ['commands', redis],
+      ['subscriber', subscriber],
+      ['queue', bullConnection],
+    ],
+    (err, connection) => logger.warn({ err, connection }, 'redis connection error'),
+  ).catch((cause: Error) => {
     throw new StartupError(`cannot connect to Redis at ${redactRedisUrl(config.redisUrl)}`, cause);
-  }
+  });
 
   const router = new StepRouter(
     redis,

@@ -10,4 +10,5 @@ export * from './request-scripts.js';
 export * from './worker-record.js';
 export * from './model-card.js';
 export * from './redact-redis-url.js';
+export * from './connect-redis.js';
 export * from './env-values.js';
