@@ -38,6 +38,10 @@ const RECOVERY_WAIT_MS = 30_000;
 /** How long a handover that Redis refused waits before it tries again. */
 const HANDOVER_RETRY_MS = 200;
 
+/** The last entries of a stream this worker stops: drained or shut down, or cut off from Redis. */
+const WORKER_SHUTDOWN: WireError = { code: 'worker_shutdown', message: 'The worker shut down.', param: null };
+const REDIS_LOST: WireError = { code: 'worker_lost', message: 'The worker lost its connection to Redis.', param: null };
+
 /** Engine field names → OpenAI request fields, for the `param` of an error. */
 const FIELD_NAMES: Record<string, string> = {
   promptTokenIds: 'prompt',
@@ -485,13 +489,13 @@ export class JobProcessor {
       return;
     }
     route.handingOver = false;
+    this.endWith(route, redisLost ? REDIS_LOST : WORKER_SHUTDOWN);
+  }
+
+  /** Ends the stream with `error`, also one whose entries Redis lost (its last entry is written if Redis takes it). */
+  private endWith(route: Route, error: WireError): void {
     route.lost = false;
-    router.push(route, {
-      type: 'error',
-      error: redisLost
-        ? { code: 'worker_lost', message: 'The worker lost its connection to Redis.', param: null }
-        : { code: 'worker_shutdown', message: 'The worker shut down.', param: null },
-    });
+    this.deps.router.push(route, { type: 'error', error });
   }
 
   private running(route: Route, signal: AbortSignal): void {
@@ -524,17 +528,13 @@ export class JobProcessor {
     const { router } = this.deps;
     if (signal.aborted && signal.reason === SHUTDOWN_REASON) {
       // A drain tells the client why its stream ends.
-      router.push(route, { type: 'error', error: { code: 'worker_shutdown', message: 'The worker shut down.', param: null } });
+      this.endWith(route, WORKER_SHUTDOWN);
     } else if (signal.aborted && (signal.reason === 'superseded' || route.handingOver === true)) {
       // A newer attempt owns the request (or is about to: a drain, or a Redis outage, hands it over):
       // nothing more from here.
     } else if (signal.aborted && signal.reason === REDIS_UNAVAILABLE) {
       // Entries were lost while Redis was away (and no handover here): the answer cannot be completed, and says so.
-      route.lost = false;
-      router.push(route, {
-        type: 'error',
-        error: { code: 'worker_lost', message: 'The worker lost its connection to Redis.', param: null },
-      });
+      this.endWith(route, REDIS_LOST);
     } else if (!signal.aborted && event.error !== undefined) {
       logger.error({ code: event.error.code, message: event.error.message }, 'engine error');
       router.push(route, { type: 'error', error: toWireError(event.error.code, event.error.message) });

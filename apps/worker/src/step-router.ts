@@ -328,7 +328,6 @@ export class StepRouter {
     });
   }
 
-  /** Resolves when everything pushed so far has been handed to Redis. */
   /**
    * Resolves true once Redis answers a PING on this connection, false after `timeoutMs`. Its status
    * alone is not enough: just after an outage a connection may still say `ready` before it has noticed
@@ -346,6 +345,7 @@ export class StepRouter {
     return false;
   }
 
+  /** Resolves when everything pushed so far has been handed to Redis. */
   async drained(): Promise<void> {
     if (this.#turnFlush) await new Promise<void>((resolve) => setImmediate(resolve));
     await this.#flushing;
