@@ -1,6 +1,10 @@
 import type { Logger } from 'pino';
 import type { GatewayMetrics } from '@sluice/metrics';
+import { errorCodeTable } from './errors.js';
 import { workGoesOn, type GatewayHooks, type RequestObserver } from './hooks.js';
+
+/** The routes that take work: their statuses are the ones the 5xx-ratio alert reads (deploy/prometheus/alerts.yml). */
+const COMPLETION_ROUTES = ['/v1/chat/completions', '/v1/completions'];
 
 /**
  * The gateway's hooks, implemented with `@sluice/metrics` (served on `GET /metrics`) and pino: one
@@ -10,6 +14,14 @@ import { workGoesOn, type GatewayHooks, type RequestObserver } from './hooks.js'
  * same `jobId` has its side, on the same clock: docs/benchmarks.md).
  */
 export function createGatewayObserver(metrics: GatewayMetrics, logger: Logger): GatewayHooks {
+  // Series that exist from the first scrape: rate() and increase() miss the increment that creates a
+  // series, so a gateway's first refusal, stream error or 5xx would not count in a rate or an alert.
+  for (const [code, { status }] of Object.entries(errorCodeTable)) {
+    metrics.rejected.labels(code).inc(0);
+    metrics.streamErrors.labels(code).inc(0);
+    for (const route of COMPLETION_ROUTES) metrics.countRequest(route, status, 0);
+  }
+  for (const route of COMPLETION_ROUTES) metrics.countRequest(route, 200, 0);
   return {
     responded: (route, status) => metrics.countRequest(route, status),
     rejected: (code) => metrics.rejected.labels(code).inc(),

@@ -51,6 +51,22 @@ describe('gateway metrics as the app records them', () => {
     expect((await h.metrics.timeToFirstToken.get()).values.find((v) => v.metricName?.endsWith('_count'))?.value).toBe(1);
   });
 
+  it("exposes every refusal reason, stream error code and the completion routes' statuses at zero before any request", async () => {
+    const h = await start();
+    const text = await (await fetch(`${h.url}/metrics`)).text();
+    for (const series of [
+      'sluice_gateway_rejected_total{reason="shutting_down"} 0',
+      'sluice_gateway_rejected_total{reason="store_unavailable"} 0',
+      'sluice_gateway_rejected_total{reason="no_workers"} 0',
+      'sluice_gateway_stream_errors_total{code="worker_lost"} 0',
+      'sluice_gateway_requests_total{route="/v1/chat/completions",status="503"} 0',
+      'sluice_gateway_requests_total{route="/v1/completions",status="500"} 0',
+      'sluice_gateway_requests_total{route="/v1/completions",status="200"} 0',
+    ]) {
+      expect(text.split('\n')).toContain(series);
+    }
+  });
+
   it('counts the bytes of text outside ASCII as written (UTF-8)', async () => {
     const h = await start();
     const job = h.nextJob();

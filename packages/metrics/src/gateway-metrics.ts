@@ -75,9 +75,10 @@ export interface GatewayMetrics {
   readonly keyUsage: KeyUsageMetrics;
   /**
    * Counts one HTTP response. `route` is the route pattern (`/v1/chat/completions`), never the raw
-   * path, so that the label stays low-cardinality.
+   * path, so that the label stays low-cardinality. `by` 0 creates the series at zero (it then exists
+   * from the first scrape: rate() misses a series' first increment).
    */
-  countRequest(route: string, status: number): void;
+  countRequest(route: string, status: number, by?: number): void;
   /**
    * Counts `frames` SSE frames (1 by default) written in one write of `bytes` bytes (UTF-8 length,
    * `\n\n` included). Runs per write per client: two counter increments, no allocation.
@@ -294,8 +295,8 @@ export function createGatewayMetrics(registry: Registry = new Registry(), option
     sseBytes,
     rejected,
     keyUsage: createKeyUsageMetrics(registry, options.maxKeys),
-    countRequest(route, status) {
-      requests.labels(route, String(status)).inc();
+    countRequest(route, status, by = 1) {
+      requests.labels(route, String(status)).inc(by);
     },
     sseWritten(kind, bytes, frames = 1) {
       const seen = pendingFrames.get(kind);
