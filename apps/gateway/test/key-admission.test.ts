@@ -121,6 +121,42 @@ describe('KeyAdmission: a delivery whose work goes on', () => {
     await admit(auth, 'r2');
   });
 
+  it("settles a detached request's reservation to its real usage when a resumed stream sees it end, and only then", async () => {
+    const { auth } = await newKey({ maxStreams: 1, tpm: 10_000 });
+    const grant = await admit(auth, 'r1');
+    end(grant, { outcome: 'disconnect', detached: true });
+    await expect.poll(() => slotLeft(auth, 'r1')).toBeLessThanOrEqual(GRACE_MS + 1_000);
+    // A resume that detaches again keeps the worst case.
+    admission.resumed(
+      auth,
+      'r1',
+      Date.now() + 120_000,
+      GRACE_MS,
+    )({
+      end: { outcome: 'disconnect', detached: true },
+      status: 200,
+      promptTokens: 3,
+      completionTokens: 10,
+    });
+    await new Promise((resolve) => setTimeout(resolve, 100));
+    expect(await limiter.tokensInWindow(auth.hash)).toBe(43);
+    // The next one sees the end: 3 + 25 tokens used.
+    const ended = admission.resumed(auth, 'r1', Date.now() + 120_000, GRACE_MS);
+    ended({ end: { outcome: 'stop' }, status: 200, promptTokens: 3, completionTokens: 25 });
+    await expect.poll(() => limiter.tokensInWindow(auth.hash)).toBe(28);
+    await expect.poll(() => slotLeft(auth, 'r1')).toBeUndefined();
+    // Seen again (another resume of the ended request): the same total, not counted twice.
+    admission.resumed(
+      auth,
+      'r1',
+      Date.now() + 120_000,
+      GRACE_MS,
+    )({ end: { outcome: 'stop' }, status: 200, promptTokens: 3, completionTokens: 25 });
+    await new Promise((resolve) => setTimeout(resolve, 100));
+    expect(await limiter.tokensInWindow(auth.hash)).toBe(28);
+    await admit(auth, 'r2');
+  });
+
   it('leaves the slot to a stream resumed on another gateway when the old connection ends after it, however it ends (B2)', async () => {
     for (const info of [{ outcome: 'disconnect', detached: true }, { outcome: 'stop' }] satisfies RequestEnd[]) {
       const { auth } = await newKey({ maxStreams: 1 });

@@ -179,16 +179,26 @@ export class KeyAdmission {
    * (their later endings no longer touch it). When the stream ends the slot is freed (or held for the
    * grace when its work goes on: `detached`), unless a newer resume claimed it meanwhile; and the
    * tokens it delivered that no earlier delivery recorded count under the key. Its token reservation
-   * is the admission's, settled by the first delivery.
+   * is the admission's, kept whole by a delivery that detached; a resumed delivery that sees the
+   * request end settles it to the request's real usage (settling is idempotent: every resume that sees
+   * the end sets the same total).
    * @returns the observer of the resumed stream's ending (its usage: totals through its last event)
    */
   resumed(key: AuthenticatedKey, requestId: string, deadlineAt: number, graceMs: number): RequestObserver['finished'] {
     const owner = randomUUID();
-    const slots = key.record.limits.maxStreams !== undefined;
+    const { maxStreams, tpm } = key.record.limits;
+    const slots = maxStreams !== undefined;
     const failed = (error: unknown) => this.#logger.warn({ err: error, requestId }, 'holding a resumed stream slot failed');
     if (slots) void this.#limiter.claim(key.hash, requestId, owner, Math.max(1, deadlineAt - Date.now()) + SLOT_SLACK_MS).catch(failed);
     return (info) => {
-      if (slots) void this.#limiter.hold(key.hash, requestId, owner, workGoesOn(info.end) ? graceMs + SLOT_SLACK_MS : 0).catch(failed);
+      if (workGoesOn(info.end)) {
+        if (slots) void this.#limiter.hold(key.hash, requestId, owner, graceMs + SLOT_SLACK_MS).catch(failed);
+      } else if (tpm !== undefined) {
+        // The request ended: its reservation becomes its usage, and the slot (if this delivery holds it) is freed.
+        void this.#limiter.settle(key.hash, requestId, owner, info.promptTokens + info.completionTokens, 0).catch(failed);
+      } else if (slots) {
+        void this.#limiter.hold(key.hash, requestId, owner, 0).catch(failed);
+      }
       this.recordUsage(key.record.name, requestId, info.promptTokens, info.completionTokens);
     };
   }
