@@ -5,7 +5,7 @@ import { Cluster, MODEL } from './support/cluster.js';
 import { freezeMidAnswers, retryMidAnswer, startFrozenMidAnswers } from './support/mid-answer.js';
 import { waitFor } from './support/processes.js';
 import type { GatewayProcess, WorkerProcess } from './support/sluice.js';
-import { checkChunkSequence, LiveStream, streamError } from './support/sse.js';
+import { checkChunkSequence, collectSse, LiveStream, streamError } from './support/sse.js';
 import { scrapePrometheus } from './support/prometheus.js';
 
 const long = (prompt: string) => ({ model: MODEL, prompt, max_tokens: 1800, ignore_eos: true, temperature: 0, stream: true });
@@ -183,6 +183,33 @@ describe('worker and gateway lifecycle', () => {
     }
     expect(streamError(endless.items)).toMatchObject({ code: 'shutting_down' });
     expect(await draining.process.exited).toEqual({ code: 0, signal: null });
+  });
+
+  it('with DRAIN_DELAY_MS, a gateway told to stop answers /readyz 503 at once but still serves new requests until the delay has passed', async () => {
+    await cluster.worker(fastWorker);
+    // A delay no test outlasts: new requests during it are served, whatever the machine's speed.
+    const delayed = await cluster.gateway({ DRAIN_DELAY_MS: '600000' });
+    // A short one: the gateway exits (0) no sooner than it.
+    const short = await cluster.gateway({ DRAIN_DELAY_MS: '1500' });
+    const signalledAt = Date.now();
+    short.process.signal('SIGTERM');
+    delayed.process.signal('SIGTERM');
+    await waitFor('readyz 503', async () => ((await delayed.get('/readyz')).status === 503 ? true : undefined), 5_000, 10);
+    for (const stream of [false, true]) {
+      const response = await fetch(`${delayed.url}/v1/completions`, {
+        method: 'POST',
+        headers: { 'Content-Type': 'application/json' },
+        body: JSON.stringify({ model: MODEL, prompt: 'late', max_tokens: 3, ignore_eos: true, stream }),
+      });
+      expect(response.status).toBe(200);
+      if (stream) expect(checkChunkSequence(await collectSse(response.body!), 'completion', false).finishReason).toBe('length');
+      else expect(await response.json()).toMatchObject({ choices: [{ finish_reason: 'length' }], usage: { completion_tokens: 3 } });
+    }
+    expect(await short.process.exited).toEqual({ code: 0, signal: null });
+    expect(Date.now() - signalledAt).toBeGreaterThanOrEqual(1_500);
+    // A second signal ends the delayed one at once.
+    delayed.process.signal('SIGTERM');
+    expect(await delayed.process.exited).toEqual({ code: 1, signal: null });
   });
 });
 

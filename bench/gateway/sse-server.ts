@@ -160,7 +160,7 @@ async function gateway(): Promise<number> {
       }),
     },
     checkRedis: async () => true,
-    isDraining: () => false,
+    drainPhase: () => 'serving',
   });
   const server = await new Promise<ServerType>((resolve) => {
     const s = serve(

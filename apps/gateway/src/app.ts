@@ -41,11 +41,18 @@ export interface AppDeps {
   tokenizers: TokenizerSource;
   heartbeats: HeartbeatTicker;
   checkRedis(): Promise<boolean>;
-  isDraining(): boolean;
+  drainPhase(): DrainPhase;
   hooks: GatewayHooks;
   /** API keys and per-key limits (auth/access-control.ts); absent: no key is checked. */
   access?: AccessControl;
 }
+
+/**
+ * Where a stop stands: `serving`; `unready` (a SIGTERM came: `/readyz` answers 503, new requests are
+ * still taken for `DRAIN_DELAY_MS`); `refusing` (new requests and resumes get 503 `shutting_down`
+ * while the open streams finish).
+ */
+export type DrainPhase = 'serving' | 'unready' | 'refusing';
 
 export type AppEnv = { Bindings: HttpBindings; Variables: { requestId: string; apiKey?: AuthenticatedKey } };
 

@@ -44,6 +44,12 @@ export const gatewayEnvSchema = z.object({
   REQUEST_TIMEOUT_MS: ms(1).default(600_000),
   /** On SIGTERM: how long running streams may take to finish before they are ended with an error. @defaultValue 30000 */
   DRAIN_TIMEOUT_MS: ms(0).default(30_000),
+  /**
+   * On SIGTERM: how long the gateway still takes new requests while `/readyz` already answers 503, so
+   * that a load balancer that does not retry a 503 stops sending it any before it refuses them (a
+   * Kubernetes preStop sleep, built in). The drain's timeout counts after it. @defaultValue 0
+   */
+  DRAIN_DELAY_MS: ms(0).default(0),
   /** How often the worker registry is read (model list, liveness of the workers serving streams). @defaultValue 1000 */
   REGISTRY_POLL_MS: ms(50).default(1000),
   /** Max request body size in bytes (413 beyond). @defaultValue 4194304 */
@@ -81,6 +87,7 @@ export interface GatewayConfig {
   idleTimeoutMs: number;
   requestTimeoutMs: number;
   drainTimeoutMs: number;
+  drainDelayMs: number;
   registryPollMs: number;
   maxBodyBytes: number;
   streamRetentionMs: number;
@@ -122,6 +129,7 @@ export function loadGatewayConfig(env: NodeJS.ProcessEnv = process.env): Gateway
     idleTimeoutMs: e.IDLE_TIMEOUT_MS,
     requestTimeoutMs: e.REQUEST_TIMEOUT_MS,
     drainTimeoutMs: e.DRAIN_TIMEOUT_MS,
+    drainDelayMs: e.DRAIN_DELAY_MS,
     registryPollMs: e.REGISTRY_POLL_MS,
     maxBodyBytes: e.MAX_BODY_BYTES,
     streamRetentionMs: e.STREAM_RETENTION_MS,

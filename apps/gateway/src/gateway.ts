@@ -4,7 +4,7 @@ import { Queue } from 'bullmq';
 import { Redis } from 'ioredis';
 import type { Logger } from 'pino';
 import { connectRedis, GENERATE_QUEUE, redactRedisUrl, redisNames } from '@sluice/protocol';
-import { createApp } from './app.js';
+import { createApp, type DrainPhase } from './app.js';
 import { startAccessControl } from './auth/access-control.js';
 import { KeyRevocation } from './auth/key-revocation.js';
 import { noKeyUsage, type KeyUsageRecorder } from './auth/key-usage-recorder.js';
@@ -23,7 +23,10 @@ import { WorkerRegistry } from './worker-registry.js';
 export interface RunningGateway {
   /** `http://host:port` the server listens on. */
   url: string;
-  /** Graceful stop: `/readyz` turns 503, streams get `drainTimeoutMs` to finish, the rest end with an error frame. */
+  /**
+   * Graceful stop: `/readyz` turns 503; new requests are still taken for `drainDelayMs`, then refused
+   * (503 `shutting_down`); open streams get `drainTimeoutMs` more to finish, the rest end with an error frame.
+   */
   drain(): Promise<void>;
 }
 
@@ -138,7 +141,7 @@ export async function startGateway(config: GatewayConfig, logger: Logger, option
   subscriber.on('close', () => {
     outageTimer ??= setTimeout(() => {
       outageTimer = undefined;
-      if (subscriber.status === 'ready' || sessions.size === 0 || draining) return;
+      if (subscriber.status === 'ready' || sessions.size === 0 || phase !== 'serving') return;
       logger.warn({ open: sessions.size }, 'redis unreachable: ending the open streams');
       sessions.failAll(new GatewayError('stream_interrupted', { message: 'The gateway lost its connection to Redis.' }), 'stream_failed');
     }, REDIS_OUTAGE_MS);
@@ -185,7 +188,7 @@ export async function startGateway(config: GatewayConfig, logger: Logger, option
   );
   const heartbeats = new HeartbeatTicker(config.heartbeatMs, config.clientStallTimeoutMs);
 
-  let draining = false;
+  let phase: DrainPhase = 'serving';
   const app = createApp({
     config,
     logger,
@@ -198,7 +201,7 @@ export async function startGateway(config: GatewayConfig, logger: Logger, option
     heartbeats,
     hooks,
     access,
-    isDraining: () => draining,
+    drainPhase: () => phase,
     // Ready only when every connection a request needs is up: commands (meta, logs, registry), the
     // queue (enqueue) and the subscriber (the answers).
     checkRedis: async () => {
@@ -268,9 +271,13 @@ export async function startGateway(config: GatewayConfig, logger: Logger, option
   logger.info({ url, gatewayId: config.gatewayId, workers: registry.liveWorkerCount }, 'gateway listening');
 
   const drain = async (): Promise<void> => {
-    if (draining) return;
-    draining = true;
-    logger.info({ open: sessions.size, drainTimeoutMs: config.drainTimeoutMs }, 'draining');
+    if (phase !== 'serving') return;
+    phase = 'unready';
+    const { drainDelayMs, drainTimeoutMs } = config;
+    logger.info({ open: sessions.size, drainDelayMs, drainTimeoutMs }, 'draining');
+    // Unready but still taking new requests while the load balancers notice.
+    if (drainDelayMs > 0) await new Promise((resolve) => setTimeout(resolve, drainDelayMs));
+    phase = 'refusing';
     let timer: NodeJS.Timeout | undefined;
     await Promise.race([sessions.whenEmpty(), new Promise<void>((resolve) => (timer = setTimeout(resolve, config.drainTimeoutMs)))]);
     clearTimeout(timer);

@@ -51,6 +51,7 @@ describe('gateway configuration', () => {
       'IDLE_TIMEOUT_MS',
       'REQUEST_TIMEOUT_MS',
       'DRAIN_TIMEOUT_MS',
+      'DRAIN_DELAY_MS',
       'REGISTRY_POLL_MS',
       'STREAM_RETENTION_MS',
       'RESUME_GRACE_MS',

@@ -37,7 +37,7 @@ export function generateHandler(deps: AppDeps, endpoint: Endpoint) {
     const body = await readJsonBody(c.env.incoming, res, config.maxBodyBytes);
     const request = endpoint === 'chat' ? parseChatRequest(body) : parseCompletionRequest(body);
     checkInputLimits(request, config.access);
-    if (deps.isDraining()) throw new GatewayError('shutting_down');
+    if (deps.drainPhase() === 'refusing') throw new GatewayError('shutting_down');
     const served = registry.requireModel(request.model);
     const apiKey = c.get('apiKey');
     const admission = deps.access?.admission;

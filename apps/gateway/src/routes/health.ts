@@ -9,7 +9,7 @@ export function healthHandler() {
 /** `GET /readyz`: Redis answers and at least one worker is live; 503 while draining. */
 export function readyHandler(deps: AppDeps) {
   return async (c: Context) => {
-    if (deps.isDraining()) return c.json({ status: 'draining' }, 503);
+    if (deps.drainPhase() !== 'serving') return c.json({ status: 'draining' }, 503);
     const redis = await deps.checkRedis();
     const workers = deps.registry.liveWorkerCount;
     const ready = redis && workers > 0;

@@ -73,7 +73,7 @@ export function resumeHandler(deps: AppDeps, endpoint: Endpoint) {
       });
     }
     const { cursor, param: cursorParam } = cursorOf(c);
-    if (deps.isDraining()) throw new GatewayError('shutting_down');
+    if (deps.drainPhase() === 'refusing') throw new GatewayError('shutting_down');
     const [meta, last] = await fromStore(Promise.all([log.meta(jobId), log.last(jobId)]));
     if (meta === undefined || meta.format.endpoint !== endpoint || !ownedByCaller(c, meta)) throw notFound(chunkId);
     const lastSeq = last?.seq ?? -1;

@@ -101,7 +101,7 @@ export async function startAppHarness(
     },
     tokenizers: { forModel: async () => options.tokenizer ?? charTokenizer },
     checkRedis: async () => true,
-    isDraining: () => false,
+    drainPhase: () => 'serving',
     ...(options.access === undefined ? {} : { access: options.access }),
   });
   app.get('/metrics', async (c) => c.body(await metrics.registry.metrics(), 200, { 'Content-Type': metrics.registry.contentType }));
