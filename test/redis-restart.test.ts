@@ -6,6 +6,7 @@ import { redisNames } from '@sluice/protocol';
 import { runKeys } from './support/api-keys.js';
 import { Cluster, MODEL } from './support/cluster.js';
 import { sleep, waitFor } from './support/processes.js';
+import { scrapePrometheus } from './support/prometheus.js';
 import { startRedis, type RedisServer } from './support/redis-server.js';
 import type { GatewayProcess } from './support/sluice.js';
 import { freezeMidAnswers, retryMidAnswer, startFrozenMidAnswers } from './support/mid-answer.js';
@@ -135,6 +136,8 @@ describe('when Redis is killed and restarted under load', () => {
     expect(endedAt, 'every stream ended with Redis still down').toBeDefined();
     expectEndedByTheOutage(streams);
     expect((await gateway.get('/readyz')).status).toBe(503);
+    // What pages while no request comes in (deploy/prometheus/alerts.yml, SluiceNoReadyGateway).
+    expect((await scrapePrometheus(`${gateway.url}/metrics`)).value('sluice_gateway_ready')).toBe(0);
     // A request meanwhile is refused for what it is: Redis away, not a missing worker.
     const refused = await postRaw(`${gateway.url}/v1/completions`, { model: MODEL, prompt: 'Hello', max_tokens: 4 });
     expect(refused.status).toBe(503);
@@ -152,6 +155,7 @@ describe('when Redis is killed and restarted under load', () => {
     console.log(`redis down: streams ended ${Math.max(...endedAt!) - killedAt} ms after the kill, Redis still away`);
     restarted = await startRedis({ port: cluster.redis.port });
     await waitFor('/readyz 200', async () => ((await gateway.get('/readyz')).status === 200 ? true : undefined), 30_000, 50);
+    expect((await scrapePrometheus(`${gateway.url}/metrics`)).value('sluice_gateway_ready')).toBe(1);
     const next = await postRaw(`${gateway.url}/v1/completions`, { model: MODEL, prompt: 'Hello', max_tokens: 4, temperature: 0 });
     expect(next.status).toBe(200);
   });

@@ -191,10 +191,13 @@ describe('worker and gateway lifecycle', () => {
     const delayed = await cluster.gateway({ DRAIN_DELAY_MS: '600000' });
     // A short one: the gateway exits (0) no sooner than it.
     const short = await cluster.gateway({ DRAIN_DELAY_MS: '1500' });
+    const ready = async () => (await scrapePrometheus(`${delayed.url}/metrics`)).value('sluice_gateway_ready');
+    await waitFor('the gateway ready', async () => ((await ready()) === 1 ? true : undefined));
     const signalledAt = Date.now();
     short.process.signal('SIGTERM');
     delayed.process.signal('SIGTERM');
     await waitFor('readyz 503', async () => ((await delayed.get('/readyz')).status === 503 ? true : undefined), 5_000, 10);
+    expect(await ready()).toBe(0);
     for (const stream of [false, true]) {
       const response = await fetch(`${delayed.url}/v1/completions`, {
         method: 'POST',

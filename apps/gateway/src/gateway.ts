@@ -4,7 +4,7 @@ import { Queue } from 'bullmq';
 import { Redis } from 'ioredis';
 import type { Logger } from 'pino';
 import { connectRedis, GENERATE_QUEUE, redactRedisUrl, redisNames } from '@sluice/protocol';
-import { createApp, type DrainPhase } from './app.js';
+import { createApp, type AppDeps, type DrainPhase } from './app.js';
 import { startAccessControl } from './auth/access-control.js';
 import { KeyRevocation } from './auth/key-revocation.js';
 import { noKeyUsage, type KeyUsageRecorder } from './auth/key-usage-recorder.js';
@@ -13,6 +13,7 @@ import type { GatewayConfig } from './config.js';
 import { GatewayError } from './errors.js';
 import type { GatewayHooks } from './hooks.js';
 import { RedisJobQueue } from './job-queue.js';
+import { readiness } from './routes/health.js';
 import { Relay } from './relay.js';
 import { SessionManager } from './session-manager.js';
 import { HeartbeatTicker } from './sse-writer.js';
@@ -28,6 +29,8 @@ export interface RunningGateway {
    * (503 `shutting_down`); open streams get `drainTimeoutMs` more to finish, the rest end with an error frame.
    */
   drain(): Promise<void>;
+  /** Whether `/readyz` would answer 200 now (read at each scrape: `sluice_gateway_ready`). */
+  ready(): Promise<boolean>;
 }
 
 export interface StartGatewayOptions {
@@ -189,7 +192,7 @@ export async function startGateway(config: GatewayConfig, logger: Logger, option
   const heartbeats = new HeartbeatTicker(config.heartbeatMs, config.clientStallTimeoutMs);
 
   let phase: DrainPhase = 'serving';
-  const app = createApp({
+  const appDeps: AppDeps = {
     config,
     logger,
     channel,
@@ -215,7 +218,8 @@ export async function startGateway(config: GatewayConfig, logger: Logger, option
       const [commands, queued] = await Promise.all([ping(redis), ping(queueConnection)]);
       return commands && queued && subscriber.status === 'ready';
     },
-  });
+  };
+  const app = createApp(appDeps);
 
   options.configureApp?.(app);
   const server = await new Promise<ServerType>((resolve, reject) => {
@@ -331,5 +335,5 @@ export async function startGateway(config: GatewayConfig, logger: Logger, option
     logger.info('gateway stopped');
   };
 
-  return { url, drain };
+  return { url, drain, ready: async () => (await readiness(appDeps)).ready };
 }

@@ -80,6 +80,11 @@ export interface GatewayMetrics {
    */
   countRequest(route: string, status: number, by?: number): void;
   /**
+   * Reads `probe` at each scrape into `sluice_gateway_ready` (1: `/readyz` would answer 200): set once
+   * the gateway runs; 0 until then, and when the probe fails.
+   */
+  observeReadiness(probe: () => Promise<boolean>): void;
+  /**
    * Counts `frames` SSE frames (1 by default) written in one write of `bytes` bytes (UTF-8 length,
    * `\n\n` included). Runs per write per client: two counter increments, no allocation.
    */
@@ -244,6 +249,17 @@ export function createGatewayMetrics(registry: Registry = new Registry(), option
     registers,
   });
 
+  let readinessProbe: (() => Promise<boolean>) | undefined;
+  const ready: Gauge = new Gauge({
+    name: 'sluice_gateway_ready',
+    help: 'Whether this gateway would answer /readyz with 200 (not draining, Redis answers, a worker is live): 1 or 0, read at each scrape. Pages on an outage while no request comes in.',
+    registers,
+    async collect() {
+      const probe = readinessProbe;
+      ready.set(probe !== undefined && (await probe().catch(() => false)) ? 1 : 0);
+    },
+  });
+
   // Series that exist from the first scrape, so rate() and increase() see their first increment.
   for (const stage of REQUEST_STAGES) disconnects.labels(stage).inc(0);
   for (const outcome of REQUEST_OUTCOMES) requestOutcomes.labels(outcome).inc(0);
@@ -295,6 +311,9 @@ export function createGatewayMetrics(registry: Registry = new Registry(), option
     sseBytes,
     rejected,
     keyUsage: createKeyUsageMetrics(registry, options.maxKeys),
+    observeReadiness(probe) {
+      readinessProbe = probe;
+    },
     countRequest(route, status, by = 1) {
       requests.labels(route, String(status)).inc(by);
     },
