@@ -28,7 +28,8 @@ async function main(): Promise<void> {
       configureApp: (app) =>
         app.get('/metrics', async (c) => c.body(await metrics.registry.metrics(), 200, { 'Content-Type': metrics.registry.contentType })),
     });
-    metrics.observeReadiness(gateway.ready);
+    const running = gateway;
+    metrics.observeReadiness(() => running.ready());
   } catch (error) {
     if (error instanceof AccessConfigError || error instanceof ListenError || error instanceof RedisConnectError) {
       logger.fatal(error.message);
