@@ -4,6 +4,17 @@ import type { ParsedRequest } from './openai/request-schemas.js';
 import type { ModelTokenizer } from './tokenizer-cache.js';
 import type { ServedModel } from './worker-registry.js';
 
+/** A prompt that fits the model, and the completion tokens it may have. */
+export interface CheckedPrompt {
+  ids: number[];
+  /**
+   * The client's `max_tokens`, or its default resolved here (to the context left, within the smallest
+   * KV cache of the model's workers): the job carries it, so the limit does not depend on which
+   * worker runs the request or continues it.
+   */
+  maxTokens: number;
+}
+
 /**
  * The prompt's token ids, checked against the model as the engine would check them: every refusal
  * that depends only on the request is an HTTP 4xx here, before the 200, whatever the load (a worker
@@ -11,12 +22,12 @@ import type { ServedModel } from './worker-registry.js';
  * @param promptParam the client's field of this prompt (`prompt[k]` for prompt k of a batch)
  * @throws GatewayError `invalid_request` or `context_length_exceeded`, naming the client's field
  */
-export function promptTokenIds(
+export function checkPrompt(
   request: ParsedRequest,
   tokenizer: ModelTokenizer,
   model: ServedModel,
   promptParam: string = request.endpoint === 'chat' ? 'messages' : 'prompt',
-): number[] {
+): CheckedPrompt {
   const input = request.input;
   const maxContext = Math.min(tokenizer.maxContextLength, model.maxContextLength);
   // A prompt whose byte length alone proves it cannot fit is refused unencoded: encoding megabytes
@@ -79,7 +90,7 @@ export function promptTokenIds(
       request.sampling.maxTokens === undefined ? 'n' : request.maxTokensParam,
     );
   }
-  return ids;
+  return { ids, maxTokens };
 }
 
 function tooLong(message: string, param: string): GatewayError {

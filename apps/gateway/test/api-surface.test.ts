@@ -53,6 +53,34 @@ describe('the endpoints peers have', () => {
   });
 });
 
+describe('the job a request becomes', () => {
+  // A worker used to resolve the default from its own KV cache: workers of one model with different
+  // MAX_CACHED_TOKENS gave one request different lengths, and a continuation on a smaller one was
+  // refused mid-answer (its limit below the tokens already sent).
+  it.each([
+    [
+      'a chat without max_tokens: the context left after the prompt',
+      '/v1/chat/completions',
+      { messages: [{ role: 'user', content: 'hi' }] },
+      98,
+    ],
+    ['a completion without max_tokens: its default', '/v1/completions', { prompt: 'hi' }, 16],
+    [
+      'a chat with max_completion_tokens',
+      '/v1/chat/completions',
+      { messages: [{ role: 'user', content: 'hi' }], max_completion_tokens: 7 },
+      7,
+    ],
+  ])('carries its completion limit resolved by the gateway: %s', async (_what, path, body, maxTokens) => {
+    const h = await start();
+    const job = h.nextJob();
+    const reply = post(h, path, { model: 'm', stream: true, ...body });
+    expect((await job).sampling.maxTokens).toBe(maxTokens);
+    h.send([{ type: 'rejected', error: { code: 'internal', message: 'x', param: null } }]);
+    await (await reply).text();
+  });
+});
+
 describe('request features peers have', () => {
   it('puts system_fingerprint on every chunk and the usage so far on every chunk with continuous_usage_stats', async () => {
     const h = await start();

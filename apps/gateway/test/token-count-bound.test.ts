@@ -5,7 +5,7 @@ import { describe, expect, it } from 'vitest';
 import { loadPromptModel, readPromptFiles, type PromptModel } from '@sluice/model';
 import { GatewayError } from '../src/errors.js';
 import { parseChatRequest, parseCompletionRequest } from '../src/openai/request-schemas.js';
-import { promptTokenIds } from '../src/prompt-tokens.js';
+import { checkPrompt } from '../src/prompt-tokens.js';
 import { tokenCountBound } from '../src/token-count-bound.js';
 import { modelTokenizer } from '../src/tokenizer-cache.js';
 
@@ -101,7 +101,7 @@ describe('a prompt too long for the context', () => {
     const request = parseChatRequest({ model: 'tiny', messages: [{ role: 'user', content: 'word '.repeat(800_000) }] });
     let refusal: unknown;
     try {
-      promptTokenIds(request, tokenizer, model);
+      checkPrompt(request, tokenizer, model);
     } catch (error) {
       refusal = error;
     }
@@ -116,11 +116,11 @@ describe('a prompt too long for the context', () => {
   it('is encoded and served when its bytes could still fit: 2000 special tokens of 13 bytes each', async () => {
     const { tokenizer, calls } = await countingTokenizer();
     const request = parseCompletionRequest({ model: 'tiny', prompt: '<|endoftext|>'.repeat(2000), max_tokens: 16 });
-    expect(promptTokenIds(request, tokenizer, model)).toHaveLength(2000);
+    expect(checkPrompt(request, tokenizer, model).ids).toHaveLength(2000);
     expect(calls.encode).toBe(1);
     // One more token's worth of bytes than the context holds: refused unencoded, as encoding would refuse it.
     const over = parseCompletionRequest({ model: 'tiny', prompt: '<|endoftext|>'.repeat(2048) });
-    expect(() => promptTokenIds(over, tokenizer, model)).toThrow(/at least 2048 tokens/);
+    expect(() => checkPrompt(over, tokenizer, model)).toThrow(/at least 2048 tokens/);
     expect(calls.encode).toBe(1);
   });
 });

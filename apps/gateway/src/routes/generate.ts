@@ -4,7 +4,7 @@ import { batchRequestId, type JobInput, type StreamFormat } from '@sluice/protoc
 import type { AppDeps } from '../app.js';
 import { ClientPresence } from '../client-presence.js';
 import { GatewayError } from '../errors.js';
-import { promptTokenIds } from '../prompt-tokens.js';
+import { checkPrompt } from '../prompt-tokens.js';
 import { checkInputLimits } from '../openai/input-limits.js';
 import { readJsonBody } from '../read-json-body.js';
 import { parseChatRequest, parseCompletionRequest, type Endpoint } from '../openai/request-schemas.js';
@@ -54,9 +54,10 @@ export function generateHandler(deps: AppDeps, endpoint: Endpoint) {
       // Gone before anything was taken: refused as a client that left mid-body is (nobody gets the reply).
       if (client.gone) throw new GatewayError('client_closed');
       // A refusal of prompt k of a batch names it: `prompt[k]`.
-      const promptIds = prompts.map((input, k) =>
-        promptTokenIds({ ...request, input }, tokenizer, served, request.prompts === undefined ? undefined : `prompt[${k}]`),
+      const checked = prompts.map((input, k) =>
+        checkPrompt({ ...request, input }, tokenizer, served, request.prompts === undefined ? undefined : `prompt[${k}]`),
       );
+      const promptIds = checked.map((prompt) => prompt.ids);
 
       const formatOptions: ResponseFormatOptions = { fingerprint: systemFingerprint(request.model) };
       if (request.echo === true) formatOptions.echo = echoTexts(prompts, request.n, tokenizer);
@@ -169,7 +170,7 @@ export function generateHandler(deps: AppDeps, endpoint: Endpoint) {
                 channel,
                 model: request.model,
                 input: { kind: 'tokens', promptTokenIds },
-                sampling: request.sampling,
+                sampling: { ...request.sampling, maxTokens: checked[k]!.maxTokens },
                 defaultMaxTokens: request.defaultMaxTokens,
                 resumeGraceMs: graceMs,
                 enqueuedAt: Date.now(),
