@@ -268,39 +268,20 @@ export class JobProcessor {
     if (job.continuation !== undefined) reads.xrange(names.logKey(job.requestId), '-', '+');
     const state = reads.exec();
     state.catch(() => undefined);
-    const promptTokenIds = this.encode(job);
-    if (!Array.isArray(promptTokenIds)) return this.reject(route, promptTokenIds, logger);
+    const encoded = this.encode(job);
     const maxContext = engine.info.maxContextLength;
-    if (promptTokenIds.length >= maxContext) {
-      return this.reject(
-        route,
-        {
-          code: 'context_length_exceeded',
-          message: `This model's maximum context length is ${maxContext} tokens. However, your prompt is ${promptTokenIds.length} tokens long.`,
-          param: 'prompt',
-        },
-        logger,
-      );
-    }
+    const promptTokenIds = Array.isArray(encoded) ? encoded : [];
     const maxTokens = resolveMaxTokens(job.sampling.maxTokens, job.defaultMaxTokens, {
       promptTokens: promptTokenIds.length,
       maxContextLength: maxContext,
       maxCachedTokens: engine.info.maxCachedTokens,
       n: job.sampling.n ?? 1,
     });
-    if (promptTokenIds.length + maxTokens > maxContext) {
-      return this.reject(
-        route,
-        {
-          code: 'context_length_exceeded',
-          message:
-            `This model's maximum context length is ${maxContext} tokens. However, you requested ` +
-            `${promptTokenIds.length + maxTokens} tokens (${promptTokenIds.length} in the prompt, ${maxTokens} for the completion).`,
-          param: 'max_tokens',
-        },
-        logger,
-      );
-    }
+    const refusal = Array.isArray(encoded) ? lengthRefusal(promptTokenIds.length, maxTokens, maxContext) : encoded;
+    // A first attempt is refused now (its log is empty); a continuation (a worker with a smaller
+    // context than the lost one's) once its log is read: its rejection goes after the entries there,
+    // not over the first of them (the append failed, and the stream hung until its idle timeout).
+    if (refusal !== undefined && job.continuation === undefined) return this.reject(route, refusal, logger);
 
     // zod's optional fields may hold `undefined`; the engine's options must not.
     const sampling = Object.fromEntries(
@@ -415,8 +396,10 @@ export class JobProcessor {
         });
         return false;
       }
+      if (refusal !== undefined) return this.reject(route, refusal, logger);
       const seed = log.seed ?? sampling.seed;
       const open = openChoices(log);
+      let submitted = 0;
       try {
         for (const index of open) {
           const partId = `${job.requestId}#${index}`;
@@ -430,8 +413,11 @@ export class JobProcessor {
             },
             signal,
           );
+          submitted++;
         }
       } catch (error) {
+        // The choices already submitted must not decode on for a request that ends here.
+        if (submitted > 0) route.abort('rejected');
         if (isEngineError(error)) return this.reject(route, toWireError(error.code, error.message), logger);
         throw error;
       }
@@ -602,4 +588,25 @@ export class JobProcessor {
     this.deps.router.push(route, { type: 'rejected', error });
     return false;
   }
+}
+
+/** The request cannot fit this worker's context: its prompt alone, or with its completion. */
+function lengthRefusal(promptTokens: number, maxTokens: number, maxContext: number): WireError | undefined {
+  if (promptTokens >= maxContext) {
+    return {
+      code: 'context_length_exceeded',
+      message: `This model's maximum context length is ${maxContext} tokens. However, your prompt is ${promptTokens} tokens long.`,
+      param: 'prompt',
+    };
+  }
+  if (promptTokens + maxTokens > maxContext) {
+    return {
+      code: 'context_length_exceeded',
+      message:
+        `This model's maximum context length is ${maxContext} tokens. However, you requested ` +
+        `${promptTokens + maxTokens} tokens (${promptTokens} in the prompt, ${maxTokens} for the completion).`,
+      param: 'max_tokens',
+    };
+  }
+  return undefined;
 }

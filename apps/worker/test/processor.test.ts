@@ -406,6 +406,46 @@ describe('a first attempt starts in the engine while its checks are out', () => 
     await h.close();
   });
 
+  it("stops a continuation's choices already submitted when the engine refuses a later one", async () => {
+    const refusal = Object.assign(new Error('continuation.generatedTokenIds must be fewer than maxTokens.'), {
+      name: 'EngineError',
+      code: 'invalid_request',
+    });
+    const h = await harness(redis, (request) => (request.id.endsWith('#1') ? refusal : undefined));
+    const j = job('gw-part-refused', { sampling: { maxTokens: 8, n: 2 }, continuation: { attempt: 2 } });
+    await writeMeta(j, { attempt: '2' });
+    const sent = [
+      { requestId: j.requestId, seq: 0, type: 'accepted', workerId: 'w-lost', promptTokens: 3, seed: 7 },
+      { requestId: j.requestId, seq: 1, type: 'text-delta', index: 0, text: 'a', tokenIds: [5], tokens: 1 },
+    ];
+    for (const entry of sent) await redis.xadd(names.logKey(j.requestId), `${entry.seq}-1`, LOG_FIELD, JSON.stringify(entry));
+    await h.processor.process(j, 1);
+    await h.router.drained();
+    expect(h.submitted.map((s) => s.request.id)).toEqual([`${j.requestId}#0`]);
+    expect(h.submitted[0]!.signal!.aborted).toBe(true);
+    expect((await logOf(j.requestId)).slice(sent.length).map((e) => e.type)).toEqual(['rejected']);
+    await h.close();
+  });
+
+  it('rejects a continuation that does not fit its context after the entries already in its log', async () => {
+    const h = await harness();
+    // The lost worker held a larger context: 200 completion tokens do not fit this one's 100.
+    const j = job('gw-cont-too-long', { sampling: { maxTokens: 200 }, continuation: { attempt: 2 } });
+    await writeMeta(j, { attempt: '2' });
+    const sent = [
+      { requestId: j.requestId, seq: 0, type: 'accepted', workerId: 'w-lost', promptTokens: 3, seed: 7 },
+      { requestId: j.requestId, seq: 1, type: 'text-delta', index: 0, text: 'a', tokenIds: [5], tokens: 1 },
+    ];
+    for (const entry of sent) await redis.xadd(names.logKey(j.requestId), `${entry.seq}-1`, LOG_FIELD, JSON.stringify(entry));
+    await h.processor.process(j, 1);
+    await h.router.drained();
+    expect(h.submitted).toEqual([]);
+    expect((await logOf(j.requestId)).slice(sent.length)).toMatchObject([
+      { seq: 2, attempt: 2, type: 'rejected', error: { code: 'context_length_exceeded', param: 'max_tokens' } },
+    ]);
+    await h.close();
+  });
+
   it("answers an engine's refusal with a rejection naming the field, after the checks", async () => {
     const refusal = Object.assign(new Error('Request x: topP must be in (0, 1]'), { name: 'EngineError', code: 'invalid_request' });
     const h = await harness(redis, () => refusal);
