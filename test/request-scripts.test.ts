@@ -37,4 +37,38 @@ describe('request scripts on a real Redis', () => {
     expect(ttl).toBeGreaterThan(50_000);
     expect(ttl).toBeLessThanOrEqual(60_000);
   });
+
+  describe("a lost worker's request moved to a new attempt", () => {
+    const names = redisNames('m');
+    let scripts: RequestScripts;
+    beforeAll(() => {
+      scripts = new RequestScripts(redis, names);
+    });
+    const format = { endpoint: 'chat' as const, model: 'm', created: 7, includeUsage: false, n: 1, maxTokensParam: 'max_tokens' as const };
+    const create = async (id: string, channel: string, detachedAt?: number) => {
+      const meta = { channel, graceMs: 500, attempt: 1, enqueuedAt: 11, deadlineAt: Date.now() + 60_000, format };
+      await scripts.createMeta(id, encodeRequestMeta(meta), 60_000);
+      await redis.hset(names.metaKey(id), 'workerId', 'w-lost', 'detachedAt', detachedAt ?? '');
+    };
+    const meta = async (id: string) => decodeRequestMeta(await redis.hgetall(names.metaKey(id)));
+
+    it('routes live entries to the gateway that moves it when the route is its own, or detached', async () => {
+      await create('own', 'gw-a');
+      await expect(scripts.migrate('own', 1, 'w-lost', 3, 'gw-a')).resolves.toEqual([1, 2]);
+      expect(await meta('own')).toMatchObject({ attempt: 2, channel: 'gw-a' });
+      await create('det', '', 5);
+      await expect(scripts.migrate('det', 1, 'w-lost', 3, '')).resolves.toEqual([1, 2]);
+      expect(await meta('det')).toMatchObject({ attempt: 2, channel: '', detachedAt: 5 });
+    });
+
+    it("keeps the route of a request resumed on another gateway since the mover read it (a stale session's move, a detached request's move)", async () => {
+      await create('stale', 'gw-b');
+      await expect(scripts.migrate('stale', 1, 'w-lost', 3, 'gw-a')).resolves.toEqual([1, 2]);
+      expect(await meta('stale')).toMatchObject({ attempt: 2, channel: 'gw-b' });
+      await create('resumed', 'gw-b');
+      await expect(scripts.migrate('resumed', 1, 'w-lost', 3, '')).resolves.toEqual([1, 2]);
+      expect(await meta('resumed')).toMatchObject({ attempt: 2, channel: 'gw-b' });
+      expect((await meta('resumed'))?.detachedAt).toBeUndefined();
+    });
+  });
 });

@@ -96,7 +96,10 @@ return 1
 
 /**
  * Moves a request to a new attempt because its worker was lost (or hands it over while draining):
- * fences the old attempt out of the log, and routes live entries to the migrating gateway. KEYS: meta.
+ * fences the old attempt out of the log, and routes live entries to the migrating gateway — unless the
+ * request was routed to another gateway since the caller read it (a resume there): then its route
+ * stays (a stale session's move used to take the stream from the gateway its client reads, and a
+ * detached request's move to detach again a request resumed meanwhile). KEYS: meta.
  * ARGV: the attempt the caller saw, the lost worker's id, max migrations, the channel ('' keeps a
  * detached request detached), and now (ms, for a detach only the worker knew of). Returns [1, new attempt] when
  * moved, [0, current attempt] when someone else moved it already (or the worker is not the lost one),
@@ -109,7 +112,10 @@ if attempt ~= tonumber(ARGV[1]) then return {0, attempt} end
 local worker = redis.call('HGET', KEYS[1], 'workerId')
 if worker and worker ~= '' and worker ~= ARGV[2] then return {0, attempt} end
 if attempt > tonumber(ARGV[3]) then return {2, attempt} end
-if ARGV[4] == '' then
+local channel = redis.call('HGET', KEYS[1], 'channel')
+if channel and channel ~= '' and channel ~= ARGV[4] then
+  redis.call('HSET', KEYS[1], 'attempt', attempt + 1, 'workerId', '')
+elseif ARGV[4] == '' then
   -- Moved while detached (a draining worker hands it over): it stays detached, its grace counted
   -- from when it detached (or from now, ARGV[5], if only the worker knew).
   local detached = redis.call('HGET', KEYS[1], 'detachedAt')
