@@ -1,3 +1,4 @@
+import { randomBytes } from 'node:crypto';
 import type { AddressInfo } from 'node:net';
 import { serve, type ServerType } from '@hono/node-server';
 import { Queue } from 'bullmq';
@@ -73,7 +74,10 @@ const REDIS_OUTAGE_MS = 2_000;
 export async function startGateway(config: GatewayConfig, logger: Logger, options: StartGatewayOptions = {}): Promise<RunningGateway> {
   const hooks = options.hooks ?? {};
   const names = redisNames(config.redisPrefix);
-  const channel = names.gatewayChannel(config.gatewayId);
+  // One channel per process, not per GATEWAY_ID: a gateway restarted under the same id (docker-compose's
+  // fixed ids) received its predecessor's entries and refreshed the alive key of that channel, so the
+  // dead process's streams were never seen as a dead gateway's and decoded unseen to max_tokens.
+  const channel = names.gatewayChannel(`${config.gatewayId}.${randomBytes(4).toString('hex')}`);
   // Commands fail fast while Redis is away (the request gets a 503) instead of queueing forever, and
   // every connection retries every ≤ 250 ms: ioredis's default backoff grows to 2 s, so a gateway
   // could stay unready for seconds after Redis returned.
@@ -272,7 +276,7 @@ export async function startGateway(config: GatewayConfig, logger: Logger, option
   const address = server.address() as AddressInfo;
   const host = config.host === '0.0.0.0' || config.host === '::' ? '127.0.0.1' : config.host;
   const url = `http://${host}:${address.port}`;
-  logger.info({ url, gatewayId: config.gatewayId, workers: registry.liveWorkerCount }, 'gateway listening');
+  logger.info({ url, gatewayId: config.gatewayId, channel, workers: registry.liveWorkerCount }, 'gateway listening');
 
   const drain = async (): Promise<void> => {
     if (phase !== 'serving') return;

@@ -17,7 +17,7 @@ export function redisNames(prefix: string = DEFAULT_PREFIX) {
   return {
     /** BullMQ key prefix (BullMQ builds `${bullPrefix}:${queue}:...`). */
     bullPrefix: `${prefix}:bull`,
-    /** The one channel of a gateway instance: every message for its requests arrives here. */
+    /** The one channel of a gateway process (`<GATEWAY_ID>.<boot id>`): every message for its requests arrives here. */
     gatewayChannel: (gatewayId: string) => `${prefix}:gw:${gatewayId}`,
     /** The channel every worker subscribes to for cancels and route changes (control messages). */
     controlChannel: `${prefix}:control`,
