@@ -157,6 +157,24 @@ describe('KeyAdmission: a delivery whose work goes on', () => {
     await admit(auth, 'r2');
   });
 
+  it.each<[string, ApiKeyLimits]>([
+    ['a tpm key', { tpm: 10_000 }],
+    ['a tpm key with max-streams', { tpm: 10_000, maxStreams: 1 }],
+  ])('leaves the reservation to a resume when the old connection ends after it without a grace (%s)', async (_what, limits) => {
+    const { auth } = await newKey(limits);
+    const grant = await admit(auth, 'r1');
+    const resumedEnded = admission.resumed(auth, 'r1', Date.now() + 120_000, GRACE_MS);
+    await new Promise((resolve) => setTimeout(resolve, 100));
+    // The old connection closes late, its client gone without a grace, having written 5 tokens: it
+    // used to settle the reservation to 8 while the generation ran on for the resume.
+    end(grant, { outcome: 'disconnect' }, 0);
+    await new Promise((resolve) => setTimeout(resolve, 100));
+    expect(await limiter.tokensInWindow(auth.hash)).toBe(43);
+    // The resume's end settles it (a stop after 30 tokens).
+    resumedEnded({ end: { outcome: 'stop' }, status: 200, promptTokens: 3, completionTokens: 30 });
+    await expect.poll(() => limiter.tokensInWindow(auth.hash)).toBe(33);
+  });
+
   it('leaves the slot to a stream resumed on another gateway when the old connection ends after it, however it ends (B2)', async () => {
     for (const info of [{ outcome: 'disconnect', detached: true }, { outcome: 'stop' }] satisfies RequestEnd[]) {
       const { auth } = await newKey({ maxStreams: 1 });

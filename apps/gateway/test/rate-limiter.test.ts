@@ -107,13 +107,29 @@ describe('RateLimiter stream slots', () => {
     expect(await owners()).toEqual({});
   });
 
-  it('settles the tokens of a delivery that no longer owns the slot', async () => {
+  it('leaves the tokens and the slot of a request to the delivery that owns it (a resume), which settles them', async () => {
     await admit('r1', 'admitted', { maxStreams: 1, tpm: 1_000 }, 300);
     expect(await limiter.tokensInWindow(KEY)).toBe(300);
     await limiter.claim(KEY, 'r1', 'resume', 60_000);
-    expect(await limiter.settle(KEY, 'r1', 'admitted', 120, 0)).toBe(-180);
-    expect(await limiter.tokensInWindow(KEY)).toBe(120);
+    // The delivery the resume took over ends late, having seen 120 tokens: it used to settle them.
+    expect(await limiter.settle(KEY, 'r1', 'admitted', 120, 0)).toBe(0);
+    expect(await limiter.tokensInWindow(KEY)).toBe(300);
     expect(await slotLeft('r1')).toBeGreaterThan(50_000);
+    expect(await limiter.settle(KEY, 'r1', 'resume', 250, 0)).toBe(-50);
+    expect(await limiter.tokensInWindow(KEY)).toBe(250);
+    expect(await slotLeft('r1')).toBeUndefined();
+  });
+
+  it('fences the tokens of a key without --max-streams by their owner too, and settles a reservation made before owners', async () => {
+    await limiter.admit(KEY, { tpm: 1_000 }, 'r1', 300, LEASE_MS, 'admitted');
+    await limiter.claim(KEY, 'r1', 'resume', 60_000, false);
+    expect(await redis.exists(keys[4]!, keys[5]!)).toBe(0);
+    expect(await limiter.settle(KEY, 'r1', 'admitted', 120, 0)).toBe(0);
+    expect(await limiter.settle(KEY, 'r1', 'resume', 200, 0)).toBe(-100);
+    await limiter.admit(KEY, { tpm: 1_000 }, 'r2', 300, LEASE_MS, 'admitted');
+    await redis.hdel(keys[6]!, 'r2');
+    expect(await limiter.settle(KEY, 'r2', 'anyone', 100, 0)).toBe(-200);
+    expect(await limiter.tokensInWindow(KEY)).toBe(300);
   });
 
   it('does not make a slot for a key without --max-streams when its delivery detaches', async () => {

@@ -189,7 +189,9 @@ export class KeyAdmission {
     const { maxStreams, tpm } = key.record.limits;
     const slots = maxStreams !== undefined;
     const failed = (error: unknown) => this.#logger.warn({ err: error, requestId }, 'holding a resumed stream slot failed');
-    if (slots) void this.#limiter.claim(key.hash, requestId, owner, Math.max(1, deadlineAt - Date.now()) + SLOT_SLACK_MS).catch(failed);
+    if (slots || tpm !== undefined) {
+      void this.#limiter.claim(key.hash, requestId, owner, Math.max(1, deadlineAt - Date.now()) + SLOT_SLACK_MS, slots).catch(failed);
+    }
     return (info) => {
       if (workGoesOn(info.end)) {
         if (slots) void this.#limiter.hold(key.hash, requestId, owner, graceMs + SLOT_SLACK_MS).catch(failed);

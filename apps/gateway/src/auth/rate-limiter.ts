@@ -18,7 +18,10 @@ import type { ApiKeyLimits } from './api-key.js';
  * - tokens: a sliding log of reservations (request id → tokens, plus their running total): a request
  *   reserves its worst case (prompt bound + max_tokens × n) and is refused when the window's total
  *   would exceed `tpm`; when it ends, its entry is settled to the real usage (the total shrinks), so
- *   concurrent requests can never overshoot and the window counts what was really used.
+ *   concurrent requests can never overshoot and the window counts what was really used. The
+ *   reservation has an owner too (request id → token, as the slot's): only the delivery that owns it
+ *   settles it, so an older delivery that ends after a resume took the stream over (the old connection
+ *   closing late, having written a few tokens) cannot settle it below what the generation uses.
  * - streams: a sorted set of request ids scored by a lease expiry, removed when the request ends (a
  *   gateway that dies mid-stream leaks its slots only until the lease, the request deadline, passes).
  *   Each slot has an owner (a hash beside it, request id → token): the delivery that holds it — the
@@ -58,6 +61,7 @@ if tpm > 0 then
   for _, member in ipairs(old) do
     total = total - tonumber(redis.call('HGET', KEYS[3], member) or '0')
     redis.call('HDEL', KEYS[3], member)
+    redis.call('HDEL', KEYS[7], member)
   end
   if #old > 0 then
     redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - window)
@@ -104,9 +108,10 @@ if refused == '' then
   if tpm > 0 then
     redis.call('ZADD', KEYS[2], now, id)
     redis.call('HSET', KEYS[3], id, cost)
+    redis.call('HSET', KEYS[7], id, owner)
     total = total + cost
     redis.call('SET', KEYS[4], total)
-    for i = 2, 4 do redis.call('PEXPIRE', KEYS[i], window + lease) end
+    for _, i in ipairs({2, 3, 4, 7}) do redis.call('PEXPIRE', KEYS[i], window + lease) end
   end
   if maxStreams > 0 then
     redis.call('ZADD', KEYS[5], now + lease, id)
@@ -147,12 +152,16 @@ if redis.call('HGET', KEYS[6], id) == owner then
   end
 end`;
 
-/** Settles a request's token reservation to ARGV[2] used tokens (always), then its slot as {@link HOLD_SLOT}. */
+/**
+ * Settles a request's token reservation to ARGV[2] used tokens if `owner` owns it (or nobody does: one
+ * admitted before owners), then its slot as {@link HOLD_SLOT}.
+ */
 const SETTLE = `
 local id, used, owner, holdMs = ARGV[1], tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
 local reserved = redis.call('HGET', KEYS[3], id)
+local tokenOwner = redis.call('HGET', KEYS[7], id)
 local delta = 0
-if reserved then
+if reserved and (not tokenOwner or tokenOwner == owner) then
   -- Still in the window: its reservation becomes what it really used.
   delta = used - tonumber(reserved)
   redis.call('HSET', KEYS[3], id, used)
@@ -170,11 +179,14 @@ return 1
 `;
 
 /**
- * A resume takes request `id`'s slot, whoever held it: owner ARGV[2], held ARGV[3] ms from now. Not
- * counted against max-streams: the request was admitted once, and a resume only moves its delivery.
+ * A resume takes request `id`'s token reservation (while it is in the window) and, with ARGV[4] = 1,
+ * its slot, whoever held them: owner ARGV[2], the slot held ARGV[3] ms from now. Not counted against
+ * max-streams: the request was admitted once, and a resume only moves its delivery.
  */
 const CLAIM = `
 local id, owner, holdMs = ARGV[1], ARGV[2], tonumber(ARGV[3])
+if redis.call('HEXISTS', KEYS[3], id) == 1 then redis.call('HSET', KEYS[7], id, owner) end
+if ARGV[4] ~= '1' then return 1 end
 redis.call('HSET', KEYS[6], id, owner)
 ${HOLD_SLOT}
 return 1
@@ -233,7 +245,15 @@ export class RateLimiter {
   /** The Redis keys of one API key's limits; one hash tag, so a Redis Cluster keeps them in one slot. */
   keys(keyHash: string): string[] {
     const base = `${this.#prefix}:ratelimit:{${keyHash}}`;
-    return [`${base}:requests`, `${base}:tokens`, `${base}:token-costs`, `${base}:token-total`, `${base}:streams`, `${base}:stream-owners`];
+    return [
+      `${base}:requests`,
+      `${base}:tokens`,
+      `${base}:token-costs`,
+      `${base}:token-total`,
+      `${base}:streams`,
+      `${base}:stream-owners`,
+      `${base}:token-owners`,
+    ];
   }
 
   /**
@@ -275,9 +295,12 @@ export class RateLimiter {
     return (await settleScript.run(this.#redis, this.keys(keyHash), [requestId, tokens, owner, holdMs])) as number;
   }
 
-  /** A resume takes a request's stream slot with its own `owner` token, held for `holdMs` from now. */
-  async claim(keyHash: string, requestId: string, owner: string, holdMs: number): Promise<void> {
-    await claimScript.run(this.#redis, this.keys(keyHash), [requestId, owner, holdMs]);
+  /**
+   * A resume takes a request's token reservation and (`slot`) its stream slot with its own `owner`
+   * token, the slot held for `holdMs` from now.
+   */
+  async claim(keyHash: string, requestId: string, owner: string, holdMs: number, slot = true): Promise<void> {
+    await claimScript.run(this.#redis, this.keys(keyHash), [requestId, owner, holdMs, slot ? 1 : 0]);
   }
 
   /** A resumed delivery ended: its slot held for `holdMs` from now, or freed (0), if `owner` still holds it. */
