@@ -27,17 +27,35 @@ export class ControlListener {
       try {
         const message = decodeControlMessage(raw);
         if (message.type === 'route') {
-          if (message.channel === null) this.router.detach(message.requestId, message.from ?? null);
-          else this.router.attach(message.requestId, message.channel);
+          // The meta, not the message, says where the request goes now: two gateways' route messages
+          // (two resumes) can arrive in the other order, and the older one used to win.
+          this.router.resyncRoutes([message.requestId]).catch((error: unknown) => {
+            this.logger.warn({ err: error, requestId: message.requestId }, 'reading a route failed: applying its message');
+            if (message.channel === null) this.router.detach(message.requestId, message.from ?? null);
+            else this.router.attach(message.requestId, message.channel);
+          });
           return;
         }
         for (const requestId of message.requestIds) {
           const controller = this.running.get(requestId);
           if (controller === undefined) continue;
-          // A gateway's cancel applies only while the request still routes to it (not after a resume elsewhere).
-          if (message.channel !== undefined && this.router.channelOf(requestId) !== message.channel) continue;
-          this.logger.debug({ requestId, reason: message.reason }, 'cancel');
-          controller.abort(message.reason);
+          const from = message.channel;
+          if (from === undefined) {
+            this.cancel(requestId, controller, message.reason);
+            continue;
+          }
+          // A gateway's cancel applies only while the request still routes to it (not after a resume
+          // elsewhere), as its meta says: this worker's own view may not have heard of the latest move.
+          this.router.routeOf(requestId).then(
+            (route) => {
+              const routed = route === undefined ? this.router.channelOf(requestId) : route;
+              if (routed === from) this.cancel(requestId, controller, message.reason);
+            },
+            (error: unknown) => {
+              this.logger.warn({ err: error, requestId }, 'reading a route failed: checking the cancel against this worker’s view');
+              if (this.router.channelOf(requestId) === from) this.cancel(requestId, controller, message.reason);
+            },
+          );
         }
       } catch (error) {
         this.logger.error({ err: error }, 'malformed control message dropped');
@@ -53,6 +71,11 @@ export class ControlListener {
     });
     await this.subscriber.subscribe(this.channel);
     this.subscribedOnce = true;
+  }
+
+  private cancel(requestId: string, controller: AbortController, reason: string): void {
+    this.logger.debug({ requestId, reason }, 'cancel');
+    controller.abort(reason);
   }
 
   register(requestId: string, controller: AbortController): void {

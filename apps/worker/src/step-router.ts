@@ -150,6 +150,15 @@ export class StepRouter {
     for (const id of [route.requestId, ...route.aliases]) if (this.#routes.get(id) === route) this.#routes.delete(id);
   }
 
+  /**
+   * Where the request's meta routes it now (null: detached; undefined: no meta): what a gateway's
+   * cancel is checked against before it stops the work.
+   */
+  async routeOf(requestId: string): Promise<string | null | undefined> {
+    const channel = await this.#redis.hget(this.options.names.metaKey(requestId), 'channel');
+    return channel === null ? undefined : channel === '' ? null : channel;
+  }
+
   /** Where the request's live entries go now (null: detached; undefined: not running here). */
   channelOf(requestId: string): string | null | undefined {
     return this.#routes.get(requestId)?.channel;
@@ -304,12 +313,14 @@ export class StepRouter {
   }
 
   /**
-   * Route messages sent while this worker's control subscriber was away (reconnecting) never came:
-   * each running request's route is read again from its meta, the authority, and applied (a detach
-   * starts its grace from when it happened).
+   * Reads the routes of running requests (`requestIds`, else all) again from their metas, the
+   * authority, and applies them (a detach starts its grace from when it happened): after the control
+   * subscriber was away (route messages sent meanwhile never came), and for every route message, which
+   * says only that a route changed — two gateways' messages can arrive in either order.
    */
-  async resyncRoutes(): Promise<void> {
-    const routes = [...new Set(this.#routes.values())].filter((route) => !route.ended);
+  async resyncRoutes(requestIds?: readonly string[]): Promise<void> {
+    const all = requestIds === undefined ? [...new Set(this.#routes.values())] : requestIds.map((id) => this.#routes.get(id));
+    const routes = all.filter((route): route is Route => route !== undefined && !route.ended);
     if (routes.length === 0) return;
     const reads = this.#redis.pipeline();
     for (const route of routes) reads.hmget(this.options.names.metaKey(route.requestId), 'channel', 'detachedAt');

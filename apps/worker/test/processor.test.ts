@@ -2,7 +2,15 @@ import { Redis } from 'ioredis';
 import { pino } from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { EngineEvent, GenerateRequest } from '@sluice/engine';
-import { decodeGatewayMessage, encodeRequestMeta, LOG_FIELD, redisNames, type GatewayEntry, type GenerateJob } from '@sluice/protocol';
+import {
+  decodeGatewayMessage,
+  encodeControlMessage,
+  encodeRequestMeta,
+  LOG_FIELD,
+  redisNames,
+  type GatewayEntry,
+  type GenerateJob,
+} from '@sluice/protocol';
 import { startRedis, type RedisServer } from '../../../test/support/redis-server.js';
 import { waitFor } from '../../../test/support/processes.js';
 import { ControlListener } from '../src/control-listener.js';
@@ -67,7 +75,7 @@ async function harness(connection: Redis = redis, refuse?: (request: GenerateReq
    */
   const accepted = (count: number) =>
     waitFor(`${count} accepted`, () => (processor.counters.running === count && submitted.length >= count ? true : undefined));
-  return { processor, router, submitted, finished, lines, step, accepted, close: () => subscriber.quit() };
+  return { processor, router, controls, submitted, finished, lines, step, accepted, close: () => subscriber.quit() };
 }
 
 let jobCount = 0;
@@ -611,6 +619,45 @@ describe('the worker keeps each request route', () => {
     ]);
     await done;
     expect((await logOf(j.requestId)).map((e) => e.type)).toEqual(['accepted', 'text-end', 'finish']);
+    await h.close();
+  });
+
+  it("goes by the meta's route, not by the order route messages arrive in, and by it takes a gateway's cancel or not", async () => {
+    const h = await harness();
+    await h.controls.start();
+    const live = await listen('gw-c');
+    const j = job('gw-a');
+    await writeMeta(j);
+    const run = h.processor.process(j, 1);
+    await h.accepted(1);
+    const signal = h.submitted[0]!.signal!;
+    // Resumed on B, then on C; B's route message arrives last (B was slow).
+    await redis.hset(names.metaKey(j.requestId), 'channel', 'gw-c');
+    await redis.publish(names.controlChannel, encodeControlMessage({ type: 'route', requestId: j.requestId, channel: 'gw-c' }));
+    await redis.publish(names.controlChannel, encodeControlMessage({ type: 'route', requestId: j.requestId, channel: 'gw-b' }));
+    await waitFor('the route read again', () => (h.router.channelOf(j.requestId) === 'gw-c' ? true : undefined));
+    await new Promise((resolve) => setTimeout(resolve, 100));
+    expect(h.router.channelOf(j.requestId)).toBe('gw-c');
+    // B's client leaves: its cancel must not stop the work C's client reads, whatever this worker's view.
+    h.router.attach(j.requestId, 'gw-b');
+    await redis.publish(
+      names.controlChannel,
+      encodeControlMessage({ type: 'cancel', requestIds: [j.requestId], reason: 'client_closed', channel: 'gw-b' }),
+    );
+    await new Promise((resolve) => setTimeout(resolve, 200));
+    expect(signal.aborted).toBe(false);
+    // C's client leaves: that cancel applies.
+    await redis.publish(
+      names.controlChannel,
+      encodeControlMessage({ type: 'cancel', requestIds: [j.requestId], reason: 'client_closed', channel: 'gw-c' }),
+    );
+    await waitFor('cancelled', () => (signal.aborted ? true : undefined));
+    await h.step([
+      [j.requestId, { type: 'text-end', index: 0, finishReason: 'abort' }],
+      [j.requestId, finish(0)],
+    ]);
+    await run;
+    await live.close();
     await h.close();
   });
 
