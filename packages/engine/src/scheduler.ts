@@ -35,7 +35,9 @@ export interface StepPlan<G> {
  *
  * Every running row decodes one token per step; what is left of the step's token budget goes to
  * prompt chunks, first to prompts already being prefilled (oldest first), then to newcomers in
- * arrival order. A newcomer is admitted only while the batch has a free row and the KV cache can
+ * arrival order. A prompt is cut at the same places whatever else runs ({@link nextPiece}): a piece
+ * waits for a step with room for all of it instead of taking what the decode rows leave, so the
+ * calls that prefill it, and with them its logprobs to the last bit, do not depend on the batch. A newcomer is admitted only while the batch has a free row and the KV cache can
  * hold the worst case of every admitted request: the batch is left-padded to its longest row, so
  * the worst case is rows × the longest reservation. The queue is strictly FIFO (no request jumps
  * an older one that does not fit), so a large request cannot starve. No running request is ever
@@ -79,13 +81,16 @@ export class Scheduler<G extends SchedulableGroup> {
 
   plan(): StepPlan<G> {
     const { maxBatchSize, maxStepTokens, maxCachedTokens } = this.#limits;
+    // A prefilling group holds a row: at most maxBatchSize − 1 rows decode beside it, so a piece of
+    // this length always fits the oldest prefilling prompt's step.
+    const piece = Math.max(1, maxStepTokens - maxBatchSize + 1);
     let decodeRows = 0;
     for (const group of this.#running) decodeRows += group.rows;
     let budget = maxStepTokens - decodeRows;
     const prefill: Array<PrefillChunk<G>> = [];
     for (const group of this.#prefilling) {
-      const length = chunkLength(group.promptLength - group.prefilled, budget, maxStepTokens);
-      if (length === 0) break;
+      const length = nextPiece(group.promptLength - group.prefilled, piece);
+      if (length > budget) break;
       prefill.push({ group, start: group.prefilled, length });
       budget -= length;
     }
@@ -101,8 +106,8 @@ export class Scheduler<G extends SchedulableGroup> {
       const nextRows = rows + next.rows;
       const nextLongest = Math.max(longest, next.reservedLength);
       if (nextRows > maxBatchSize || nextRows * nextLongest > maxCachedTokens) break;
-      const length = chunkLength(next.promptLength, budget, maxStepTokens);
-      if (length === 0) break;
+      const length = nextPiece(next.promptLength, piece);
+      if (length > budget) break;
       this.#waiting.shift();
       this.#prefilling.push(next);
       admitted.push(next);
@@ -116,18 +121,16 @@ export class Scheduler<G extends SchedulableGroup> {
 }
 
 /**
- * How many of a prompt's `remaining` tokens a step with `budget` left prefills: all that fit, but no
- * one-token piece of a longer prompt, neither as the cut nor as the rest it leaves (0: it waits for a
- * budget of two). onnxruntime's GroupQueryAttention computes a one-token call on its decode path,
- * whose keys and values differ in the last bits from a longer call's, so a prompt whose last token was
- * prefilled alone would give logprobs that depend on how its prompt was cut (bit-identical otherwise:
- * docs/engine.md, "Batch invariance"). A step budget below two allows nothing else.
+ * The next piece of a prompt with `remaining` tokens left to prefill, pieces of `piece` tokens: all
+ * of them when they fit one piece, else one piece — one token shorter when that would leave a single
+ * token, so that no piece of a longer prompt is one token (onnxruntime's GroupQueryAttention computes a
+ * one-token call on its decode path, whose keys and values differ in the last bits from a longer
+ * call's). A function of the prompt alone: the same cuts in any batch (docs/engine.md, "Batch
+ * invariance"; they used to follow the budget the decode rows left, and so did the logprobs).
  */
-function chunkLength(remaining: number, budget: number, maxStepTokens: number): number {
-  if (remaining <= budget) return remaining;
-  if (maxStepTokens < 2) return Math.max(0, budget);
-  const length = remaining - budget === 1 ? budget - 1 : budget;
-  return length >= 2 ? length : 0;
+function nextPiece(remaining: number, piece: number): number {
+  if (remaining <= piece) return remaining;
+  return remaining - piece === 1 && piece >= 3 ? piece - 1 : piece;
 }
 
 function remove<T>(list: T[], item: T): boolean {

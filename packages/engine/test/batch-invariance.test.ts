@@ -179,3 +179,67 @@ describe.each(ATTENTION_FORMS)('batch invariance, %s attention', (form: Attentio
     expect(steps.at(-1)?.cachedTokens).toBe(0);
   });
 });
+
+/**
+ * In the GroupQueryAttention form a request's logprobs are bit-identical batched or alone on the same
+ * engine: every piece of its prompt is computed by the same calls whatever else runs. The pieces used
+ * to follow the budget the decode rows left (a prompt cut 40 alone, 35 beside five decoding rows), and
+ * onnxruntime's kernels give calls of other lengths other last bits (up to 7.6e-6 seen under churn).
+ */
+describe('GroupQueryAttention form: logprobs to the last bit', () => {
+  let engine: Engine;
+  let remove: () => Promise<void>;
+
+  beforeAll(async () => {
+    const made = await tinyModelDir('gqa');
+    remove = made.remove;
+    engine = await createEngine({ modelDir: made.dir, maxBatchSize: 8, maxStepTokens: 40, intraOpThreads: 1 });
+  });
+
+  afterAll(async () => {
+    await engine?.close();
+    await remove?.();
+  });
+
+  it('gives a long prompt the same logprobs alone and beside decoding rows', async () => {
+    const rand = random(7);
+    const lengths = [34, 41, 65, 73, 97, 113];
+    const requests: GenerateRequest[] = lengths.map((length, i) => ({
+      id: `prompt-${length}`,
+      promptTokenIds: Array.from({ length }, () => 3 + Math.floor(rand() * 1000)),
+      sampling: { maxTokens: 6, temperature: 0, ignoreEos: true, logprobs: true, topLogprobs: 2, seed: i },
+    }));
+    const alone: Collected[] = [];
+    for (const request of requests) alone.push(await collect(engine.generate(request)));
+
+    // Each again, while five long generations decode beside it.
+    for (const [i, request] of requests.entries()) {
+      const controller = new AbortController();
+      const neighbours = Array.from({ length: 5 }, (_, k) =>
+        collect(
+          engine.generate(
+            { id: `neighbour-${i}-${k}`, promptTokenIds: [5 + k, 9, 11], sampling: { maxTokens: 400, temperature: 0, ignoreEos: true } },
+            controller.signal,
+          ),
+        ),
+      );
+      // Counted in steps, not milliseconds: the prompt goes in once the five decode.
+      await new Promise<void>((resolve) => {
+        const off = engine.onStep((stats) => {
+          if (stats.batchSize < 5) return;
+          off();
+          resolve();
+        });
+      });
+      const phases: string[] = [];
+      const off = engine.onStep((stats) => phases.push(stats.phase));
+      const busy = await collect(engine.generate({ ...request, id: `${request.id}-busy` }));
+      off();
+      controller.abort();
+      expect(phases, 'prefilled beside decoding rows').toContain('mixed');
+      await Promise.all(neighbours);
+      expect(busy.tokens, request.id).toEqual(alone[i]!.tokens);
+      expect(busy.logprobs, request.id).toEqual(alone[i]!.logprobs);
+    }
+  });
+});

@@ -29,21 +29,25 @@ function runStep(scheduler: Scheduler<Group>) {
 const limits = { maxBatchSize: 4, maxStepTokens: 16, maxCachedTokens: 10_000 };
 
 describe('Scheduler', () => {
-  it('admits newcomers in arrival order while the step budget lasts', () => {
+  it('admits newcomers in arrival order while their first pieces fit the step budget', () => {
     const scheduler = new Scheduler<Group>(limits);
     const [a, b, c] = [new Group('a', 5, 4), new Group('b', 5, 4), new Group('c', 10, 4)];
     for (const group of [a, b, c]) scheduler.enqueue(group);
-    const plan = runStep(scheduler);
-    expect(plan.admitted.map((g) => g.name)).toEqual(['a', 'b', 'c']);
+    let plan = runStep(scheduler);
+    expect(plan.admitted.map((g) => g.name)).toEqual(['a', 'b']);
     expect(plan.prefill.map((chunk) => [chunk.group.name, chunk.start, chunk.length])).toEqual([
       ['a', 0, 5],
       ['b', 0, 5],
-      ['c', 0, 6],
     ]);
     expect(plan.decodeRows).toBe(0);
+    // c's 10 tokens did not fit the 6 left: whole at the next step, not 6 + 4.
+    plan = runStep(scheduler);
+    expect(plan.admitted.map((g) => g.name)).toEqual(['c']);
+    expect(plan.prefill.map((chunk) => [chunk.group.name, chunk.start, chunk.length])).toEqual([['c', 0, 10]]);
+    expect(plan.decodeRows).toBe(2);
   });
 
-  it('gives running rows one decode token each and the rest of the budget to prompt chunks', () => {
+  it('gives running rows one decode token each and prompt pieces the rest of the budget', () => {
     const scheduler = new Scheduler<Group>(limits);
     const short = new Group('short', 3, 8);
     scheduler.enqueue(short);
@@ -51,40 +55,34 @@ describe('Scheduler', () => {
     const long = new Group('long', 40, 8);
     scheduler.enqueue(long);
     const chunks: number[] = [];
-    for (let step = 0; step < 3; step++) {
+    for (let step = 0; step < 4; step++) {
       const plan = runStep(scheduler);
       expect(plan.decodeRows).toBe(1); // the short request keeps decoding during the long prefill
       chunks.push(...plan.prefill.map((chunk) => chunk.length));
     }
-    expect(chunks).toEqual([15, 15, 10]);
+    // Pieces of 16 − 4 + 1 = 13 (what a step holds beside a full batch's other rows), the last two
+    // evened so that no piece is a single token.
+    expect(chunks).toEqual([13, 13, 12, 2]);
     expect(scheduler.running).toEqual([short, long]);
   });
 
-  it('never prefills one token of a longer prompt alone: neither as the cut nor as the rest it leaves', () => {
-    // 17 tokens in a 16-token step: 15 + 2, not 16 + 1 (a one-token call of GroupQueryAttention takes
-    // its decode path, whose keys and values differ in the last bits).
-    const scheduler = new Scheduler<Group>(limits);
-    const prompt = new Group('prompt', 17, 4);
-    scheduler.enqueue(prompt);
-    expect(runStep(scheduler).prefill.map((chunk) => chunk.length)).toEqual([15]);
-    expect(runStep(scheduler).prefill.map((chunk) => chunk.length)).toEqual([2]);
-
-    // A budget of one (three rows decoding in a four-token step) prefills nothing: the prompt waits.
-    const tight = new Scheduler<Group>({ maxBatchSize: 4, maxStepTokens: 4, maxCachedTokens: 10_000 });
-    const decoding = ['x', 'y', 'z'].map((name) => new Group(name, 1, 100));
-    for (const group of decoding) tight.enqueue(group);
-    runStep(tight);
-    const waiting = new Group('waiting', 5, 4);
-    tight.enqueue(waiting);
-    const plan = runStep(tight);
-    expect(plan.decodeRows).toBe(3);
-    expect(plan.admitted).toEqual([]);
-    expect(plan.prefill).toEqual([]);
-    for (const group of decoding) tight.remove(group);
-    // Five tokens in a four-token step: 3 + 2, not 4 + 1.
-    expect(runStep(tight).prefill.map((chunk) => [chunk.group.name, chunk.length])).toEqual([['waiting', 3]]);
-    expect(runStep(tight).prefill.map((chunk) => [chunk.group.name, chunk.length])).toEqual([['waiting', 2]]);
-    expect(tight.running).toEqual([waiting]);
+  it('cuts a prompt at the same places whatever else runs, and never into a one-token piece', () => {
+    const cuts = (decoding: number, promptLength: number) => {
+      const scheduler = new Scheduler<Group>(limits);
+      const others = Array.from({ length: decoding }, (_, i) => new Group(`d${i}`, 1, 100));
+      for (const group of others) scheduler.enqueue(group);
+      if (decoding > 0) runStep(scheduler);
+      const prompt = new Group('prompt', promptLength, 4);
+      scheduler.enqueue(prompt);
+      const pieces: number[] = [];
+      while (!scheduler.running.includes(prompt)) pieces.push(...runStep(scheduler).prefill.map((chunk) => chunk.length));
+      return pieces;
+    };
+    // They used to follow the budget the decode rows left: 16 + 14 alone, 13 + 13 + 4 beside three rows.
+    for (const decoding of [0, 1, 2, 3]) expect(cuts(decoding, 30), `${decoding} decoding`).toEqual([13, 13, 4]);
+    // 14 tokens: 12 + 2, not 13 + 1 (a one-token call of GroupQueryAttention takes its decode path, whose
+    // keys and values differ in the last bits).
+    for (const decoding of [0, 3]) expect(cuts(decoding, 14)).toEqual([12, 2]);
   });
 
   it('prefills one token at a time when the step itself holds one token', () => {
