@@ -3,8 +3,8 @@ import type { Redis } from 'ioredis';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { batchRequestId } from '@sluice/protocol';
 import { Cluster, MODEL } from './support/cluster.js';
-import { freezeMidAnswers, retryMidAnswer, thaw, unfinishedInLog } from './support/mid-answer.js';
-import { waitFor } from './support/processes.js';
+import { freeze, freezeMidAnswers, retryMidAnswer, thaw, unfinishedInLog } from './support/mid-answer.js';
+import { sleep, waitFor } from './support/processes.js';
 import { scrapePrometheus } from './support/prometheus.js';
 import { collect, collectSse, empty, read } from './support/sse.js';
 import { readTokenLog } from './support/token-log.js';
@@ -273,6 +273,51 @@ describe('resume and cancel, hardened: redis-server, 2 gateways, 2 workers', () 
       );
       expect(await redis.hget(metaKey(jobId), 'channel'), 'the route (empty: still detached)').toBe('');
       expect(await metric(b, 'sluice_gateway_stream_resumes_total', {})).toBe(resumesBefore);
+    });
+  });
+
+  describe('a queued stream resumed on another gateway, then its first connection closes (grace 0)', () => {
+    it('is not cancelled by the first gateway: the resumed stream gets the whole answer', async () => {
+      const workers = await ensureWorkers();
+      const maxTokens = 40;
+      const reference = await textAlone(maxTokens);
+      // Every worker frozen: the job waits in BullMQ for as long as the test needs.
+      await freeze(workers);
+      let resumed: Response | undefined;
+      try {
+        const controller = new AbortController();
+        const res = await post(a.url, '/v1/chat/completions', chatBody(maxTokens), controller.signal);
+        expect(res.status).toBe(200);
+        const streamId = res.headers.get('x-stream-id')!;
+        const jobId = jobOf(streamId);
+        const channelA = await redis.hget(metaKey(jobId), 'channel');
+        expect(channelA).toBeTruthy();
+        // Resumed from the start on gateway B while the first connection (to A) is still open.
+        resumed = await fetch(`${b.url}/v1/chat/completions/${streamId}?stream=true`);
+        expect(resumed.status).toBe(200);
+        await waitFor('the stream routed to gateway B', async () =>
+          ((await redis.hget(metaKey(jobId), 'channel')) ?? channelA) !== channelA ? true : undefined,
+        );
+        // The first connection closes: without a grace, A cancels the work of the sessions it holds.
+        const leftBefore = await metric(a, 'sluice_gateway_disconnects_total', { stage: 'queued' });
+        controller.abort();
+        await waitFor('gateway A to see its client leave', async () =>
+          (await metric(a, 'sluice_gateway_disconnects_total', { stage: 'queued' })) > leftBefore ? true : undefined,
+        );
+        // A's cancel goes out as its client leaves: a moment lets a cancel that ignores the route show
+        // (removing the job) before the workers thaw; the answer checked below does not depend on it.
+        await sleep(500);
+        expect(await redis.exists(`sluice:bull:generate:${jobId}`), 'the job still waiting in BullMQ').toBe(1);
+        expect(await redis.exists(`sluice:cancelled:${jobId}`), 'no cancel marker').toBe(0);
+      } finally {
+        thaw(workers);
+      }
+      const out = empty();
+      await read(resumed, out);
+      expect(out.errors).toEqual([]);
+      expect(out.done).toBe(true);
+      expect(out.finishReasons).toEqual({ 0: 'length' });
+      expect(out.text).toBe(reference);
     });
   });
 

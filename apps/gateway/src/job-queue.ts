@@ -1,5 +1,5 @@
 import type { Queue } from 'bullmq';
-import type { Redis } from 'ioredis';
+import type { ChainableCommander, Redis } from 'ioredis';
 import type { Logger } from 'pino';
 import {
   attemptJobId,
@@ -45,6 +45,25 @@ export interface JobSubmitter {
  */
 const MARKER_TTL_MS = 30_000;
 
+/**
+ * Sets a waiting job's cancel marker only while the request still routes to the cancelling gateway: a
+ * client that resumed it on another gateway (its route moved there) still wants the work, so the old
+ * connection's cancel is dropped (the workers fence a running request's cancel by the same route).
+ * Checked and set in one step, so that a resume cannot slip in between. A request without a meta (gone:
+ * nothing can resume it) is cancelled. KEYS: meta, marker. ARGV: the gateway's channel, the reason, the
+ * marker's TTL (ms). Returns 1 when set, 0 when the route moved.
+ */
+const CANCEL_IF_ROUTED_SCRIPT = `
+local channel = redis.call('HGET', KEYS[1], 'channel')
+if channel and channel ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
+return 1
+`;
+
+interface CancelIfRouted {
+  cancelIfRouted(meta: string, marker: string, channel: string, reason: string, ttlMs: number): ChainableCommander;
+}
+
 /** A marker's TTL: the pickup window, never past the request's deadline (+1 s). */
 function markerTtlMs(deadlineAt: number): number {
   return Math.min(MARKER_TTL_MS, Math.max(0, deadlineAt - Date.now()) + 1_000);
@@ -83,6 +102,7 @@ export class RedisJobQueue implements JobSubmitter, WorkCanceller {
     private readonly logger: Logger,
   ) {
     this.scripts = new RequestScripts(redis, names);
+    redis.defineCommand('cancelIfRouted', { numberOfKeys: 2, lua: CANCEL_IF_ROUTED_SCRIPT });
   }
 
   async submit(job: GenerateJob, format: StreamFormat, owner = ''): Promise<void> {
@@ -123,9 +143,22 @@ export class RedisJobQueue implements JobSubmitter, WorkCanceller {
     this.pending = [];
     const multi = this.redis.multi();
     const byReason = new Map<CancelReason, string[]>();
+    /** The batch's queued requests, in the order of their checks' replies at the front of the MULTI. */
+    const queued: string[] = [];
     for (const { requestId, reason, ttlMs, wasQueued } of batch) {
-      // A worker that accepted the job gets the control message; only a waiting job needs a marker.
-      if (wasQueued) multi.set(this.names.cancelMarkerKey(requestId), reason, 'PX', ttlMs);
+      // A worker that accepted the job gets the control message (fenced there by this channel); only a
+      // waiting job needs a marker, and only while its request still routes here: a client that resumed
+      // it on another gateway (then closed this connection) wants the work done.
+      if (wasQueued) {
+        queued.push(requestId);
+        (multi as ChainableCommander & CancelIfRouted).cancelIfRouted(
+          this.names.metaKey(requestId),
+          this.names.cancelMarkerKey(requestId),
+          this.channel,
+          reason,
+          ttlMs,
+        );
+      }
       const ids = byReason.get(reason) ?? [];
       ids.push(requestId);
       byReason.set(reason, ids);
@@ -133,12 +166,34 @@ export class RedisJobQueue implements JobSubmitter, WorkCanceller {
     for (const [reason, requestIds] of byReason) {
       multi.publish(this.names.controlChannel, encodeControlMessage({ type: 'cancel', requestIds, reason, channel: this.channel }));
     }
-    multi.exec().catch((error: unknown) => this.logger.error({ err: error }, 'publishing cancels failed'));
-    for (const { requestId, wasQueued } of batch) {
-      if (!wasQueued) continue;
-      // Removes a waiting job; a job a worker holds is locked and stays (the marker reaches that worker).
-      this.removeQueued(requestId).catch((error: unknown) => this.logger.warn({ err: error, requestId }, 'removing job failed'));
+    multi
+      .exec()
+      .then((replies) => {
+        for (const [i, requestId] of queued.entries()) {
+          const [error, marked] = replies?.[i] ?? [null, 0];
+          // Not marked: resumed on another gateway (the job stays for it).
+          if (error !== null || marked !== 1) continue;
+          // Removes a waiting job; a job a worker holds is locked and stays (the marker reaches that worker).
+          this.removeWaiting(requestId).catch((error: unknown) => this.logger.warn({ err: error, requestId }, 'removing job failed'));
+        }
+      })
+      .catch((error: unknown) => this.logger.error({ err: error }, 'publishing cancels failed'));
+  }
+
+  /**
+   * Removes the waiting job of a request whose cancel marker this gateway set (see {@link flush}), and
+   * ends its log as {@link cancelRequest} does: a delivery resumed after the cancel (on any gateway)
+   * reads the ending instead of waiting for a job that is gone.
+   */
+  private async removeWaiting(requestId: string): Promise<void> {
+    const meta = decodeRequestMeta(await this.redis.hgetall(this.names.metaKey(requestId)));
+    if (meta === undefined) {
+      // No stream to end (nothing can resume it without its meta): only the job goes.
+      await this.removeQueued(requestId);
+      return;
     }
+    if (!(await this.removeQueued(requestId, attemptJobId(requestId, meta.attempt)))) return;
+    await this.endRemoved(requestId, meta);
   }
 
   /**
@@ -265,6 +320,14 @@ export class RedisJobQueue implements JobSubmitter, WorkCanceller {
       .exec();
     // The current attempt's job: after a migration, the continuation waits under its own id.
     if (!(await this.removeQueued(requestId, attemptJobId(requestId, meta.attempt)))) return;
+    await this.endRemoved(requestId, meta);
+  }
+
+  /**
+   * Ends the log of a request whose waiting job was removed: an `accepted`, each choice ended `abort`,
+   * and a `finish`, as a worker would have written them; published to its route.
+   */
+  private async endRemoved(requestId: string, meta: RequestMeta): Promise<void> {
     const entries: GatewayEntry[] = [];
     const attempt = meta.attempt > 1 ? { attempt: meta.attempt } : {};
     let open = Array.from({ length: meta.format.n }, (_, index) => index);
