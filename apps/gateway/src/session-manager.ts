@@ -109,6 +109,9 @@ export class SessionManager {
    * @param options.nextSeq first entry the session wants (a resumed stream starts after its cursor)
    * @param options.graceMs how long the request outlives its client (see {@link clientLeft})
    * @param options.accepted a worker already accepted it (a resumed stream past its first entry)
+   * @param options.scheduled with `accepted`: whether its engine scheduled it too (its log holds a
+   *   `scheduled` entry or output; true when not given); false: it still waits for a place in the
+   *   engine, under the queue timeout
    * @param options.workerId the worker running it (a resumed stream: the meta's), so that its loss
    *   migrates the stream as it would one opened here (its `accepted` entry is before the cursor)
    * @param options.attempt the attempt whose entries count (a resumed stream: the meta's)
@@ -122,6 +125,7 @@ export class SessionManager {
       nextSeq?: number;
       graceMs?: number;
       accepted?: boolean;
+      scheduled?: boolean;
       workerId?: string | undefined;
       attempt?: number;
       owner?: string | undefined;
@@ -148,9 +152,11 @@ export class SessionManager {
     this.sessions.set(requestId, session);
     if (options.accepted === true) {
       // A resumed stream past its `accepted`: it waits for entries, not for a worker. (Counted where
-      // it started, not in this gateway's queue.)
+      // it started, not in this gateway's queue.) One its engine has not scheduled yet still waits for
+      // a place there, under the queue timeout, and counts as waiting here until it is scheduled.
       session.state = 'running';
-      session.scheduled = true;
+      session.scheduled = options.scheduled ?? true;
+      if (!session.scheduled) this.queued++;
       session.acceptedAt = session.enqueuedAt;
     } else {
       this.queued++;

@@ -106,6 +106,29 @@ describe('SessionManager', () => {
     manager.close();
   });
 
+  it('applies the queue timeout (not the idle one) to a stream resumed past its `accepted` whose engine has not scheduled it', () => {
+    const { manager, cancels, events } = setup();
+    const resume = (id: string, scheduled: boolean) =>
+      manager.open(id, Date.now() + 60_000, (e) => events.push(e), { nextSeq: 1, accepted: true, scheduled, workerId: 'w' });
+    // Its log holds only the `accepted` (the cursor's event): still waiting for a place in the engine.
+    resume('waiting', false);
+    expect(manager.queuedCount).toBe(1);
+    // Past the idle timeout (500 ms) but not the queue timeout (1,000 ms): nothing happens.
+    manager.sweep(Date.now() + 700);
+    expect(events).toEqual([]);
+    expect(cancels).toEqual([]);
+    manager.sweep(Date.now() + 1_100);
+    expect(events.at(-1)).toMatchObject({ type: 'failed', error: { code: 'queue_timeout' } });
+    expect(manager.queuedCount).toBe(0);
+    // Once its `scheduled` entry comes, it runs: the idle timeout applies.
+    resume('scheduled-later', false);
+    manager.dispatch({ workerId: 'w', entries: [{ requestId: 'scheduled-later', seq: 1, type: 'scheduled' }] });
+    expect(manager.queuedCount).toBe(0);
+    manager.sweep(Date.now() + 700);
+    expect(events.at(-1)).toMatchObject({ type: 'failed', error: { code: 'idle_timeout' } });
+    manager.close();
+  });
+
   it('ignores entries of sessions that already ended', () => {
     const { manager, events } = setup();
     manager.dispatch({ workerId: 'w', entries: [{ requestId: 'gone', seq: 4, type: 'text-delta', index: 0, text: 'x', tokens: 1 }] });

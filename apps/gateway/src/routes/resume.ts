@@ -175,6 +175,9 @@ export function resumeHandler(deps: AppDeps, endpoint: Endpoint) {
       nextSeq: cursor + 1,
       graceMs: meta.graceMs,
       accepted: cursor >= 0,
+      // Scheduled by its engine once its log holds anything after its `accepted` (a `scheduled` entry,
+      // output, its end); with only the `accepted`, it still waits for a place in the engine.
+      scheduled: cursor >= 0 && last !== undefined && last.type !== 'accepted',
       workerId: meta.workerId,
       attempt: meta.attempt,
       owner: apiKey?.hash,
