@@ -81,7 +81,7 @@ export interface GatewayMetrics {
   countRequest(route: string, status: number, by?: number): void;
   /**
    * Reads `probe` at each scrape into `sluice_gateway_ready` (1: `/readyz` would answer 200): set once
-   * the gateway runs; 0 until then, and when the probe fails.
+   * the gateway runs; 0 until then, and when the probe fails or takes over a second.
    */
   observeReadiness(probe: () => Promise<boolean>): void;
   /**
@@ -106,6 +106,9 @@ export interface GatewayMetrics {
  * Creates the gateway's metrics in `registry` (a fresh one by default), with Node's default process
  * metrics (added once per registry). Nothing is registered until this is called.
  */
+/** How long a scrape waits for the gateway's readiness probe (a Redis PING) before it reports not ready. */
+const READINESS_TIMEOUT_MS = 1_000;
+
 export function createGatewayMetrics(registry: Registry = new Registry(), options: GatewayMetricsOptions = {}): GatewayMetrics {
   ensureDefaultMetrics(registry);
   const registers = [registry];
@@ -256,7 +259,14 @@ export function createGatewayMetrics(registry: Registry = new Registry(), option
     registers,
     async collect() {
       const probe = readinessProbe;
-      ready.set(probe !== undefined && (await probe().catch(() => false)) ? 1 : 0);
+      if (probe === undefined) return void ready.set(0);
+      // A scrape never waits on a stalled Redis for more than this: it would time out whole, and the
+      // gateway look down (`up` 0) for want of one gauge. Not answering within it is not ready.
+      let timer: NodeJS.Timeout | undefined;
+      const late = new Promise<boolean>((resolve) => (timer = setTimeout(() => resolve(false), READINESS_TIMEOUT_MS)));
+      const answer = await Promise.race([probe().catch(() => false), late]);
+      clearTimeout(timer);
+      ready.set(answer ? 1 : 0);
     },
   });
 

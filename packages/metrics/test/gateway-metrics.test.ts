@@ -21,6 +21,20 @@ describe('createGatewayMetrics', () => {
     expect(scraped.value('sluice_gateway_stream_gaps_total')).toBe(0);
   });
 
+  it('reads readiness at each scrape, and answers 0 within a second when the probe hangs (a stalled Redis)', async () => {
+    const { metrics, scrape } = setup();
+    expect((await scrape()).value('sluice_gateway_ready')).toBe(0);
+    let ready = true;
+    metrics.observeReadiness(async () => ready);
+    expect((await scrape()).value('sluice_gateway_ready')).toBe(1);
+    ready = false;
+    expect((await scrape()).value('sluice_gateway_ready')).toBe(0);
+    metrics.observeReadiness(() => new Promise<boolean>(() => undefined));
+    const started = performance.now();
+    expect((await scrape()).value('sluice_gateway_ready')).toBe(0);
+    expect(performance.now() - started).toBeLessThan(5_000);
+  });
+
   it('uses the registry it is given', async () => {
     const registry = new Registry();
     const metrics = createGatewayMetrics(registry);
