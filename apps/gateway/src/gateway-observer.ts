@@ -94,7 +94,7 @@ export function createGatewayObserver(metrics: GatewayMetrics, logger: Logger): 
               tracker.slowClient(end.cause);
               break;
             case 'error':
-              tracker.fail(end.code);
+              tracker.fail(end.code, end.detached === true);
               break;
           }
           log.info(

@@ -137,6 +137,33 @@ describe('gateway metrics as the app records them', () => {
     }
   });
 
+  it('counts a stream a draining gateway left for a resume as detached, not as an error (its error frame is counted)', async () => {
+    const metrics = createGatewayMetrics();
+    const hooks = createGatewayObserver(metrics, pino({ level: 'silent' }));
+    const observer = hooks.requestStarted!({
+      requestId: 'r',
+      jobId: 'j',
+      endpoint: 'chat',
+      model: 'm',
+      stream: true,
+      receivedAt: performance.now(),
+    });
+    observer.accepted();
+    observer.finished({
+      end: { outcome: 'error', code: 'shutting_down', detached: true },
+      status: 200,
+      promptTokens: 1,
+      completionTokens: 2,
+    });
+    const value = async (name: string, labels: Record<string, string>) =>
+      (await metrics.registry.getSingleMetric(name)!.get()).values.find((v) =>
+        Object.entries(labels).every(([k, want]) => String((v.labels as Record<string, unknown>)[k]) === want),
+      )?.value;
+    expect(await value('sluice_gateway_request_outcomes_total', { outcome: 'detached' })).toBe(1);
+    expect(await value('sluice_gateway_request_outcomes_total', { outcome: 'error' })).toBe(0);
+    expect(await value('sluice_gateway_stream_errors_total', { code: 'shutting_down' })).toBe(1);
+  });
+
   it("logs the gateway's side of the TTFT breakdown when a request ends: prompt ready, enqueued, accepted, first token, in order", async () => {
     const lines: Array<Record<string, unknown>> = [];
     const logger = pino({ level: 'info' }, { write: (line: string) => void lines.push(JSON.parse(line) as Record<string, unknown>) });

@@ -144,9 +144,15 @@ export class RequestTracker {
     this.#instruments.slowClients.labels(cause).inc();
   }
 
-  /** The request ended in an error other than a timeout, with this code (`worker_lost`, `stream_interrupted`, ...). */
-  fail(code: string): void {
-    if (!this.#end('error')) return;
+  /**
+   * The request ended in an error other than a timeout, with this code (`worker_lost`,
+   * `stream_interrupted`, ...).
+   * @param detached only this delivery ended (its client got the error frame) while the work goes on
+   *   for a resume: a draining gateway's `shutting_down` with a grace. Its outcome is `detached`, not
+   *   `error`: a redeploy must not count as failed requests (the error-ratio alert).
+   */
+  fail(code: string, detached = false): void {
+    if (!this.#end(detached ? 'detached' : 'error')) return;
     this.#instruments.streamErrors.labels(code).inc();
   }
 
