@@ -2,9 +2,9 @@ import type { Redis } from 'ioredis';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { redisNames } from '@sluice/protocol';
 import { Cluster, MODEL } from './support/cluster.js';
-import { freezeMidAnswers, retryMidAnswer } from './support/mid-answer.js';
+import { startFrozenMidAnswers } from './support/mid-answer.js';
 import { waitFor } from './support/processes.js';
-import { empty, read } from './support/sse.js';
+import { empty, LiveStream, read } from './support/sse.js';
 import type { GatewayProcess, WorkerProcess } from './support/sluice.js';
 
 /**
@@ -17,6 +17,13 @@ import type { GatewayProcess, WorkerProcess } from './support/sluice.js';
  * gateways, two workers, SIGSTOP/SIGKILL.
  */
 const MAX_TOKENS = 1500;
+const BODY = {
+  model: MODEL,
+  stream: true,
+  max_tokens: MAX_TOKENS,
+  temperature: 0,
+  messages: [{ role: 'user', content: 'Tell a long story.' }],
+};
 
 describe("a stale gateway's move of a stream resumed elsewhere", () => {
   let cluster: Cluster;
@@ -42,32 +49,18 @@ describe("a stale gateway's move of a stream resumed elsewhere", () => {
 
   it('keeps the route on the gateway the client reads, and the answer goes on to its end there', async () => {
     const lostId = (await lost.health()).workerId;
-    const { connection, first, jobId } = await retryMidAnswer('stream', async () => {
-      const connection = new AbortController();
-      const res = await fetch(`${a.url}/v1/chat/completions`, {
-        method: 'POST',
-        signal: connection.signal,
-        headers: { 'content-type': 'application/json' },
-        body: JSON.stringify({
-          model: MODEL,
-          stream: true,
-          max_tokens: MAX_TOKENS,
-          temperature: 0,
-          messages: [{ role: 'user', content: 'Tell a long story.' }],
-        }),
-      });
-      const first = empty();
-      await read(res, first, (c) => c.textChunks >= 3);
-      const jobId = first.id!.replace(/^chatcmpl-/, '');
-      if ((await freezeMidAnswers([lost], redis, [{ jobId }], MAX_TOKENS)) === null) {
-        connection.abort();
-        return undefined;
-      }
-      return { connection, first, jobId };
+    const { streams } = await startFrozenMidAnswers([lost], redis, {
+      start: () => [new LiveStream(`${a.url}/v1/chat/completions`, BODY)],
+      progress: (s) => s.until('streaming', () => s.contentChunks >= 3),
+      maxTokens: MAX_TOKENS,
     });
+    const connection = streams[0]!;
+    const jobId = connection.jobId;
+    // The cursor of what the first connection has read.
+    const cursor = connection.items.flatMap((item) => (item.kind === 'data' && item.id !== undefined ? [item.id] : [])).at(-1)!;
     await cluster.worker({ WORKER_TTL_MS: '3000' });
     const resumed = await fetch(`${b.url}/v1/chat/completions/chatcmpl-${jobId}?stream=true`, {
-      headers: { 'Last-Event-ID': first.lastEventId! },
+      headers: { 'Last-Event-ID': cursor },
     });
     expect(resumed.status).toBe(200);
     const channel = () => redis.hget(names.metaKey(jobId), 'channel');
@@ -82,7 +75,7 @@ describe("a stale gateway's move of a stream resumed elsewhere", () => {
     b.process.signal('SIGCONT');
 
     const rest = empty();
-    rest.lastEventId = first.lastEventId;
+    rest.lastEventId = cursor;
     await read(resumed, rest, (c) => c.textChunks >= 2);
     // A's old connection closes (no grace): its cancel must not stop the work B's client reads.
     connection.abort();

@@ -114,6 +114,22 @@ async function logOf(requestId: string): Promise<GatewayEntry[]> {
 }
 
 /** Subscribes to `channel` and collects its messages. */
+/** Writes `entries` into the request's token log as a worker would. */
+async function appendLog(requestId: string, entries: ReadonlyArray<{ seq: number }>): Promise<void> {
+  for (const entry of entries) await redis.xadd(names.logKey(requestId), `${entry.seq}-1`, LOG_FIELD, JSON.stringify(entry));
+}
+
+/** A continuation's meta (attempt 2) and what a lost worker wrote before: `accepted` and one token of choice 0. */
+async function lostWorkersStart(j: GenerateJob) {
+  await writeMeta(j, { attempt: '2' });
+  const sent = [
+    { requestId: j.requestId, seq: 0, type: 'accepted', workerId: 'w-lost', promptTokens: 3, seed: 7 },
+    { requestId: j.requestId, seq: 1, type: 'text-delta', index: 0, text: 'a', tokenIds: [5], tokens: 1 },
+  ];
+  await appendLog(j.requestId, sent);
+  return sent;
+}
+
 async function listen(channel: string) {
   const sub = server.client();
   const messages: GatewayEntry[][] = [];
@@ -397,7 +413,7 @@ describe('a first attempt starts in the engine while its checks are out', () => 
       { requestId: j.requestId, seq: 2, type: 'text-delta', index: 1, text: 'b', tokenIds: [6], tokens: 1 },
       { requestId: j.requestId, seq: 3, type: 'text-end', index: 1, finishReason: 'stop' },
     ];
-    for (const entry of sent) await redis.xadd(names.logKey(j.requestId), `${entry.seq}-1`, LOG_FIELD, JSON.stringify(entry));
+    await appendLog(j.requestId, sent);
     await redis.set(names.cancelMarkerKey(j.requestId), 'cancelled');
     await h.processor.process(j, 1);
     await h.router.drained();
@@ -421,12 +437,7 @@ describe('a first attempt starts in the engine while its checks are out', () => 
     });
     const h = await harness(redis, (request) => (request.id.endsWith('#1') ? refusal : undefined));
     const j = job('gw-part-refused', { sampling: { maxTokens: 8, n: 2 }, continuation: { attempt: 2 } });
-    await writeMeta(j, { attempt: '2' });
-    const sent = [
-      { requestId: j.requestId, seq: 0, type: 'accepted', workerId: 'w-lost', promptTokens: 3, seed: 7 },
-      { requestId: j.requestId, seq: 1, type: 'text-delta', index: 0, text: 'a', tokenIds: [5], tokens: 1 },
-    ];
-    for (const entry of sent) await redis.xadd(names.logKey(j.requestId), `${entry.seq}-1`, LOG_FIELD, JSON.stringify(entry));
+    const sent = await lostWorkersStart(j);
     await h.processor.process(j, 1);
     await h.router.drained();
     expect(h.submitted.map((s) => s.request.id)).toEqual([`${j.requestId}#0`]);
@@ -439,12 +450,7 @@ describe('a first attempt starts in the engine while its checks are out', () => 
     const h = await harness();
     // The lost worker held a larger context: 200 completion tokens do not fit this one's 100.
     const j = job('gw-cont-too-long', { sampling: { maxTokens: 200 }, continuation: { attempt: 2 } });
-    await writeMeta(j, { attempt: '2' });
-    const sent = [
-      { requestId: j.requestId, seq: 0, type: 'accepted', workerId: 'w-lost', promptTokens: 3, seed: 7 },
-      { requestId: j.requestId, seq: 1, type: 'text-delta', index: 0, text: 'a', tokenIds: [5], tokens: 1 },
-    ];
-    for (const entry of sent) await redis.xadd(names.logKey(j.requestId), `${entry.seq}-1`, LOG_FIELD, JSON.stringify(entry));
+    const sent = await lostWorkersStart(j);
     await h.processor.process(j, 1);
     await h.router.drained();
     expect(h.submitted).toEqual([]);
