@@ -3,6 +3,7 @@ import { isLoopbackHost } from '../src/auth/access-control.js';
 import { credentialFrom } from '../src/auth/api-key.js';
 import { formatReset, rateLimitHeaders } from '../src/auth/key-admission.js';
 import { tokenReservation } from '../src/auth/token-reservation.js';
+import { checkPrompt } from '../src/prompt-tokens.js';
 import { loadGatewayConfig } from '../src/config.js';
 import { GatewayError } from '../src/errors.js';
 import { checkInputLimits } from '../src/openai/input-limits.js';
@@ -99,9 +100,28 @@ describe('access control pieces', () => {
     expect(tokens['x-ratelimit-remaining-tokens']).toBe('0');
   });
 
-  it('reserves each prompt plus n times its completion ceiling, the context left when max_tokens is unset', () => {
-    expect(tokenReservation(chat({ max_tokens: 10, n: 2 }), [7], 100)).toBe(7 + 20);
-    expect(tokenReservation(chat({}), [30], 100)).toBe(30 + 70);
-    expect(tokenReservation(parseCompletionRequest({ model: 'm', prompt: ['a', 'b'], n: 1 }), [5, 6], 100)).toBe(5 + 16 + 6 + 16);
+  it('reserves each prompt plus n times its completion limit as the gateway resolved it (the job carries the same)', () => {
+    const model = { id: 'm', maxContextLength: 100, workers: 1 };
+    const tokenizer = {
+      maxContextLength: 100,
+      vocabSize: 256,
+      encodeChat: () => Array(30).fill(1),
+      encodeText: (text: string) => [...text].map(() => 1),
+      decode: () => '',
+    };
+    const checked = (request: ReturnType<typeof chat>) =>
+      request.prompts === undefined
+        ? [checkPrompt(request, tokenizer, model)]
+        : request.prompts.map((input) => checkPrompt({ ...request, input }, tokenizer, model));
+    const withN = chat({ max_tokens: 10, n: 2 });
+    expect(tokenReservation(withN.n, checked(withN))).toBe(30 + 20);
+    // No max_tokens: the context left after the prompt.
+    expect(tokenReservation(1, checked(chat({})))).toBe(30 + 70);
+    // ... within the smallest KV cache of the workers, split over the n choices.
+    const cached = { ...model, maxCachedTokens: 120 };
+    const n2 = chat({ n: 2 });
+    expect(tokenReservation(2, [checkPrompt(n2, tokenizer, cached)])).toBe(30 + 2 * 30);
+    const batch = parseCompletionRequest({ model: 'm', prompt: ['a', 'bb'], n: 1 });
+    expect(tokenReservation(1, checked(batch))).toBe(1 + 16 + 2 + 16);
   });
 });

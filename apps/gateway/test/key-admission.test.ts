@@ -62,7 +62,8 @@ describe('KeyAdmission: a delivery whose work goes on', () => {
   };
   const noHeaders = { setHeader() {} } as unknown as ServerResponse;
   const request = parseChatRequest({ model: 'm', messages: [{ role: 'user', content: 'hi' }], max_tokens: 40, stream: true });
-  const admit = (auth: AuthenticatedKey, requestId: string) => admission.admit(auth, request, [[1, 2, 3]], 100, requestId, noHeaders);
+  const admit = (auth: AuthenticatedKey, requestId: string) =>
+    admission.admit(auth, request, [{ ids: [1, 2, 3], maxTokens: 40 }], requestId, noHeaders);
 
   const redisNow = async () => {
     const [seconds, micros] = await redis.time();

@@ -8,6 +8,7 @@ import type { ParsedRequest } from '../openai/request-schemas.js';
 import type { AuthenticatedKey } from './auth-middleware.js';
 import type { KeyUsageRecorder } from './key-usage-recorder.js';
 import type { LimitState, RateLimiter } from './rate-limiter.js';
+import type { CheckedPrompt } from '../prompt-tokens.js';
 import { tokenReservation } from './token-reservation.js';
 
 /** OpenAI's duration format of the `x-ratelimit-reset-*` headers: `20ms`, `1.5s`, `6m0s`. */
@@ -86,27 +87,19 @@ export class KeyAdmission {
   async admit(
     key: AuthenticatedKey,
     request: ParsedRequest,
-    promptIds: readonly (readonly number[])[],
-    maxContextLength: number,
+    prompts: ReadonlyArray<Pick<CheckedPrompt, 'ids' | 'maxTokens'>>,
     requestId: string,
     res: ServerResponse,
   ): Promise<KeyGrant> {
     const { record } = key;
     this.checkModel(key, request.model);
     const { limits } = record;
-    const reservedTokens =
-      limits.tpm === undefined
-        ? 0
-        : tokenReservation(
-            request,
-            promptIds.map((ids) => ids.length),
-            maxContextLength,
-          );
+    const reservedTokens = limits.tpm === undefined ? 0 : tokenReservation(request.n, prompts);
     if (limits.tpm !== undefined && reservedTokens > limits.tpm) {
       // It could never pass: no window is ever empty enough. A 400, so that no client retries it.
       // Its own reason: `tokens` is the 429 of a window too full for now.
       this.#usage.refused(record.name, 'tokens_over_limit');
-      const promptTokens = promptIds.reduce((sum, ids) => sum + ids.length, 0);
+      const promptTokens = prompts.reduce((sum, prompt) => sum + prompt.ids.length, 0);
       const byPrompt = promptTokens > limits.tpm;
       throw new GatewayError('tokens_over_key_limit', {
         message: byPrompt

@@ -69,9 +69,7 @@ export function generateHandler(deps: AppDeps, endpoint: Endpoint) {
       const jobId = c.req.header('x-request-id') === requestId ? randomUUID() : requestId;
       // The key's limits, last of the refusals: a granted request settles when it ends.
       const grant =
-        apiKey === undefined || admission === undefined
-          ? undefined
-          : await admission.admit(apiKey, request, promptIds, served.maxContextLength, jobId, res);
+        apiKey === undefined || admission === undefined ? undefined : await admission.admit(apiKey, request, checked, jobId, res);
       if (client.gone) {
         // Gone while the key's limits were decided: nothing is enqueued, and the grant (token
         // reservation, stream slot) is settled at once, as if the request had used nothing.
