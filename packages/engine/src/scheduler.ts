@@ -82,15 +82,19 @@ export class Scheduler<G extends SchedulableGroup> {
   plan(): StepPlan<G> {
     const { maxBatchSize, maxStepTokens, maxCachedTokens } = this.#limits;
     // A prefilling group holds a row: at most maxBatchSize − 1 rows decode beside it, so a piece of
-    // this length always fits the oldest prefilling prompt's step.
-    const piece = Math.max(1, maxStepTokens - maxBatchSize + 1);
+    // this length always fits the oldest prefilling prompt's step. Below MIN_FIXED_PIECE (a step budget
+    // close to the batch size) pieces that small would make a long prompt's prefill take a step per
+    // few tokens even on an idle engine: prompts then take what the step leaves, as they used to.
+    const piece = maxStepTokens - maxBatchSize + 1;
+    const cut = (remaining: number, budget: number) =>
+      piece >= MIN_FIXED_PIECE ? nextPiece(remaining, piece) : chunkLength(remaining, budget, maxStepTokens);
     let decodeRows = 0;
     for (const group of this.#running) decodeRows += group.rows;
     let budget = maxStepTokens - decodeRows;
     const prefill: Array<PrefillChunk<G>> = [];
     for (const group of this.#prefilling) {
-      const length = nextPiece(group.promptLength - group.prefilled, piece);
-      if (length > budget) break;
+      const length = cut(group.promptLength - group.prefilled, budget);
+      if (length === 0 || length > budget) break;
       prefill.push({ group, start: group.prefilled, length });
       budget -= length;
     }
@@ -106,8 +110,8 @@ export class Scheduler<G extends SchedulableGroup> {
       const nextRows = rows + next.rows;
       const nextLongest = Math.max(longest, next.reservedLength);
       if (nextRows > maxBatchSize || nextRows * nextLongest > maxCachedTokens) break;
-      const length = nextPiece(next.promptLength, piece);
-      if (length > budget) break;
+      const length = cut(next.promptLength, budget);
+      if (length === 0 || length > budget) break;
       this.#waiting.shift();
       this.#prefilling.push(next);
       admitted.push(next);
@@ -130,7 +134,25 @@ export class Scheduler<G extends SchedulableGroup> {
  */
 function nextPiece(remaining: number, piece: number): number {
   if (remaining <= piece) return remaining;
-  return remaining - piece === 1 && piece >= 3 ? piece - 1 : piece;
+  return remaining - piece === 1 ? piece - 1 : piece;
+}
+
+/**
+ * The fewest tokens a fixed piece has: below it (`maxStepTokens − maxBatchSize + 1` smaller), prompts
+ * are cut by what each step leaves ({@link chunkLength}), and their last bits may depend on the batch.
+ */
+const MIN_FIXED_PIECE = 16;
+
+/**
+ * With a step budget close to the batch size: how many of a prompt's `remaining` tokens a step with
+ * `budget` left prefills — all that fit, but no one-token piece of a longer prompt, neither as the cut
+ * nor as the rest it leaves (0: it waits for a budget of two). A step budget below two allows nothing else.
+ */
+function chunkLength(remaining: number, budget: number, maxStepTokens: number): number {
+  if (remaining <= budget) return remaining;
+  if (maxStepTokens < 2) return Math.max(0, budget);
+  const length = remaining - budget === 1 ? budget - 1 : budget;
+  return length >= 2 ? length : 0;
 }
 
 function remove<T>(list: T[], item: T): boolean {

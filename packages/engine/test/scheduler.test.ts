@@ -26,12 +26,14 @@ function runStep(scheduler: Scheduler<Group>) {
   return plan;
 }
 
-const limits = { maxBatchSize: 4, maxStepTokens: 16, maxCachedTokens: 10_000 };
+const limits = { maxBatchSize: 4, maxStepTokens: 24, maxCachedTokens: 10_000 };
+/** A step budget close to the batch size: pieces of 16 − 4 + 1 = 13 would be under MIN_FIXED_PIECE. */
+const tightLimits = { maxBatchSize: 4, maxStepTokens: 16, maxCachedTokens: 10_000 };
 
 describe('Scheduler', () => {
   it('admits newcomers in arrival order while their first pieces fit the step budget', () => {
     const scheduler = new Scheduler<Group>(limits);
-    const [a, b, c] = [new Group('a', 5, 4), new Group('b', 5, 4), new Group('c', 10, 4)];
+    const [a, b, c] = [new Group('a', 5, 4), new Group('b', 5, 4), new Group('c', 20, 4)];
     for (const group of [a, b, c]) scheduler.enqueue(group);
     let plan = runStep(scheduler);
     expect(plan.admitted.map((g) => g.name)).toEqual(['a', 'b']);
@@ -40,10 +42,10 @@ describe('Scheduler', () => {
       ['b', 0, 5],
     ]);
     expect(plan.decodeRows).toBe(0);
-    // c's 10 tokens did not fit the 6 left: whole at the next step, not 6 + 4.
+    // c's 20 tokens did not fit the 14 left: whole at the next step, not 14 + 6.
     plan = runStep(scheduler);
     expect(plan.admitted.map((g) => g.name)).toEqual(['c']);
-    expect(plan.prefill.map((chunk) => [chunk.group.name, chunk.start, chunk.length])).toEqual([['c', 0, 10]]);
+    expect(plan.prefill.map((chunk) => [chunk.group.name, chunk.start, chunk.length])).toEqual([['c', 0, 20]]);
     expect(plan.decodeRows).toBe(2);
   });
 
@@ -52,17 +54,16 @@ describe('Scheduler', () => {
     const short = new Group('short', 3, 8);
     scheduler.enqueue(short);
     runStep(scheduler);
-    const long = new Group('long', 40, 8);
+    const long = new Group('long', 60, 8);
     scheduler.enqueue(long);
     const chunks: number[] = [];
-    for (let step = 0; step < 4; step++) {
+    for (let step = 0; step < 3; step++) {
       const plan = runStep(scheduler);
       expect(plan.decodeRows).toBe(1); // the short request keeps decoding during the long prefill
       chunks.push(...plan.prefill.map((chunk) => chunk.length));
     }
-    // Pieces of 16 − 4 + 1 = 13 (what a step holds beside a full batch's other rows), the last two
-    // evened so that no piece is a single token.
-    expect(chunks).toEqual([13, 13, 12, 2]);
+    // Pieces of 24 − 4 + 1 = 21 (what a step holds beside a full batch's other rows).
+    expect(chunks).toEqual([21, 21, 18]);
     expect(scheduler.running).toEqual([short, long]);
   });
 
@@ -78,11 +79,38 @@ describe('Scheduler', () => {
       while (!scheduler.running.includes(prompt)) pieces.push(...runStep(scheduler).prefill.map((chunk) => chunk.length));
       return pieces;
     };
-    // They used to follow the budget the decode rows left: 16 + 14 alone, 13 + 13 + 4 beside three rows.
-    for (const decoding of [0, 1, 2, 3]) expect(cuts(decoding, 30), `${decoding} decoding`).toEqual([13, 13, 4]);
-    // 14 tokens: 12 + 2, not 13 + 1 (a one-token call of GroupQueryAttention takes its decode path, whose
+    // They used to follow the budget the decode rows left: 24 + 26 alone, 21 + 21 + 8 beside three rows.
+    for (const decoding of [0, 1, 2, 3]) expect(cuts(decoding, 50), `${decoding} decoding`).toEqual([21, 21, 8]);
+    // 22 tokens: 20 + 2, not 21 + 1 (a one-token call of GroupQueryAttention takes its decode path, whose
     // keys and values differ in the last bits).
-    for (const decoding of [0, 3]) expect(cuts(decoding, 14)).toEqual([12, 2]);
+    for (const decoding of [0, 3]) expect(cuts(decoding, 22)).toEqual([20, 2]);
+  });
+
+  it('with a step budget close to the batch size, gives prompts what each step leaves, never a one-token piece', () => {
+    // 17 tokens in a 16-token step: 15 + 2, not 16 + 1 (a one-token call of GroupQueryAttention takes
+    // its decode path, whose keys and values differ in the last bits).
+    const scheduler = new Scheduler<Group>(tightLimits);
+    const prompt = new Group('prompt', 17, 4);
+    scheduler.enqueue(prompt);
+    expect(runStep(scheduler).prefill.map((chunk) => chunk.length)).toEqual([15]);
+    expect(runStep(scheduler).prefill.map((chunk) => chunk.length)).toEqual([2]);
+
+    // A budget of one (three rows decoding in a four-token step) prefills nothing: the prompt waits.
+    const tight = new Scheduler<Group>({ maxBatchSize: 4, maxStepTokens: 4, maxCachedTokens: 10_000 });
+    const decoding = ['x', 'y', 'z'].map((name) => new Group(name, 1, 100));
+    for (const group of decoding) tight.enqueue(group);
+    runStep(tight);
+    const waiting = new Group('waiting', 5, 4);
+    tight.enqueue(waiting);
+    const plan = runStep(tight);
+    expect(plan.decodeRows).toBe(3);
+    expect(plan.admitted).toEqual([]);
+    expect(plan.prefill).toEqual([]);
+    for (const group of decoding) tight.remove(group);
+    // Five tokens in a four-token step: 3 + 2, not 4 + 1.
+    expect(runStep(tight).prefill.map((chunk) => [chunk.group.name, chunk.length])).toEqual([['waiting', 3]]);
+    expect(runStep(tight).prefill.map((chunk) => [chunk.group.name, chunk.length])).toEqual([['waiting', 2]]);
+    expect(tight.running).toEqual([waiting]);
   });
 
   it('prefills one token at a time when the step itself holds one token', () => {
