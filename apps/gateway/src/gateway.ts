@@ -148,7 +148,7 @@ export async function startGateway(config: GatewayConfig, logger: Logger, option
   subscriber.on('close', () => {
     outageTimer ??= setTimeout(() => {
       outageTimer = undefined;
-      if (subscriber.status === 'ready' || sessions.size === 0 || phase !== 'serving') return;
+      if (subscriber.status === 'ready' || sessions.size === 0 || phase === 'refusing') return;
       logger.warn({ open: sessions.size }, 'redis unreachable: ending the open streams');
       sessions.failAll(new GatewayError('stream_interrupted', { message: 'The gateway lost its connection to Redis.' }), 'stream_failed');
     }, REDIS_OUTAGE_MS);
