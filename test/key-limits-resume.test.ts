@@ -45,7 +45,7 @@ describe('a key’s limits across resumes and drains', () => {
 
   const limitKeys = (key: string) => {
     const base = `sluice:ratelimit:{${hashApiKey(key)}}`;
-    return { streams: `${base}:streams`, tokens: `${base}:token-total` };
+    return { streams: `${base}:streams`, tokens: `${base}:token-total`, tokenOwners: `${base}:token-owners` };
   };
   const post = (gateway: GatewayProcess, key: string, body: Record<string, unknown>, signal?: AbortSignal) =>
     fetch(`${gateway.url}/v1/chat/completions`, {
@@ -172,6 +172,8 @@ describe('a key’s limits across resumes and drains', () => {
     try {
       close();
       await waitFor('the stream detached', async () => (((await slotLeft(key, jobId)) ?? Infinity) <= graceMs + 1_000 ? true : undefined));
+      const tokenOwner = await redis.hget(limitKeys(key).tokenOwners, jobId);
+      expect(tokenOwner).toBeTruthy();
       // Redis refuses PUBLISH for a moment: the attach (route script, then a publish) fails.
       await redis.call('ACL', 'SETUSER', 'default', '-publish');
       let resumed: Collected;
@@ -194,6 +196,8 @@ describe('a key’s limits across resumes and drains', () => {
       );
       const metrics = await scrapePrometheus(`${g1.url}/metrics`);
       expect(metrics.value('sluice_gateway_active_resumed_streams')).toBe(0);
+      // Nothing was taken over: the token reservation is still the first delivery's to settle.
+      expect(await redis.hget(limitKeys(key).tokenOwners, jobId)).toBe(tokenOwner);
     } finally {
       thaw([worker]);
     }

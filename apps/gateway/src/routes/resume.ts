@@ -165,9 +165,6 @@ export function resumeHandler(deps: AppDeps, endpoint: Endpoint) {
       hooks.streamResumed?.();
       return responder.reply;
     }
-    // Under a key (the request's: see ownedByCaller), the resumed stream holds the request's stream
-    // slot while it runs (max-streams), and its tokens count under the key.
-    if (admission !== undefined && apiKey !== undefined) slotEnded = admission.resumed(apiKey, jobId, meta.deadlineAt, meta.graceMs);
     activeEnded = hooks.resumedStreamOpened?.();
     // Past its `accepted` (before the cursor), the session learns its worker and attempt from the meta:
     // a worker lost from now on migrates the stream as it would one opened here.
@@ -196,9 +193,10 @@ export function resumeHandler(deps: AppDeps, endpoint: Endpoint) {
       await jobs.attach(jobId);
     } catch (error) {
       // Nothing was taken over: the request stays where it was (detached, or still delivered by its
-      // first connection). The stream, its 200 sent, ends with a store_unavailable error frame and
-      // [DONE] (it used to stay open with nothing to feed it), and the slot this resume claimed is held
-      // for the grace, as a detached delivery holds it, then lapses (it was held to the deadline).
+      // first connection), and so do its key's stream slot and token reservation, which this resume
+      // claims only once the attach is done (a claim before it kept the slot to the request's deadline,
+      // then only for the grace, and left the reservation to a delivery that would never settle it).
+      // The stream, its 200 sent, ends with a store_unavailable error frame and [DONE].
       sessions.release(session);
       const failure = new GatewayError('store_unavailable', { message: 'The stream store is unavailable: resume again.', cause: error });
       responder.handle({ type: 'failed', error: failure, detached: true });
@@ -208,6 +206,12 @@ export function resumeHandler(deps: AppDeps, endpoint: Endpoint) {
     if (client.gone) {
       sessions.clientLeft(session);
       return responder.reply;
+    }
+    // Under a key (the request's: see ownedByCaller), the resumed stream holds the request's stream
+    // slot while it runs (max-streams) and its token reservation, and its tokens count under the key:
+    // claimed only by a stream still open (one that ended meanwhile would never give them back).
+    if (admission !== undefined && apiKey !== undefined && !responder.done) {
+      slotEnded = admission.resumed(apiKey, jobId, meta.deadlineAt, meta.graceMs);
     }
     hooks.streamResumed?.();
     sessions.repair(session);
