@@ -54,21 +54,36 @@ describe('request scripts on a real Redis', () => {
 
     it('routes live entries to the gateway that moves it when the route is its own, or detached', async () => {
       await create('own', 'gw-a');
-      await expect(scripts.migrate('own', 1, 'w-lost', 3, 'gw-a')).resolves.toEqual([1, 2]);
+      await expect(scripts.migrate('own', 1, 'w-lost', 3, 'gw-a', 'gateway')).resolves.toEqual([1, 2]);
       expect(await meta('own')).toMatchObject({ attempt: 2, channel: 'gw-a' });
       await create('det', '', 5);
-      await expect(scripts.migrate('det', 1, 'w-lost', 3, '')).resolves.toEqual([1, 2]);
+      await expect(scripts.migrate('det', 1, 'w-lost', 3, '', 'gateway')).resolves.toEqual([1, 2]);
       expect(await meta('det')).toMatchObject({ attempt: 2, channel: '', detachedAt: 5 });
     });
 
     it("keeps the route of a request resumed on another gateway since the mover read it (a stale session's move, a detached request's move)", async () => {
       await create('stale', 'gw-b');
-      await expect(scripts.migrate('stale', 1, 'w-lost', 3, 'gw-a')).resolves.toEqual([1, 2]);
+      await expect(scripts.migrate('stale', 1, 'w-lost', 3, 'gw-a', 'gateway')).resolves.toEqual([1, 2]);
       expect(await meta('stale')).toMatchObject({ attempt: 2, channel: 'gw-b' });
       await create('resumed', 'gw-b');
-      await expect(scripts.migrate('resumed', 1, 'w-lost', 3, '')).resolves.toEqual([1, 2]);
+      await expect(scripts.migrate('resumed', 1, 'w-lost', 3, '', 'gateway')).resolves.toEqual([1, 2]);
       expect(await meta('resumed')).toMatchObject({ attempt: 2, channel: 'gw-b' });
       expect((await meta('resumed'))?.detachedAt).toBeUndefined();
+    });
+
+    it("takes a worker's detach (only it may know the gateway is gone) but never its stale route", async () => {
+      // The worker found its gateway gone: the meta is detached from now on.
+      await create('gone', 'gw-dead');
+      await expect(scripts.migrate('gone', 1, 'w-lost', 3, '', 'worker', 42)).resolves.toEqual([1, 2]);
+      expect(await meta('gone')).toMatchObject({ attempt: 2, channel: '', detachedAt: 42 });
+      // Its view missed a detach (the client left with a grace): the request stays detached.
+      await create('left', '', 5);
+      await expect(scripts.migrate('left', 1, 'w-lost', 3, 'gw-a', 'worker')).resolves.toEqual([1, 2]);
+      expect(await meta('left')).toMatchObject({ attempt: 2, channel: '', detachedAt: 5 });
+      // Or a resume elsewhere: the route stays there.
+      await create('moved', 'gw-b');
+      await expect(scripts.migrate('moved', 1, 'w-lost', 3, 'gw-a', 'worker')).resolves.toEqual([1, 2]);
+      expect(await meta('moved')).toMatchObject({ attempt: 2, channel: 'gw-b' });
     });
   });
 });

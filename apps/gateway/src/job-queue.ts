@@ -228,7 +228,7 @@ export class RedisJobQueue implements JobSubmitter, WorkCanceller {
    */
   /** @param channel where its live entries go next: this gateway's, or '' to keep a detached request detached */
   async migrate(requestId: string, attempt: number, lostWorkerId: string, channel = this.channel): Promise<MigrationResult> {
-    const [code, current] = await this.scripts.migrate(requestId, attempt, lostWorkerId, this.maxMigrations, channel);
+    const [code, current] = await this.scripts.migrate(requestId, attempt, lostWorkerId, this.maxMigrations, channel, 'gateway');
     if (code === 0) return { outcome: 'moved', attempt: current };
     if (code !== 1) return { outcome: code === 2 ? 'exhausted' : 'gone' };
     // The lost attempt's job is still in BullMQ (active, its lock held by the dead worker): its data

@@ -32,7 +32,8 @@ export class RequestHandover {
    * this worker wrote for the request is in its log. Resolves `moved: false` when the request cannot
    * move (its meta is gone, or it is not this worker's any more), with the request's attempt now: a
    * higher one means someone else moved it already.
-   * @param channel where its live entries go now ('' while detached)
+   * @param channel where this worker's view routes its live entries ('' while detached: then the meta
+   *   says so too, from now if only this worker knew; any other leaves the meta's route as it is)
    * @param from the worker whose attempt ends (this one when draining; a dead one when recovering)
    * @param bound the most attempts the request may have had (the gateways' MAX_MIGRATIONS for a fault)
    */
@@ -43,7 +44,7 @@ export class RequestHandover {
     from = this.workerId,
     bound = NO_BOUND,
   ): Promise<{ moved: boolean; attempt: number }> {
-    const [code, current] = await this.#scripts.migrate(job.requestId, attempt, from, bound, channel);
+    const [code, current] = await this.#scripts.migrate(job.requestId, attempt, from, bound, channel, 'worker');
     if (code !== 1) return { moved: false, attempt: current };
     await this.queue.add(GENERATE_JOB, continuationJob(job, current, channel), continuationJobOptions(job.requestId, current));
     return { moved: true, attempt: current };

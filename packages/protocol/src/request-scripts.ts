@@ -85,10 +85,19 @@ export class RequestScripts {
 
   /**
    * Moves the request to a new attempt ({@link MIGRATE_SCRIPT}), fencing out `attempt`, the one of
-   * worker `from`; at most `bound` attempts; live entries go to `channel` ('' keeps it detached).
+   * worker `from`; at most `bound` attempts; live entries go to `channel` ('' keeps it detached), as
+   * `mover` may route them (see the script).
    */
-  migrate(requestId: string, attempt: number, from: string, bound: number, channel: string, now = Date.now()): Promise<MigrateReply> {
-    return this.#redis.migrateRequest(this.names.metaKey(requestId), attempt, from, bound, channel, now);
+  migrate(
+    requestId: string,
+    attempt: number,
+    from: string,
+    bound: number,
+    channel: string,
+    mover: 'gateway' | 'worker',
+    now = Date.now(),
+  ): Promise<MigrateReply> {
+    return this.#redis.migrateRequest(this.names.metaKey(requestId), attempt, from, bound, channel, now, mover);
   }
 
   /**

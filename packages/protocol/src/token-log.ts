@@ -96,14 +96,19 @@ return 1
 
 /**
  * Moves a request to a new attempt because its worker was lost (or hands it over while draining):
- * fences the old attempt out of the log, and routes live entries to the migrating gateway — unless the
- * request was routed to another gateway since the caller read it (a resume there): then its route
- * stays (a stale session's move used to take the stream from the gateway its client reads, and a
- * detached request's move to detach again a request resumed meanwhile). KEYS: meta.
- * ARGV: the attempt the caller saw, the lost worker's id, max migrations, the channel ('' keeps a
- * detached request detached), and now (ms, for a detach only the worker knew of). Returns [1, new attempt] when
- * moved, [0, current attempt] when someone else moved it already (or the worker is not the lost one),
- * [2, current attempt] when the request used up its migrations, [3, 0] when the meta is gone.
+ * fences the old attempt out of the log, and routes its live entries. KEYS: meta. ARGV: the attempt the
+ * caller saw, the lost worker's id, max migrations, the channel, now (ms, for a detach only the worker
+ * knew of), and who moves it (ARGV[6]):
+ * - a gateway (`gateway`): its own channel (its session's client reads it there) or '' (a detached
+ *   request it found); a route another gateway took since it read the meta (a resume there) stays — a
+ *   stale session's move used to take the stream from the gateway its client reads, and a detached
+ *   request's move to detach again a request resumed meanwhile;
+ * - a worker (`worker`, its drain or its recovery of a dead worker's job): '' when its own view is
+ *   detached (it may be the only one to know the gateway is gone: the meta is detached from now on),
+ *   else the route stays as the meta has it (a view that missed a detach must not undo it).
+ * Returns [1, new attempt] when moved, [0, current attempt] when someone else moved it already (or the
+ * worker is not the lost one), [2, current attempt] when the request used up its migrations, [3, 0]
+ * when the meta is gone.
  */
 export const MIGRATE_SCRIPT = `
 local attempt = tonumber(redis.call('HGET', KEYS[1], 'attempt'))
@@ -113,11 +118,17 @@ local worker = redis.call('HGET', KEYS[1], 'workerId')
 if worker and worker ~= '' and worker ~= ARGV[2] then return {0, attempt} end
 if attempt > tonumber(ARGV[3]) then return {2, attempt} end
 local channel = redis.call('HGET', KEYS[1], 'channel')
-if channel and channel ~= '' and channel ~= ARGV[4] then
+local keep
+if ARGV[6] == 'worker' then
+  keep = ARGV[4] ~= ''
+else
+  keep = channel and channel ~= '' and channel ~= ARGV[4]
+end
+if keep then
   redis.call('HSET', KEYS[1], 'attempt', attempt + 1, 'workerId', '')
 elseif ARGV[4] == '' then
-  -- Moved while detached (a draining worker hands it over): it stays detached, its grace counted
-  -- from when it detached (or from now, ARGV[5], if only the worker knew).
+  -- Moved while detached: it stays detached, its grace counted from when it detached (or from now,
+  -- ARGV[5], if only the worker knew).
   local detached = redis.call('HGET', KEYS[1], 'detachedAt')
   if not detached or detached == '' then detached = ARGV[5] end
   redis.call('HSET', KEYS[1], 'attempt', attempt + 1, 'workerId', '', 'channel', '', 'detachedAt', detached)
