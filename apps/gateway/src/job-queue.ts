@@ -1,5 +1,5 @@
 import type { Queue } from 'bullmq';
-import type { ChainableCommander, Redis } from 'ioredis';
+import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
 import {
   attemptJobId,
@@ -45,25 +45,6 @@ export interface JobSubmitter {
  */
 const MARKER_TTL_MS = 30_000;
 
-/**
- * Sets a waiting job's cancel marker only while the request still routes to the cancelling gateway: a
- * client that resumed it on another gateway (its route moved there) still wants the work, so the old
- * connection's cancel is dropped (the workers fence a running request's cancel by the same route).
- * Checked and set in one step, so that a resume cannot slip in between. A request without a meta (gone:
- * nothing can resume it) is cancelled. KEYS: meta, marker. ARGV: the gateway's channel, the reason, the
- * marker's TTL (ms). Returns 1 when set, 0 when the route moved.
- */
-const CANCEL_IF_ROUTED_SCRIPT = `
-local channel = redis.call('HGET', KEYS[1], 'channel')
-if channel and channel ~= ARGV[1] then return 0 end
-redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
-return 1
-`;
-
-interface CancelIfRouted {
-  cancelIfRouted(meta: string, marker: string, channel: string, reason: string, ttlMs: number): ChainableCommander;
-}
-
 /** A marker's TTL: the pickup window, never past the request's deadline (+1 s). */
 function markerTtlMs(deadlineAt: number): number {
   return Math.min(MARKER_TTL_MS, Math.max(0, deadlineAt - Date.now()) + 1_000);
@@ -102,7 +83,6 @@ export class RedisJobQueue implements JobSubmitter, WorkCanceller {
     private readonly logger: Logger,
   ) {
     this.scripts = new RequestScripts(redis, names);
-    redis.defineCommand('cancelIfRouted', { numberOfKeys: 2, lua: CANCEL_IF_ROUTED_SCRIPT });
   }
 
   async submit(job: GenerateJob, format: StreamFormat, owner = ''): Promise<void> {
@@ -151,13 +131,7 @@ export class RedisJobQueue implements JobSubmitter, WorkCanceller {
       // it on another gateway (then closed this connection) wants the work done.
       if (wasQueued) {
         queued.push(requestId);
-        (multi as ChainableCommander & CancelIfRouted).cancelIfRouted(
-          this.names.metaKey(requestId),
-          this.names.cancelMarkerKey(requestId),
-          this.channel,
-          reason,
-          ttlMs,
-        );
+        this.scripts.cancelIfRouted(multi, requestId, this.channel, reason, ttlMs);
       }
       const ids = byReason.get(reason) ?? [];
       ids.push(requestId);

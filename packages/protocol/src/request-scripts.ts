@@ -1,6 +1,13 @@
 import type { ChainableCommander, Redis } from 'ioredis';
 import type { RedisNames } from './names.js';
-import { APPEND_LOG_SCRIPT, CREATE_META_SCRIPT, MIGRATE_SCRIPT, RECORD_USAGE_SCRIPT, ROUTE_SCRIPT } from './token-log.js';
+import {
+  APPEND_LOG_SCRIPT,
+  CANCEL_IF_ROUTED_SCRIPT,
+  CREATE_META_SCRIPT,
+  MIGRATE_SCRIPT,
+  RECORD_USAGE_SCRIPT,
+  ROUTE_SCRIPT,
+} from './token-log.js';
 
 /** One append to a request's token log ({@link APPEND_LOG_SCRIPT}). */
 export interface LogAppend {
@@ -21,8 +28,9 @@ export interface LogAppend {
 export type MigrateReply = [code: number, attempt: number];
 
 /** On a pipeline, a command queues and returns the pipeline. */
-interface QueuedAppend {
+interface QueuedCommands {
   appendLog(meta: string, log: string, ...args: Array<string | number>): ChainableCommander;
+  cancelIfRouted(meta: string, marker: string, channel: string, reason: string, ttlMs: number): ChainableCommander;
 }
 
 interface ScriptCommands {
@@ -51,6 +59,7 @@ export class RequestScripts {
     redis.defineCommand('routeRequest', { numberOfKeys: 1, lua: ROUTE_SCRIPT });
     redis.defineCommand('migrateRequest', { numberOfKeys: 1, lua: MIGRATE_SCRIPT });
     redis.defineCommand('recordUsage', { numberOfKeys: 1, lua: RECORD_USAGE_SCRIPT });
+    redis.defineCommand('cancelIfRouted', { numberOfKeys: 2, lua: CANCEL_IF_ROUTED_SCRIPT });
     this.#redis = redis as Redis & ScriptCommands;
   }
 
@@ -63,7 +72,21 @@ export class RequestScripts {
 
   /** Queues an append on a pipeline (or MULTI) of the same connection; its reply is 1, or 0 when fenced out. */
   appendLog(pipeline: ChainableCommander, append: LogAppend): void {
-    (pipeline as ChainableCommander & QueuedAppend).appendLog(...this.#appendArgs(append));
+    (pipeline as ChainableCommander & QueuedCommands).appendLog(...this.#appendArgs(append));
+  }
+
+  /**
+   * Queues a waiting job's cancel marker ({@link CANCEL_IF_ROUTED_SCRIPT}) on a pipeline (or MULTI) of
+   * the same connection, set only while the request routes to `channel`; its reply is 1 when set.
+   */
+  cancelIfRouted(pipeline: ChainableCommander, requestId: string, channel: string, reason: string, ttlMs: number): void {
+    (pipeline as ChainableCommander & QueuedCommands).cancelIfRouted(
+      this.names.metaKey(requestId),
+      this.names.cancelMarkerKey(requestId),
+      channel,
+      reason,
+      ttlMs,
+    );
   }
 
   /** Sends an append on the connection itself; resolves 1, or 0 when fenced out. */

@@ -137,3 +137,18 @@ else
 end
 return {1, attempt + 1}
 `;
+
+/**
+ * Sets a waiting job's cancel marker only while the request still routes to the cancelling gateway: a
+ * client that resumed it on another gateway (its route moved there) still wants the work, so the old
+ * connection's cancel is dropped (the workers fence a running request's cancel by the same route).
+ * Checked and set in one step, so that a resume cannot slip in between. A request without a meta (gone:
+ * nothing can resume it) is cancelled. KEYS: meta, marker. ARGV: the gateway's channel, the reason, the
+ * marker's TTL (ms). Returns 1 when set, 0 when the route moved.
+ */
+export const CANCEL_IF_ROUTED_SCRIPT = `
+local channel = redis.call('HGET', KEYS[1], 'channel')
+if channel and channel ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
+return 1
+`;
