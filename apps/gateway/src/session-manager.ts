@@ -282,10 +282,9 @@ export class SessionManager {
     }
     session.nextSeq = entry.seq + 1;
     session.lastEventAt = Date.now();
-    if (entry.type === 'accepted' && entry.continued === true)
-      session.continuedAttempt = Math.max(session.continuedAttempt, entry.attempt ?? 1);
     switch (entry.type) {
       case 'accepted':
+        if (entry.continued === true) session.continuedAttempt = Math.max(session.continuedAttempt, entry.attempt ?? 1);
         // A worker holds it; it still waits (counted as queued) until its engine schedules it.
         session.state = 'running';
         session.workerId = entry.workerId;
