@@ -2,9 +2,8 @@ import type { Redis } from 'ioredis';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { redisNames } from '@sluice/protocol';
 import { Cluster, MODEL } from './support/cluster.js';
-import { startFrozenMidAnswers, thaw } from './support/mid-answer.js';
+import { frozenLongChat, thaw } from './support/mid-answer.js';
 import { waitFor } from './support/processes.js';
-import { LiveStream } from './support/sse.js';
 import type { WorkerProcess } from './support/sluice.js';
 import { loggedAnswer, readTokenLog } from './support/token-log.js';
 
@@ -18,13 +17,6 @@ import { loggedAnswer, readTokenLog } from './support/token-log.js';
  */
 const MAX_TOKENS = 1500;
 const names = redisNames('sluice');
-const BODY = {
-  model: MODEL,
-  stream: true,
-  max_tokens: MAX_TOKENS,
-  temperature: 0,
-  messages: [{ role: 'user', content: 'Tell a long story.' }],
-};
 
 describe('a gateway restarted under the same GATEWAY_ID', () => {
   let cluster: Cluster;
@@ -46,12 +38,8 @@ describe('a gateway restarted under the same GATEWAY_ID', () => {
 
   it("stops its predecessor's streams whose clients are gone, and serves new ones", async () => {
     const first = await cluster.gateway({ GATEWAY_ID: 'gateway-1' });
-    const { streams } = await startFrozenMidAnswers([worker], redis, {
-      start: () => [new LiveStream(`${first.url}/v1/chat/completions`, BODY)],
-      progress: (s) => s.until('streaming', () => s.contentChunks >= 3),
-      maxTokens: MAX_TOKENS,
-    });
-    const jobId = streams[0]!.jobId;
+    const stream = await frozenLongChat([worker], redis, first.url, MAX_TOKENS);
+    const jobId = stream.jobId;
     const channel = (await redis.hget(names.metaKey(jobId), 'channel'))!;
     first.process.signal('SIGKILL');
     await first.process.exited;

@@ -1,10 +1,10 @@
 import type { Redis } from 'ioredis';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { redisNames } from '@sluice/protocol';
-import { Cluster, MODEL } from './support/cluster.js';
-import { startFrozenMidAnswers } from './support/mid-answer.js';
+import { Cluster } from './support/cluster.js';
+import { frozenLongChat } from './support/mid-answer.js';
 import { waitFor } from './support/processes.js';
-import { empty, LiveStream, read } from './support/sse.js';
+import { empty, read } from './support/sse.js';
 import type { GatewayProcess, WorkerProcess } from './support/sluice.js';
 
 /**
@@ -17,13 +17,6 @@ import type { GatewayProcess, WorkerProcess } from './support/sluice.js';
  * gateways, two workers, SIGSTOP/SIGKILL.
  */
 const MAX_TOKENS = 1500;
-const BODY = {
-  model: MODEL,
-  stream: true,
-  max_tokens: MAX_TOKENS,
-  temperature: 0,
-  messages: [{ role: 'user', content: 'Tell a long story.' }],
-};
 
 describe("a stale gateway's move of a stream resumed elsewhere", () => {
   let cluster: Cluster;
@@ -49,12 +42,7 @@ describe("a stale gateway's move of a stream resumed elsewhere", () => {
 
   it('keeps the route on the gateway the client reads, and the answer goes on to its end there', async () => {
     const lostId = (await lost.health()).workerId;
-    const { streams } = await startFrozenMidAnswers([lost], redis, {
-      start: () => [new LiveStream(`${a.url}/v1/chat/completions`, BODY)],
-      progress: (s) => s.until('streaming', () => s.contentChunks >= 3),
-      maxTokens: MAX_TOKENS,
-    });
-    const connection = streams[0]!;
+    const connection = await frozenLongChat([lost], redis, a.url, MAX_TOKENS);
     const jobId = connection.jobId;
     // The cursor of what the first connection has read.
     const cursor = connection.items.flatMap((item) => (item.kind === 'data' && item.id !== undefined ? [item.id] : [])).at(-1)!;

@@ -219,6 +219,29 @@ describe.each(FAKE_ENGINE ? (['plain'] as const) : (['plain', 'gqa'] as const))(
     }
 
     /**
+     * A worker whose drain bound is 0 holding every one of `requests`, frozen with each stream without
+     * stop strings mid-answer; the other workers are frozen too, so that it takes them all (the caller
+     * thaws `others` and the drainer; on a failure this does).
+     */
+    async function drainerWithStreams(requests: Params[]): Promise<{ drainer: WorkerProcess; others: WorkerProcess[]; runs: Running[] }> {
+      const others = cluster.workers.filter(alive);
+      const drainer = await cluster.worker({ ...workerEnv, DRAIN_TIMEOUT_MS: '0' });
+      for (const w of others) w.process.child.kill('SIGSTOP');
+      try {
+        const { runs } = await startFrozen(
+          requests,
+          1000,
+          async () => [drainer],
+          (params) => params.stop === undefined,
+        );
+        return { drainer, others, runs };
+      } catch (error) {
+        for (const w of [...others, drainer]) w.process.child.kill('SIGCONT');
+        throw error;
+      }
+    }
+
+    /**
      * Starts `requests`, freezes the busy workers once every stream has text and every one without stop
      * strings is unfinished in its log (see startFrozen: the fault lands mid-stream on any machine),
      * applies `fault`, and collects everything.
@@ -363,20 +386,10 @@ describe.each(FAKE_ENGINE ? (['plain'] as const) : (['plain', 'gqa'] as const))(
         await ensureWorkers(2);
         const requests = mix(16, 1000);
         const reference = await Promise.all(requests.map((params) => run(client, params)));
-        // Every stream on one worker whose drain bound is 0: the others are frozen while it takes them.
-        const others = cluster.workers.filter((w) => w.process.child.exitCode === null && w.process.child.signalCode === null);
-        const drainer = await cluster.worker({ ...workerEnv, DRAIN_TIMEOUT_MS: '0' });
-        for (const w of others) w.process.child.kill('SIGSTOP');
-        let runs: Running[] = [];
+        // Every stream on one worker whose drain bound is 0, frozen mid-stream, told to stop, then let
+        // go: it drains at once and hands every request over.
+        const { drainer, others, runs } = await drainerWithStreams(requests);
         try {
-          // Frozen mid-stream (each stream without stop strings unfinished in its log), told to stop,
-          // then let go: it drains at once and hands every request over.
-          ({ runs } = await startFrozen(
-            requests,
-            1000,
-            async () => [drainer],
-            (params) => params.stop === undefined,
-          ));
           drainer.process.child.kill('SIGTERM');
         } finally {
           for (const w of others) w.process.child.kill('SIGCONT');
@@ -396,18 +409,9 @@ describe.each(FAKE_ENGINE ? (['plain'] as const) : (['plain', 'gqa'] as const))(
         await ensureWorkers(2);
         const requests = mix(4, 1000);
         const reference = await Promise.all(requests.map((params) => run(client, params)));
-        const others = cluster.workers.filter(alive);
-        const drainer = await cluster.worker({ ...workerEnv, DRAIN_TIMEOUT_MS: '0' });
-        for (const w of others) w.process.child.kill('SIGSTOP');
+        const { drainer, others, runs } = await drainerWithStreams(requests);
         const redis = cluster.redis.client();
-        let runs: Running[] = [];
         try {
-          ({ runs } = await startFrozen(
-            requests,
-            1000,
-            async () => [drainer],
-            (params) => params.stop === undefined,
-          ));
           // Redis refuses every write (maxmemory reached) as the drain ends: the last steps' appends are
           // refused while their publishes reach the gateway, and the handover's move is refused.
           await redis.config('SET', 'maxmemory', '1');

@@ -10,7 +10,8 @@ import type { Redis } from 'ioredis';
 import { endsRequest } from '@sluice/protocol';
 import { sleep } from './processes.js';
 import type { WorkerProcess } from './sluice.js';
-import type { LiveStream } from './sse.js';
+import { MODEL } from './cluster.js';
+import { LiveStream } from './sse.js';
 import { readTokenLog } from './token-log.js';
 
 /** Time for writes the workers made before SIGSTOP to land. */
@@ -102,4 +103,29 @@ export async function startFrozenMidAnswers(
     await Promise.all(streams.map((stream) => stream.ended));
     return undefined;
   });
+}
+
+/**
+ * A long greedy chat stream (`maxTokens` tokens) on `gatewayUrl`, read to its third chunk, with
+ * `workers` frozen while it is mid-answer (see {@link startFrozenMidAnswers}): the caller sends SIGCONT.
+ */
+export async function frozenLongChat(
+  workers: readonly WorkerProcess[],
+  redis: Redis,
+  gatewayUrl: string,
+  maxTokens: number,
+): Promise<LiveStream> {
+  const body = {
+    model: MODEL,
+    stream: true,
+    max_tokens: maxTokens,
+    temperature: 0,
+    messages: [{ role: 'user', content: 'Tell a long story.' }],
+  };
+  const { streams } = await startFrozenMidAnswers(workers, redis, {
+    start: () => [new LiveStream(`${gatewayUrl}/v1/chat/completions`, body)],
+    progress: (s) => s.until('streaming', () => s.contentChunks >= 3),
+    maxTokens,
+  });
+  return streams[0]!;
 }
