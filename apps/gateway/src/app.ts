@@ -25,6 +25,7 @@ import type { TokenLog } from './token-log-reader.js';
 import type { HeartbeatTicker } from './sse-writer.js';
 import type { TokenizerSource } from './tokenizer-cache.js';
 import type { ModelCatalog } from './worker-registry.js';
+import type { IdempotencyStore } from './idempotency-store.js';
 
 /** Everything the HTTP app uses; `main.ts` wires the Redis-backed ones, tests and benchmarks fakes. */
 export interface AppDeps {
@@ -43,6 +44,8 @@ export interface AppDeps {
   checkRedis(): Promise<boolean>;
   drainPhase(): DrainPhase;
   hooks: GatewayHooks;
+  /** `Idempotency-Key` records (idempotency-store.ts); absent: the header is checked but not acted on. */
+  idempotency?: IdempotencyStore;
   /** API keys and per-key limits (auth/access-control.ts); absent: no key is checked. */
   access?: AccessControl;
 }

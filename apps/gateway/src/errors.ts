@@ -30,6 +30,9 @@ export type GatewayErrorCode =
   | 'rate_limit_exceeded'
   | 'tokens_over_key_limit'
   | 'unsupported_media_type'
+  // Idempotency-Key (idempotency-store.ts).
+  | 'idempotency_key_reused'
+  | 'idempotency_conflict'
   // Redis (queue, registry, stream log, keys, limits) did not answer.
   | 'store_unavailable';
 
@@ -94,6 +97,19 @@ const codes: Record<GatewayErrorCode, CodeInfo> = {
     type: 'invalid_request_error',
     message: "This request may use more tokens than this API key's tokens-per-minute limit.",
   },
+  // The key named a request with another body or route: the same key must not stand for two requests.
+  idempotency_key_reused: {
+    status: 422,
+    type: 'invalid_request_error',
+    message: 'This Idempotency-Key was used for a request with another body or route.',
+  },
+  // The key's request is still being admitted by another gateway (or that gateway died doing so).
+  idempotency_conflict: {
+    status: 409,
+    type: 'invalid_request_error',
+    message: 'A request with this Idempotency-Key is being admitted. Retry later.',
+    retry: true,
+  },
   unsupported_media_type: {
     status: 415,
     type: 'invalid_request_error',
@@ -138,6 +154,15 @@ export interface OpenAIErrorBody {
 /** The one mapping point: any thrown value → a GatewayError (internal details never reach a client). */
 export function toGatewayError(error: unknown): GatewayError {
   return error instanceof GatewayError ? error : new GatewayError('internal', { cause: error });
+}
+
+/** A read or write of the stream store: Redis failing it is a 503 `store_unavailable` to retry (it was a 500 `internal`). */
+export async function fromStore<T>(work: Promise<T>): Promise<T> {
+  try {
+    return await work;
+  } catch (cause) {
+    throw new GatewayError('store_unavailable', { message: 'The stream store is unavailable: try again.', cause });
+  }
 }
 
 /** OpenAI error body, used both for the HTTP reply and for the SSE error frame. */

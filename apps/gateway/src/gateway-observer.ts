@@ -22,6 +22,7 @@ export function createGatewayObserver(metrics: GatewayMetrics, logger: Logger): 
     for (const route of COMPLETION_ROUTES) metrics.countRequest(route, status, 0);
   }
   for (const route of COMPLETION_ROUTES) metrics.countRequest(route, 200, 0);
+  for (const stream of ['true', 'false']) metrics.requestReplays.labels(stream).inc(0);
   return {
     responded: (route, status) => metrics.countRequest(route, status),
     rejected: (code) => metrics.rejected.labels(code).inc(),
@@ -29,6 +30,7 @@ export function createGatewayObserver(metrics: GatewayMetrics, logger: Logger): 
     sseWritten: metrics.sseWritten,
     streamGap: () => metrics.streamGaps.inc(),
     streamResumed: () => metrics.streamResumes.inc(),
+    requestReplayed: (stream) => metrics.requestReplays.labels(String(stream)).inc(),
     resumedStreamOpened: () => {
       metrics.activeStreams.inc();
       metrics.activeResumedStreams.inc();

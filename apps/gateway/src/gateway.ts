@@ -1,3 +1,4 @@
+import { IdempotencyStore } from './idempotency-store.js';
 import { randomBytes } from 'node:crypto';
 import type { AddressInfo } from 'node:net';
 import { serve, type ServerType } from '@hono/node-server';
@@ -203,6 +204,7 @@ export async function startGateway(config: GatewayConfig, logger: Logger, option
     sessions,
     jobs,
     log,
+    idempotency: new IdempotencyStore(redis, names),
     registry,
     tokenizers,
     heartbeats,

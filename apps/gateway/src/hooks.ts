@@ -79,6 +79,11 @@ export interface GatewayHooks {
   streamMigrated?(byThisGateway: boolean): void;
   /** A client resumed a stream here (`GET .../{id}?stream=true`). */
   streamResumed?(): void;
+  /**
+   * A POST came again with an `Idempotency-Key` that names a request already admitted: its reply is
+   * delivered here from the request's log, as a resume from the start (`stream`: as SSE).
+   */
+  requestReplayed?(stream: boolean): void;
   /** A resumed stream is open here: an active stream until the returned function is called (once or more). */
   resumedStreamOpened?(): () => void;
   /** Entries of a request were lost between worker and gateway (a sequence gap, repaired from the token log). */

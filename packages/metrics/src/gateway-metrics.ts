@@ -66,6 +66,8 @@ export interface GatewayMetrics {
   readonly streamErrors: Counter<'code'>;
   readonly streamGaps: Counter;
   readonly streamResumes: Counter;
+  /** POSTs answered with the request their `Idempotency-Key` already named (a proxy's or client's retry). */
+  readonly requestReplays: Counter<'stream'>;
   readonly streamMigrations: Counter;
   readonly streamTokens: Counter;
   readonly sseEvents: Counter<'kind'>;
@@ -199,6 +201,12 @@ export function createGatewayMetrics(registry: Registry = new Registry(), option
     help: 'Streams resumed on this gateway (GET .../{id}?stream=true with a cursor).',
     registers,
   });
+  const requestReplays = new Counter({
+    name: 'sluice_gateway_request_replays_total',
+    help: 'Completion POSTs whose Idempotency-Key named a request already admitted: delivered from its token log, not generated or charged again.',
+    labelNames: ['stream'] as const,
+    registers,
+  });
   const streamMigrations = new Counter({
     name: 'sluice_gateway_stream_migrations_total',
     help: 'Streams this gateway moved to another worker after their worker was lost (a continuation from the token log).',
@@ -315,6 +323,7 @@ export function createGatewayMetrics(registry: Registry = new Registry(), option
     streamErrors,
     streamGaps,
     streamResumes,
+    requestReplays,
     streamMigrations,
     streamTokens,
     sseEvents,

@@ -40,6 +40,8 @@ export function redisNames(prefix: string = DEFAULT_PREFIX) {
     workerKey: (workerId: string) => `${prefix}:worker:${workerId}`,
     /** Sorted set of worker ids (score: last heartbeat, ms since epoch): the index of `workerKey`s. */
     workersIndexKey: `${prefix}:workers`,
+    /** An `Idempotency-Key` record (by digest of API key and key): the request it admitted and its body's digest. */
+    idempotencyKey: (digest: string) => `${prefix}:idem:${digest}`,
   } as const;
 }
 

@@ -1,3 +1,4 @@
+import { IDEMPOTENCY_KEY_PATTERN } from '../idempotency-store.js';
 import { z } from 'zod';
 import { createDocument, type ZodOpenApiOperationObject, type ZodOpenApiResponsesObject } from 'zod-openapi';
 import { errorCodeTable, type GatewayErrorCode } from '../errors.js';
@@ -71,6 +72,8 @@ const REFUSALS: GatewayErrorCode[] = [
   'request_too_large',
   'queue_full',
   'tokens_over_key_limit',
+  'idempotency_key_reused',
+  'idempotency_conflict',
   'no_workers',
   'store_unavailable',
   'shutting_down',
@@ -129,6 +132,22 @@ function generation(kind: 'chat' | 'completion'): ZodOpenApiOperationObject {
     description: chat
       ? 'OpenAI chat completions. `stream: true` answers with SSE chunks; fields Sluice does not support are refused with a 400 naming them.'
       : 'OpenAI (legacy) completions, with prompt batches, `echo` and `logprobs`. Fields Sluice does not support are refused with a 400 naming them.',
+    requestParams: {
+      header: z.object({
+        'Idempotency-Key': z
+          .string()
+          .regex(IDEMPOTENCY_KEY_PATTERN)
+          .optional()
+          .meta({
+            description:
+              'Makes a retry safe: a POST that comes again with the same key (under the same API key) and the same body is answered ' +
+              'with the request the first one admitted, from its token log (as a resume from the start), neither generated nor ' +
+              "charged again; with another body or route it is refused (422). Kept for the request's retention. The deployment's " +
+              'nginx sends its `$request_id` when the client sends none, so its own retries to another gateway are safe. Not for ' +
+              'a batch of prompts.',
+          }),
+      }),
+    },
     requestBody: { required: true, content: { 'application/json': { schema: chat ? chatRequestSchema : completionRequestSchema } } },
     responses: {
       '200': {

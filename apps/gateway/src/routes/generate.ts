@@ -3,7 +3,7 @@ import type { Context } from 'hono';
 import { batchRequestId, type JobInput, type StreamFormat } from '@sluice/protocol';
 import type { AppDeps } from '../app.js';
 import { ClientPresence } from '../client-presence.js';
-import { GatewayError } from '../errors.js';
+import { fromStore, GatewayError } from '../errors.js';
 import { checkPrompt } from '../prompt-tokens.js';
 import { checkInputLimits } from '../openai/input-limits.js';
 import { readJsonBody } from '../read-json-body.js';
@@ -17,6 +17,9 @@ import { CompleteResponder } from '../responders/complete-responder.js';
 import type { ResponderContext } from '../responders/responder-context.js';
 import { StreamResponder } from '../responders/stream-responder.js';
 import { RequestTiming } from '../responders/request-timing.js';
+import type { RequestObserver } from '../hooks.js';
+import { IDEMPOTENCY_KEY_PATTERN } from '../idempotency-store.js';
+import { takeOver } from '../take-over.js';
 
 import type { AppEnv } from '../app.js';
 import { noObserver } from '../responders/responder-context.js';
@@ -37,6 +40,7 @@ export function generateHandler(deps: AppDeps, endpoint: Endpoint) {
     const body = await readJsonBody(c.env.incoming, res, config.maxBodyBytes);
     const request = endpoint === 'chat' ? parseChatRequest(body) : parseCompletionRequest(body);
     checkInputLimits(request, config.access);
+    const idempotencyKey = idempotencyKeyOf(c);
     if (deps.drainPhase() === 'refusing') throw new GatewayError('shutting_down');
     const served = registry.requireModel(request.model);
     const apiKey = c.get('apiKey');
@@ -48,6 +52,10 @@ export function generateHandler(deps: AppDeps, endpoint: Endpoint) {
     // requests pass the same check meanwhile, which filled the queue past its bound (10 of 10 admitted
     // at MAX_QUEUED_REQUESTS=2 with a key with limits).
     const releaseQueued = sessions.reserveQueued(prompts.length);
+    // Claimed below when the request carries an Idempotency-Key; given back if it is refused before its
+    // job is enqueued, so that a retry with the same key is admitted afresh.
+    let claim: { key: string } | undefined;
+    let enqueued = false;
     try {
       // Tokenized here, not on a worker: a prompt that cannot fit is a 400 before the 200 under any load.
       const tokenizer = await deps.tokenizers.forModel(served);
@@ -66,23 +74,66 @@ export function generateHandler(deps: AppDeps, endpoint: Endpoint) {
       // need not be unique, so the job, the session and the pub/sub entries use an id of our own.
       const requestId = c.get('requestId');
       // Our own id serves as both when the client sent none: then logs, reply and job id agree.
-      const jobId = c.req.header('x-request-id') === requestId ? randomUUID() : requestId;
+      const freshJobId = c.req.header('x-request-id') === requestId ? randomUUID() : requestId;
+      // A key seen before names the request it admitted: that request is delivered here from the start
+      // of its log, neither generated nor charged again (a batch of prompts is not replayed: its key is
+      // not recorded).
+      const found =
+        idempotencyKey === undefined || prompts.length > 1 || deps.idempotency === undefined
+          ? undefined
+          : await fromStore(deps.idempotency.claim(apiKey?.hash ?? '', idempotencyKey, endpoint, body, freshJobId));
+      if (found?.kind === 'claimed') claim = found;
+      const replayed = found?.kind === 'taken' ? await replayTarget(deps, endpoint, found) : undefined;
+      const jobId = replayed?.jobId ?? freshJobId;
       // The key's limits, last of the refusals: a granted request settles when it ends.
       const grant =
-        apiKey === undefined || admission === undefined ? undefined : await admission.admit(apiKey, request, checked, jobId, res);
+        replayed !== undefined || apiKey === undefined || admission === undefined
+          ? undefined
+          : await admission.admit(apiKey, request, checked, jobId, res);
       if (client.gone) {
         // Gone while the key's limits were decided: nothing is enqueued, and the grant (token
         // reservation, stream slot) is settled at once, as if the request had used nothing.
         if (grant !== undefined) admission?.release(grant);
         throw new GatewayError('client_closed');
       }
+      if (replayed !== undefined) hooks.requestReplayed?.(request.stream);
       const started =
-        hooks.requestStarted?.({ requestId, jobId, endpoint, model: request.model, stream: request.stream, receivedAt: receivedAtMono }) ??
-        noObserver();
+        replayed === undefined
+          ? (hooks.requestStarted?.({
+              requestId,
+              jobId,
+              endpoint,
+              model: request.model,
+              stream: request.stream,
+              receivedAt: receivedAtMono,
+            }) ?? noObserver())
+          : undefined;
       // Only a stream can be resumed (and a batch of prompts cannot: see PromptBatch).
       const graceMs =
-        request.stream && prompts.length === 1 ? Math.min(request.resumeGraceMs ?? config.resumeGraceMs, config.maxResumeGraceMs) : 0;
-      const observer = grant === undefined || admission === undefined ? started : admission.observe(grant, started, graceMs);
+        replayed !== undefined
+          ? replayed.meta.graceMs
+          : request.stream && prompts.length === 1
+            ? Math.min(request.resumeGraceMs ?? config.resumeGraceMs, config.maxResumeGraceMs)
+            : 0;
+      // A replay is one more delivery of a request counted where it was admitted, as a resume is: only
+      // the tokens it writes count here, and under a key it holds the request's stream slot and token
+      // reservation from the takeover on (claimed below).
+      let slotEnded: RequestObserver['finished'] | undefined;
+      let activeEnded: (() => void) | undefined;
+      const observer =
+        started === undefined
+          ? {
+              ...noObserver(),
+              contentWritten: (tokens: number) => hooks.resumedTokensWritten?.(tokens),
+              tokensWithoutText: (tokens: number) => hooks.resumedTokensWritten?.(tokens),
+              finished: (info: Parameters<RequestObserver['finished']>[0]) => {
+                activeEnded?.();
+                slotEnded?.(info);
+              },
+            }
+          : grant === undefined || admission === undefined
+            ? started
+            : admission.observe(grant, started, graceMs);
       // Usage so far on every chunk: read from the responder, which counts the tokens it writes.
       let responderUsage = () => ({ promptTokens: 0, completionTokens: 0 });
       if (request.continuousUsage === true && request.stream) formatOptions.liveUsage = () => responderUsage();
@@ -90,13 +141,14 @@ export function generateHandler(deps: AppDeps, endpoint: Endpoint) {
         requestId,
         // A batch of P prompts answers with P × n choices.
         request: prompts.length > 1 ? { ...request, n: prompts.length * request.n } : request,
-        format: new ResponseFormat(endpoint, jobId, request.model, request.includeUsage, undefined, formatOptions),
+        format: new ResponseFormat(endpoint, jobId, request.model, request.includeUsage, replayed?.meta.format.created, formatOptions),
         receivedAt,
         retryAfterS: config.retryAfterS,
         hooks,
         observer,
         timing: new RequestTiming(receivedAtMono, performance.now()),
       };
+      let opened: RequestSession[] = [];
       const responder = request.stream
         ? new StreamResponder(ctx, res, heartbeats, {
             headersWaitMs: config.headersWaitMs,
@@ -111,6 +163,29 @@ export function generateHandler(deps: AppDeps, endpoint: Endpoint) {
           })
         : new CompleteResponder(ctx);
       if (responder instanceof StreamResponder) responderUsage = () => responder.usage;
+
+      if (replayed !== undefined) {
+        // The request's reply from the first event of its log on, wherever it runs (or ran) now.
+        if (request.stream) activeEnded = hooks.resumedStreamOpened?.();
+        const taken = takeOver(deps, {
+          jobId,
+          meta: replayed.meta,
+          cursor: -1,
+          last: undefined,
+          responder,
+          client,
+          owner: apiKey?.hash,
+          attached: () => {
+            if (admission !== undefined && apiKey !== undefined && !responder.done) {
+              slotEnded = admission.resumed(apiKey, jobId, replayed.meta.deadlineAt, replayed.meta.graceMs);
+            }
+          },
+        });
+        opened = [taken.session];
+        await taken.done;
+        return await responder.reply;
+      }
+
       const deadlineAt = receivedAt + config.requestTimeoutMs;
       const batch =
         prompts.length > 1
@@ -123,7 +198,7 @@ export function generateHandler(deps: AppDeps, endpoint: Endpoint) {
           : undefined;
       // Prompt k of a batch runs as its own job; the first keeps the reply's id.
       const jobIds = prompts.map((_, k) => batchRequestId(jobId, k));
-      const opened: RequestSession[] = jobIds.map((id, k) => {
+      opened = jobIds.map((id, k) => {
         const session = sessions.open(id, deadlineAt, batch?.listenerFor(k) ?? ((event) => responder.handle(event)), {
           graceMs,
           // A revoke of the key ends the session (auth/key-revocation.ts).
@@ -138,7 +213,6 @@ export function generateHandler(deps: AppDeps, endpoint: Endpoint) {
       // resume grace, leaves it running for a resume from any gateway). One that leaves while the job is
       // being enqueued is answered at once and its work cancelled as soon as the enqueue is done (a
       // cancel sent before the job exists could miss it).
-      let enqueued = false;
       const leave = () => {
         if (responder.done) return;
         if (responder instanceof StreamResponder) responder.clientClosed(graceMs > 0);
@@ -187,6 +261,13 @@ export function generateHandler(deps: AppDeps, endpoint: Endpoint) {
         throw refusal;
       }
       enqueued = true;
+      // Kept as long as the request's meta: a retry within its retention finds it.
+      if (claim !== undefined) {
+        const kept = claim;
+        deps.idempotency?.keep(kept, Math.max(1, deadlineAt - Date.now()) + config.streamRetentionMs).catch((error: unknown) => {
+          deps.logger.warn({ err: error, requestId }, 'keeping an idempotency key failed: it lapses in 30 s');
+        });
+      }
       observer.enqueued?.();
       if (client.gone) {
         for (const session of opened) sessions.clientLeft(session);
@@ -196,8 +277,40 @@ export function generateHandler(deps: AppDeps, endpoint: Endpoint) {
       return responder.reply;
     } finally {
       releaseQueued();
+      if (claim !== undefined && !enqueued) {
+        deps.idempotency?.release(claim).catch((error: unknown) => {
+          deps.logger.warn({ err: error, requestId: c.get('requestId') }, 'freeing an idempotency key failed: it lapses in 30 s');
+        });
+      }
     }
   };
+}
+
+/** The request's `Idempotency-Key`, checked: 1–255 visible ASCII characters. */
+function idempotencyKeyOf(c: Context<AppEnv>): string | undefined {
+  const key = c.req.header('idempotency-key');
+  if (key === undefined) return undefined;
+  if (!IDEMPOTENCY_KEY_PATTERN.test(key)) {
+    throw new GatewayError('invalid_request', {
+      message: 'Idempotency-Key: must be 1 to 255 visible ASCII characters.',
+      param: 'Idempotency-Key',
+    });
+  }
+  return key;
+}
+
+/**
+ * The request an `Idempotency-Key` already names, if this POST may be answered with it: the same route
+ * and body (else 422), and a request that exists (else 409: its gateway is still admitting it, or died
+ * doing so, and the key lapses with the claim).
+ */
+async function replayTarget(deps: AppDeps, endpoint: Endpoint, found: { jobId: string; sameRequest: boolean }) {
+  if (!found.sameRequest) throw new GatewayError('idempotency_key_reused');
+  const meta = await fromStore(deps.log.meta(found.jobId));
+  if (meta === undefined || meta.format.endpoint !== endpoint || meta.format.prompts !== undefined) {
+    throw new GatewayError('idempotency_conflict');
+  }
+  return { jobId: found.jobId, meta };
 }
 
 /**

@@ -1,7 +1,7 @@
 import type { Context } from 'hono';
 import type { AppDeps, AppEnv } from '../app.js';
 import { ClientPresence } from '../client-presence.js';
-import { GatewayError } from '../errors.js';
+import { fromStore, GatewayError } from '../errors.js';
 import { batchRequestId, endsRequest, type GatewayEntry, type RequestMeta } from '@sluice/protocol';
 import type { Endpoint, ParsedRequest } from '../openai/request-schemas.js';
 import { logprobsTextLength, ResponseFormat, type UsageNumbers } from '../openai/response-format.js';
@@ -10,6 +10,7 @@ import { noObserver, type ResponderContext } from '../responders/responder-conte
 import { StreamResponder } from '../responders/stream-responder.js';
 import { SSE_HEADERS } from '../sse-writer.js';
 import { systemFingerprint } from '../version.js';
+import { takeOver } from '../take-over.js';
 
 /** The job id inside a chunk id (`chatcmpl-<id>` / `cmpl-<id>`), or undefined when it is not one of ours. */
 function jobIdOf(endpoint: Endpoint, chunkId: string): string | undefined {
@@ -56,7 +57,7 @@ function ownedByCaller(c: Context<AppEnv>, meta: RequestMeta): boolean {
  * monitors, and a GET takes the stream over from the connection that holds it.
  */
 export function resumeHandler(deps: AppDeps, endpoint: Endpoint) {
-  const { sessions, jobs, log, heartbeats, config, hooks } = deps;
+  const { sessions, log, heartbeats, config, hooks } = deps;
   return async (c: Context<AppEnv>): Promise<Response> => {
     const res = c.env.outgoing;
     // Watched before the first await (the meta, the log, the attach).
@@ -153,7 +154,7 @@ export function resumeHandler(deps: AppDeps, endpoint: Endpoint) {
       headersWaitMs: 0,
       streamIntervalMs: config.streamIntervalMs,
       maxBufferBytes: config.maxStreamBufferBytes,
-      onGiveUp: () => sessions.clientLeft(session),
+      onGiveUp: () => sessions.clientLeft(taken.session),
     });
     if (countsUsage) {
       responder.usageSoFar(before.usage);
@@ -166,55 +167,25 @@ export function resumeHandler(deps: AppDeps, endpoint: Endpoint) {
       return responder.reply;
     }
     activeEnded = hooks.resumedStreamOpened?.();
-    // Past its `accepted` (before the cursor), the session learns its worker and attempt from the meta:
-    // a worker lost from now on migrates the stream as it would one opened here.
-    const session = sessions.open(jobId, meta.deadlineAt, (event) => responder.handle(event), {
-      nextSeq: cursor + 1,
-      graceMs: meta.graceMs,
-      accepted: cursor >= 0,
-      // Scheduled by its engine once its log holds anything after its `accepted` (a `scheduled` entry,
-      // output, its end); with only the `accepted`, it still waits for a place in the engine.
-      scheduled: cursor >= 0 && last !== undefined && last.type !== 'accepted',
-      workerId: meta.workerId,
-      attempt: meta.attempt,
+    const taken = takeOver(deps, {
+      jobId,
+      meta,
+      cursor,
+      last,
+      responder,
+      client,
       owner: apiKey?.hash,
+      attached: () => {
+        // Under a key (the request's: see ownedByCaller), the resumed stream holds the request's stream
+        // slot while it runs (max-streams) and its token reservation, and its tokens count under the key:
+        // claimed only by a stream still open (one that ended meanwhile would never give them back).
+        if (admission !== undefined && apiKey !== undefined && !responder.done) {
+          slotEnded = admission.resumed(apiKey, jobId, meta.deadlineAt, meta.graceMs);
+        }
+        hooks.streamResumed?.();
+      },
     });
-    // A client that leaves while the route moves here is answered at once; the session leaves (its
-    // work cancelled, or detached with a grace) once the attach is done, so that the detach comes
-    // after it (a detach sent before the attach would be undone by it).
-    let attached = false;
-    client.onLeave(() => {
-      if (responder.done) return;
-      responder.clientClosed(meta.graceMs > 0);
-      if (attached) sessions.clientLeft(session);
-    });
-    responder.begin();
-    try {
-      await jobs.attach(jobId);
-    } catch (error) {
-      // Nothing was taken over: the request stays where it was (detached, or still delivered by its
-      // first connection), and so do its key's stream slot and token reservation, which this resume
-      // claims only once the attach is done (a claim before it kept the slot to the request's deadline,
-      // then only for the grace, and left the reservation to a delivery that would never settle it).
-      // The stream, its 200 sent, ends with a store_unavailable error frame and [DONE].
-      sessions.release(session);
-      const failure = new GatewayError('store_unavailable', { message: 'The stream store is unavailable: resume again.', cause: error });
-      responder.handle({ type: 'failed', error: failure, detached: true });
-      return responder.reply;
-    }
-    attached = true;
-    if (client.gone) {
-      sessions.clientLeft(session);
-      return responder.reply;
-    }
-    // Under a key (the request's: see ownedByCaller), the resumed stream holds the request's stream
-    // slot while it runs (max-streams) and its token reservation, and its tokens count under the key:
-    // claimed only by a stream still open (one that ended meanwhile would never give them back).
-    if (admission !== undefined && apiKey !== undefined && !responder.done) {
-      slotEnded = admission.resumed(apiKey, jobId, meta.deadlineAt, meta.graceMs);
-    }
-    hooks.streamResumed?.();
-    sessions.repair(session);
+    await taken.done;
     return responder.reply;
   };
 }
@@ -250,15 +221,6 @@ export function cancelHandler(deps: AppDeps, endpoint: Endpoint) {
     );
     return c.json({ id: chunkId, object: endpoint === 'chat' ? 'chat.completion' : 'text_completion', cancelled: true });
   };
-}
-
-/** A read or write of the stream store: Redis failing it is a 503 `store_unavailable` to retry (it was a 500 `internal`). */
-async function fromStore<T>(work: Promise<T>): Promise<T> {
-  try {
-    return await work;
-  } catch (cause) {
-    throw new GatewayError('store_unavailable', { message: 'The stream store is unavailable: try again.', cause });
-  }
 }
 
 /**

@@ -1,0 +1,243 @@
+import { createHash } from 'node:crypto';
+import type { Redis } from 'ioredis';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { redisNames } from '@sluice/protocol';
+import { createKey } from './support/api-keys.js';
+import { Cluster, MODEL } from './support/cluster.js';
+import { freeze, thaw } from './support/mid-answer.js';
+import { startNginx, type NginxServer } from './support/nginx.js';
+import { waitFor } from './support/processes.js';
+import type { GatewayProcess, WorkerProcess } from './support/sluice.js';
+import { checkChunkSequence, collectSse } from './support/sse.js';
+import { loggedAnswer, readTokenLog } from './support/token-log.js';
+
+/**
+ * nginx sends a request to the next gateway when the one it reached closes the connection before the
+ * reply's headers (`proxy_next_upstream error … non_idempotent`): a gateway killed after it enqueued a
+ * POST made the retry generate the answer a second time and charge the API key twice (a `--rpm 1`
+ * key's only request was answered 429). The retry now carries the same Idempotency-Key (nginx's
+ * `$request_id`, deploy/nginx/sluice-proxy.conf) and the next gateway delivers the request already
+ * admitted. Real nginx, redis-server, gateway and worker processes (tiny model); the worker frozen
+ * with SIGSTOP so that the request is still waiting when its gateway is killed with SIGKILL.
+ */
+const names = redisNames('sluice');
+const MAX_TOKENS = 40;
+
+describe('a POST retried after its gateway died, through nginx', () => {
+  let cluster: Cluster;
+  let redis: Redis;
+  let worker: WorkerProcess;
+  let nginx: NginxServer;
+  const gateways = new Map<string, GatewayProcess>();
+
+  beforeAll(async () => {
+    cluster = await Cluster.start();
+    // A long TTL: the frozen worker must not look lost.
+    worker = await cluster.worker({ WORKER_TTL_MS: '60000' });
+    redis = cluster.redis.client();
+    // Headers held until the first token: a killed gateway's stream has sent nothing, so nginx retries it.
+    const env = { AUTH: 'keys', HEADERS_WAIT_MS: '60000' };
+    for (const id of ['gw-a', 'gw-b', 'gw-c']) gateways.set(id, await cluster.gateway({ ...env, GATEWAY_ID: id }));
+    nginx = await startNginx({ upstreamPorts: [...gateways.values()].map((g) => Number(new URL(g.url).port)) });
+  });
+
+  afterAll(async () => {
+    thaw([worker]);
+    redis?.disconnect();
+    await nginx?.close();
+    await cluster?.stop();
+  });
+
+  /** Which gateway holds the one request waiting in the queue, and the request's id. */
+  async function waitingRequest(): Promise<{ jobId: string; gatewayId: string }> {
+    return waitFor('the request enqueued', async () => {
+      const metas = await redis.keys('sluice:{*}:meta');
+      const fresh = [];
+      for (const key of metas) {
+        const jobId = key.slice('sluice:{'.length, -'}:meta'.length);
+        if ((await redis.exists(names.logKey(jobId))) === 0) fresh.push(jobId);
+      }
+      if (fresh.length !== 1) return undefined;
+      const jobId = fresh[0]!;
+      const channel = (await redis.hget(names.metaKey(jobId), 'channel')) ?? '';
+      const gatewayId = [...gateways.keys()].find((id) => channel.startsWith(`${names.gatewayChannel(id)}.`));
+      return gatewayId === undefined ? undefined : { jobId, gatewayId };
+    });
+  }
+
+  /** Sends `body` through nginx with the worker frozen, kills the gateway that enqueued it, thaws the worker. */
+  async function postAcrossAKill(key: string, body: object): Promise<{ res: Response; jobId: string; killed: string }> {
+    const metasBefore = (await redis.keys('sluice:{*}:meta')).length;
+    await freeze([worker]);
+    let reply: Promise<Response>;
+    let request: { jobId: string; gatewayId: string };
+    try {
+      reply = fetch(`${nginx.url}/v1/chat/completions`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json', authorization: `Bearer ${key}` },
+        body: JSON.stringify(body),
+      });
+      let answered: Response | undefined;
+      void reply.then((res) => (answered = res));
+      request = await waitingRequest();
+      const { jobId, gatewayId } = request;
+      const killed = gateways.get(gatewayId)!;
+      gateways.delete(gatewayId);
+      killed.process.signal('SIGKILL');
+      await killed.process.exited;
+      // nginx has passed the request on: the next gateway took the request over (its route names that
+      // gateway's channel), or admitted it as a second request, or refused it (what it did before).
+      const retried = await waitFor('the retry', async () => {
+        const channel = (await redis.hget(names.metaKey(jobId), 'channel')) ?? '';
+        if (!channel.startsWith(`${names.gatewayChannel(gatewayId)}.`)) return 'taken over';
+        // (A `--rpm 1` key's retry was refused at once: 429.)
+        if (answered !== undefined) return `answered ${answered.status} with the worker frozen`;
+        return (await redis.keys('sluice:{*}:meta')).length > metasBefore + 1 ? 'admitted again' : undefined;
+      });
+      expect(retried).toBe('taken over');
+    } finally {
+      thaw([worker]);
+    }
+    return { res: await reply, jobId: request.jobId, killed: request.gatewayId };
+  }
+
+  it('answers a non-streaming request once, from the request the dead gateway admitted, and charges the key once', async () => {
+    const key = await createKey(cluster.redis.url, ['--name', 'retried', '--rpm', '1']);
+    const before = (await worker.health()).processed;
+    const body = {
+      model: MODEL,
+      max_tokens: MAX_TOKENS,
+      temperature: 0,
+      ignore_eos: true,
+      messages: [{ role: 'user', content: 'Say hi.' }],
+    };
+    const { res, jobId } = await postAcrossAKill(key, body);
+    const text = await res.text();
+    expect(res.status, `${text}\n${await nginx.accessLog()}`).toBe(200);
+    const reply = JSON.parse(text) as {
+      id: string;
+      choices: Array<{ message: { content: string } }>;
+      usage: { completion_tokens: number };
+    };
+    expect(reply.id).toBe(`chatcmpl-${jobId}`);
+    expect(reply.usage.completion_tokens).toBe(MAX_TOKENS);
+    expect(reply.choices[0]!.message.content).toBe((await loggedAnswer(redis, jobId)).text);
+    // One generation: one job taken by the worker, one `accepted` in the log.
+    await waitFor('the worker done', async () => ((await worker.health()).processed === before + 1 ? true : undefined));
+    expect((await readTokenLog(redis, jobId)).filter((e) => e.type === 'accepted')).toHaveLength(1);
+    // nginx tried two gateways: the killed one (no reply: 502) and the one that answered.
+    expect(await nginx.accessLog()).toMatch(/upstream_status=502, 200/);
+  });
+
+  it('streams the answer once after the gateway holding the stream died before its headers', async () => {
+    const key = await createKey(cluster.redis.url, ['--name', 'streamed', '--rpm', '1']);
+    const before = (await worker.health()).processed;
+    const body = {
+      model: MODEL,
+      stream: true,
+      stream_options: { include_usage: true },
+      max_tokens: MAX_TOKENS,
+      temperature: 0,
+      ignore_eos: true,
+      messages: [{ role: 'user', content: 'Say hello.' }],
+    };
+    const { res, jobId } = await postAcrossAKill(key, body);
+    expect(res.status).toBe(200);
+    const items = await collectSse(res.body!);
+    const stream = checkChunkSequence(items, 'chat', true);
+    expect(stream.finishReason).toBe('length');
+    expect(stream.usage?.completion_tokens).toBe(MAX_TOKENS);
+    expect(stream.text).toBe((await loggedAnswer(redis, jobId)).text);
+    expect(items.some((i) => i.kind === 'data' && i.data.includes(`"id":"chatcmpl-${jobId}"`))).toBe(true);
+    await waitFor('the worker done', async () => ((await worker.health()).processed === before + 1 ? true : undefined));
+  });
+});
+
+describe('Idempotency-Key on one gateway', () => {
+  let cluster: Cluster;
+  let gateway: GatewayProcess;
+  let redis: Redis;
+  let key: string;
+
+  beforeAll(async () => {
+    cluster = await Cluster.start();
+    await cluster.worker();
+    gateway = await cluster.gateway({ AUTH: 'keys' });
+    redis = cluster.redis.client();
+    key = await createKey(cluster.redis.url, ['--name', 'orders', '--tpm', '200']);
+  });
+
+  afterAll(async () => {
+    redis?.disconnect();
+    await cluster?.stop();
+  });
+
+  const post = (body: object, idempotencyKey?: string, path = '/v1/completions') =>
+    fetch(`${gateway.url}${path}`, {
+      method: 'POST',
+      headers: {
+        'content-type': 'application/json',
+        authorization: `Bearer ${key}`,
+        ...(idempotencyKey === undefined ? {} : { 'idempotency-key': idempotencyKey }),
+      },
+      body: JSON.stringify(body),
+    });
+  const completion = { model: MODEL, prompt: 'Once upon a time', max_tokens: 12, temperature: 1, seed: 7, ignore_eos: true };
+
+  it('answers the same request again, without running it again, when the same key and body come back', async () => {
+    const first = await post(completion, 'order-1');
+    expect(first.status).toBe(200);
+    const firstBody = (await first.json()) as { id: string; choices: Array<{ text: string }> };
+    const again = await post(completion, 'order-1');
+    expect(again.status).toBe(200);
+    const againBody = (await again.json()) as { id: string; choices: Array<{ text: string }> };
+    expect(againBody).toEqual(firstBody);
+    const replays = (await (await fetch(`${gateway.url}/metrics`)).text()).match(
+      /^sluice_gateway_request_replays_total\{stream="false"\} (\d+)/m,
+    );
+    expect(replays?.[1]).toBe('1');
+    // One job: the first reply's id is the only request the log knows.
+    const jobId = firstBody.id.slice('cmpl-'.length);
+    expect((await readTokenLog(redis, jobId)).filter((e) => e.type === 'accepted')).toHaveLength(1);
+  });
+
+  it('refuses the key with another body (422) or route, and a malformed key (400)', async () => {
+    expect((await post(completion, 'order-2')).status).toBe(200);
+    const other = await post({ ...completion, max_tokens: 3 }, 'order-2');
+    expect(other.status).toBe(422);
+    expect(await other.json()).toMatchObject({ error: { code: 'idempotency_key_reused' } });
+    const chat = await post({ model: MODEL, max_tokens: 3, messages: [{ role: 'user', content: 'x' }] }, 'order-2', '/v1/chat/completions');
+    expect(chat.status).toBe(422);
+    for (const bad of ['', 'a b', 'x'.repeat(256), 'caf\u00e9']) {
+      const res = await fetch(`${gateway.url}/v1/completions`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json', authorization: `Bearer ${key}`, 'idempotency-key': bad },
+        body: JSON.stringify(completion),
+      }).catch(() => undefined);
+      // (fetch itself refuses a non-ASCII header value: nothing reaches the gateway.)
+      if (res === undefined) continue;
+      expect(res.status, JSON.stringify(bad)).toBe(400);
+      expect(await res.json()).toMatchObject({ error: { param: 'Idempotency-Key' } });
+    }
+  });
+
+  it('frees the key of a request its API key refused, and answers 409 while a claim names no request yet', async () => {
+    // Over the key's 200 tokens per minute: refused after the Idempotency-Key was claimed.
+    const refused = await post({ ...completion, max_tokens: 400 }, 'order-3');
+    expect(refused.status).toBe(400);
+    expect(await refused.json()).toMatchObject({ error: { code: 'tokens_over_key_limit' } });
+    // Another body under the same key: admitted afresh, not refused as a reuse.
+    expect((await post(completion, 'order-3')).status).toBe(200);
+    // A claim as a gateway makes it before enqueueing (one that died right then leaves it so).
+    const owner = createHash('sha256').update(key).digest('hex');
+    const record = names.idempotencyKey(createHash('sha256').update(`${owner}\norder-4`).digest('base64url'));
+    const digest = createHash('sha256')
+      .update(`completion\n${JSON.stringify(completion)}`)
+      .digest('base64url');
+    await redis.set(record, `no-such-request ${digest}`, 'PX', 30_000);
+    const pending = await post(completion, 'order-4');
+    expect(pending.status).toBe(409);
+    expect(pending.headers.get('retry-after')).not.toBeNull();
+    expect(await pending.json()).toMatchObject({ error: { code: 'idempotency_conflict' } });
+  });
+});
