@@ -50,6 +50,12 @@ export const gatewayEnvSchema = z.object({
    * Kubernetes preStop sleep, built in). The drain's timeout counts after it. @defaultValue 0
    */
   DRAIN_DELAY_MS: ms(0).default(0),
+  /**
+   * On SIGTERM, once the drain is done: how long to wait at most for one more scrape of `/metrics`
+   * (only when Prometheus scrapes at a steady pace: at most 1.5 × its interval + 1 s), so that the
+   * counts of the last requests are read before the process and its series go. 0: no wait. @defaultValue 0
+   */
+  FINAL_SCRAPE_MAX_MS: ms(0).default(0),
   /** How often the worker registry is read (model list, liveness of the workers serving streams). @defaultValue 1000 */
   REGISTRY_POLL_MS: ms(50).default(1000),
   /** Max request body size in bytes (413 beyond). @defaultValue 4194304 */
@@ -88,6 +94,7 @@ export interface GatewayConfig {
   requestTimeoutMs: number;
   drainTimeoutMs: number;
   drainDelayMs: number;
+  finalScrapeMaxMs: number;
   registryPollMs: number;
   maxBodyBytes: number;
   streamRetentionMs: number;
@@ -130,6 +137,7 @@ export function loadGatewayConfig(env: NodeJS.ProcessEnv = process.env): Gateway
     requestTimeoutMs: e.REQUEST_TIMEOUT_MS,
     drainTimeoutMs: e.DRAIN_TIMEOUT_MS,
     drainDelayMs: e.DRAIN_DELAY_MS,
+    finalScrapeMaxMs: e.FINAL_SCRAPE_MAX_MS,
     registryPollMs: e.REGISTRY_POLL_MS,
     maxBodyBytes: e.MAX_BODY_BYTES,
     streamRetentionMs: e.STREAM_RETENTION_MS,

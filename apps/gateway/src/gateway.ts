@@ -1,3 +1,4 @@
+import type { Server as HttpServer } from 'node:http';
 import { IdempotencyStore } from './idempotency-store.js';
 import { randomBytes } from 'node:crypto';
 import type { AddressInfo } from 'node:net';
@@ -42,6 +43,8 @@ export interface StartGatewayOptions {
   configureApp?: (app: ReturnType<typeof createApp>) => void;
   /** Per-key usage (metrics). */
   keyUsage?: KeyUsageRecorder;
+  /** Resolves at the next scrape of `/metrics` within `maxMs` (FINAL_SCRAPE_MAX_MS): awaited once the drain is done. */
+  nextScrape?: (maxMs: number) => Promise<void>;
 }
 
 /** Redis did not answer at start (unreachable, a wrong password): the cause without the URL's password. */
@@ -298,14 +301,31 @@ export async function startGateway(config: GatewayConfig, logger: Logger, option
       );
       sessions.shutDown(new GatewayError('shutting_down'));
     }
+    // The drained streams' outcomes are counted: one more scrape reads them before the process goes.
+    if (options.nextScrape !== undefined && config.finalScrapeMaxMs > 0) {
+      logger.info({ maxMs: config.finalScrapeMaxMs }, 'waiting for a last scrape of /metrics');
+      await options.nextScrape(config.finalScrapeMaxMs);
+    }
     // Each cleanup runs even when another fails.
     const steps: Array<[string, () => unknown]> = [
       [
         'http server',
         () =>
           new Promise<void>((resolve) => {
-            server.close(() => resolve());
-            if ('closeIdleConnections' in server) server.closeIdleConnections();
+            // Streams are over; what is left is keep-alive connections (a scraper's, a proxy's), which
+            // Node keeps serving after close(): one that sends its next request before it idles out
+            // (Prometheus every few seconds) kept the gateway from ever stopping. Each is closed the
+            // moment it is idle, and after 5 s whatever is left.
+            // (serve() makes a node:http server: no http2 or https options are passed.)
+            const http1 = server as HttpServer;
+            const sweep = setInterval(() => http1.closeIdleConnections(), 100);
+            const cut = setTimeout(() => http1.closeAllConnections(), 5_000);
+            http1.close(() => {
+              clearInterval(sweep);
+              clearTimeout(cut);
+              resolve();
+            });
+            http1.closeIdleConnections();
           }),
       ],
       ['registry', () => registry.stop()],

@@ -26,7 +26,8 @@ async function main(): Promise<void> {
       hooks: createGatewayObserver(metrics, logger),
       keyUsage: metrics.keyUsage,
       configureApp: (app) =>
-        app.get('/metrics', async (c) => c.body(await metrics.registry.metrics(), 200, { 'Content-Type': metrics.registry.contentType })),
+        app.get('/metrics', async (c) => c.body(await metrics.scrape(), 200, { 'Content-Type': metrics.registry.contentType })),
+      nextScrape: (maxMs) => metrics.nextScrape(maxMs),
     });
     const running = gateway;
     metrics.observeReadiness(() => running.ready());

@@ -87,6 +87,12 @@ export const workerEnvSchema = z.object({
   STREAM_MAX_ENTRIES: int(100).default(100_000),
   /** On SIGTERM: how long running sequences may take to finish before they are ended. @defaultValue 30000 */
   DRAIN_TIMEOUT_MS: ms(0).default(30_000),
+  /**
+   * On SIGTERM, once the drain is done: how long to wait at most for one more scrape of `/metrics` (METRICS_PORT)
+   * (only when Prometheus scrapes at a steady pace: at most 1.5 × its interval + 1 s), so that the
+   * counts of the last requests are read before the process and its series go. 0: no wait. @defaultValue 0
+   */
+  FINAL_SCRAPE_MAX_MS: ms(0).default(0),
   /** BullMQ job lock duration; a job whose worker died is retried this long after (stalled check). @defaultValue 30000 */
   LOCK_DURATION_MS: ms(1000).default(30_000),
   /** Port of the worker's HTTP endpoint (`/healthz`); 0 picks a free port. @defaultValue 9464 */
@@ -124,6 +130,7 @@ export interface WorkerConfig {
   heartbeatMs: number;
   ttlMs: number;
   drainTimeoutMs: number;
+  finalScrapeMaxMs: number;
   streamRetentionMs: number;
   maxLogEntries: number;
   lockDurationMs: number;
@@ -179,6 +186,7 @@ export function loadWorkerConfig(env: NodeJS.ProcessEnv = process.env): WorkerCo
     heartbeatMs: e.WORKER_HEARTBEAT_MS,
     ttlMs: e.WORKER_TTL_MS,
     drainTimeoutMs: e.DRAIN_TIMEOUT_MS,
+    finalScrapeMaxMs: e.FINAL_SCRAPE_MAX_MS,
     streamRetentionMs: e.STREAM_RETENTION_MS,
     maxLogEntries: e.STREAM_MAX_ENTRIES,
     lockDurationMs: e.LOCK_DURATION_MS,

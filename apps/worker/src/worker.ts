@@ -161,7 +161,7 @@ export async function startWorker(
     metrics.setHostEventLoopDelaySource(hostDelay);
     metrics.setQueueDepthSource(() => queue.getJobCounts(...QUEUE_JOB_STATES));
     health.route('/metrics', async (_req, res) => {
-      const body = await metrics.registry.metrics();
+      const body = await metrics.scrape();
       res.writeHead(200, { 'Content-Type': metrics.registry.contentType, 'Content-Length': Buffer.byteLength(body) });
       res.end(body);
     });
@@ -228,6 +228,8 @@ export async function startWorker(
         },
       ],
       ['registry', () => heartbeat.stop()],
+      // The last steps' and requests' counts are in: one more scrape reads them before the process goes.
+      ['final scrape', async () => metrics?.nextScrape(config.finalScrapeMaxMs)],
       ['engine', () => withTimeout(engine.close(), 5_000)],
       ['control listener', () => controls.close()],
       ['health server', () => health.close()],

@@ -1,3 +1,4 @@
+import { ScrapeWatch, scrapeRegistry } from './scrape-watch.js';
 import { Counter, Gauge, Histogram, Registry } from 'prom-client';
 import { E2E_REQUEST_LATENCY_BUCKETS, INTER_TOKEN_LATENCY_BUCKETS, QUEUE_TIME_BUCKETS, TIME_TO_FIRST_TOKEN_BUCKETS } from './buckets.js';
 import { ensureDefaultMetrics } from './default-metrics.js';
@@ -50,6 +51,10 @@ export interface TrackRequestOptions {
 /** Metrics of one gateway process. Create one per process and serve `registry` on `GET /metrics`. */
 export interface GatewayMetrics {
   readonly registry: Registry;
+  /** The registry read for `GET /metrics`; the scrape is noted (see {@link ScrapeWatch}). */
+  scrape(): Promise<string>;
+  /** Resolves at the next scrape of a process scraped at a steady pace, within `maxMs` (ScrapeWatch.nextScrape). */
+  nextScrape(maxMs: number): Promise<void>;
   readonly requests: Counter<'route' | 'status'>;
   readonly requestsAccepted: Counter;
   readonly activeStreams: Gauge;
@@ -306,8 +311,11 @@ export function createGatewayMetrics(registry: Registry = new Registry(), option
     },
   };
 
+  const scrapes = new ScrapeWatch();
   return {
     registry,
+    scrape: () => scrapeRegistry(registry, scrapes),
+    nextScrape: (maxMs) => scrapes.nextScrape(maxMs),
     requests,
     requestsAccepted,
     activeStreams,

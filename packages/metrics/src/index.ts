@@ -7,6 +7,7 @@ export {
   type TrackRequestOptions,
 } from './gateway-metrics.js';
 export { createKeyUsageMetrics, type AuthFailure, type KeyRefusal, type KeyUsageMetrics } from './key-usage-metrics.js';
+export { ScrapeWatch } from './scrape-watch.js';
 export { PendingHistogram } from './pending-histogram.js';
 export {
   RequestTracker,

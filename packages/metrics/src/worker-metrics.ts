@@ -1,3 +1,4 @@
+import { ScrapeWatch, scrapeRegistry } from './scrape-watch.js';
 import { Counter, Gauge, Histogram, Registry } from 'prom-client';
 import {
   BATCH_SIZE_BUCKETS,
@@ -60,6 +61,10 @@ const FINISH_REASONS: readonly FinishReason[] = ['stop', 'length', 'abort', 'err
 /** Metrics of one worker process. Create one per process and serve `registry` on `METRICS_PORT`. */
 export interface WorkerMetrics {
   readonly registry: Registry;
+  /** The registry read for `GET /metrics`; the scrape is noted (see {@link ScrapeWatch}). */
+  scrape(): Promise<string>;
+  /** Resolves at the next scrape of a process scraped at a steady pace, within `maxMs` (ScrapeWatch.nextScrape). */
+  nextScrape(maxMs: number): Promise<void>;
   readonly requestsRunning: Gauge;
   readonly requestsWaiting: Gauge;
   readonly kvCacheUsage: Gauge;
@@ -257,8 +262,11 @@ export function createWorkerMetrics(registry: Registry = new Registry()): Worker
     }
   }
 
+  const scrapes = new ScrapeWatch();
   return {
     registry,
+    scrape: () => scrapeRegistry(registry, scrapes),
+    nextScrape: (maxMs) => scrapes.nextScrape(maxMs),
     requestsRunning,
     requestsWaiting,
     kvCacheUsage,
