@@ -4,7 +4,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { redisNames } from '@sluice/protocol';
 import { createKey } from './support/api-keys.js';
 import { Cluster, MODEL } from './support/cluster.js';
-import { freeze, thaw } from './support/mid-answer.js';
+import { freeze, retryMidAnswer, thaw, unfinishedInLog } from './support/mid-answer.js';
 import { startNginx, type NginxServer } from './support/nginx.js';
 import { waitFor } from './support/processes.js';
 import type { GatewayProcess, WorkerProcess } from './support/sluice.js';
@@ -157,27 +157,33 @@ describe('Idempotency-Key on one gateway', () => {
   let cluster: Cluster;
   let gateway: GatewayProcess;
   let redis: Redis;
+  let worker: WorkerProcess;
   let key: string;
+  /** A key without limits, for the long answers. */
+  let unlimited: string;
 
   beforeAll(async () => {
     cluster = await Cluster.start();
-    await cluster.worker();
-    gateway = await cluster.gateway({ AUTH: 'keys' });
+    // The meta (and log) kept 3 s after a request ends; a frozen worker not taken for lost.
+    worker = await cluster.worker({ STREAM_RETENTION_MS: '3000', WORKER_TTL_MS: '60000' });
+    gateway = await cluster.gateway({ AUTH: 'keys', QUEUE_TIMEOUT_MS: '1500', MAX_QUEUED_REQUESTS: '1' });
     redis = cluster.redis.client();
     key = await createKey(cluster.redis.url, ['--name', 'orders', '--tpm', '200']);
+    unlimited = await createKey(cluster.redis.url, ['--name', 'unlimited']);
   });
 
   afterAll(async () => {
+    thaw([worker]);
     redis?.disconnect();
     await cluster?.stop();
   });
 
-  const post = (body: object, idempotencyKey?: string, path = '/v1/completions') =>
+  const post = (body: object, idempotencyKey?: string, path = '/v1/completions', apiKey = key) =>
     fetch(`${gateway.url}${path}`, {
       method: 'POST',
       headers: {
         'content-type': 'application/json',
-        authorization: `Bearer ${key}`,
+        authorization: `Bearer ${apiKey}`,
         ...(idempotencyKey === undefined ? {} : { 'idempotency-key': idempotencyKey }),
       },
       body: JSON.stringify(body),
@@ -239,5 +245,87 @@ describe('Idempotency-Key on one gateway', () => {
     expect(pending.status).toBe(409);
     expect(pending.headers.get('retry-after')).not.toBeNull();
     expect(await pending.json()).toMatchObject({ error: { code: 'idempotency_conflict' } });
+  });
+
+  it('admits a retry afresh when the request its key names left no answer: timed out in the queue, or expired', async () => {
+    // Timed out waiting for a worker (frozen): 503 queue_timeout, its log ended `abort`.
+    await freeze([worker]);
+    let timedOut: Response;
+    try {
+      timedOut = await post(completion, 'order-5', '/v1/completions', unlimited);
+    } finally {
+      thaw([worker]);
+    }
+    expect(timedOut.status).toBe(503);
+    expect(await timedOut.json()).toMatchObject({ error: { code: 'queue_timeout' } });
+    const retried = await post(completion, 'order-5', '/v1/completions', unlimited);
+    expect(retried.status).toBe(200);
+    const answer = (await retried.json()) as {
+      id: string;
+      choices: Array<{ finish_reason: string }>;
+      usage: { completion_tokens: number };
+    };
+    expect(answer.choices[0]!.finish_reason).toBe('length');
+    expect(answer.usage.completion_tokens).toBe(completion.max_tokens);
+    // Its meta gone (3 s after its end) while its key is kept for the request's deadline: a retry is a
+    // new request (it was answered 409 "being admitted" until the key lapsed).
+    const jobId = answer.id.slice('cmpl-'.length);
+    await waitFor('the meta expired', async () => ((await redis.exists(names.metaKey(jobId))) === 0 ? true : undefined), 20_000);
+    const afterExpiry = await post(completion, 'order-5', '/v1/completions', unlimited);
+    expect(afterExpiry.status).toBe(200);
+    const again = (await afterExpiry.json()) as { id: string; choices: Array<{ text: string }> };
+    expect(again.id).not.toBe(answer.id);
+  });
+
+  it('takes no place in the queue for a replay that waits for its answer (MAX_QUEUED_REQUESTS=1)', async () => {
+    const long = { model: MODEL, prompt: 'Tell a long story.', max_tokens: 1500, ignore_eos: true };
+    // The first request frozen mid-answer (the worker stopped): the replay below waits for the rest.
+    const { first, jobId, idemKey } = await retryMidAnswer('a completion', async (n) => {
+      const idemKey = `order-6.${n}`;
+      const earlier = new Set(await redis.keys('sluice:{*}:meta'));
+      const first = post(long, idemKey, '/v1/completions', unlimited);
+      const jobId = await waitFor(
+        'the first request running',
+        async () => {
+          for (const metaKey of await redis.keys('sluice:{*}:meta')) {
+            const id = metaKey.slice('sluice:{'.length, -'}:meta'.length);
+            if (!earlier.has(metaKey) && (await readTokenLog(redis, id)).some((e) => e.type === 'text-delta')) return id;
+          }
+          return undefined;
+        },
+        20_000,
+        5,
+      );
+      await freeze([worker]);
+      if (await unfinishedInLog(redis, jobId, long.max_tokens)) return { first, jobId, idemKey };
+      thaw([worker]);
+      await first;
+      return undefined;
+    });
+    try {
+      const replay = post(long, idemKey, '/v1/completions', unlimited);
+      // The replay took the delivery over (the first connection ends with stream_interrupted).
+      expect((await first).status).toBe(502);
+      // An unrelated request still finds the queue's one place free (it waits there: the worker is frozen).
+      const other = new AbortController();
+      const unrelated = fetch(`${gateway.url}/v1/completions`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json', authorization: `Bearer ${unlimited}` },
+        body: JSON.stringify(completion),
+        signal: other.signal,
+      }).then(
+        (res) => res.status,
+        () => 'aborted',
+      );
+      const early = await Promise.race([unrelated, new Promise((resolve) => setTimeout(() => resolve('waiting'), 500))]);
+      expect(early).toBe('waiting');
+      other.abort();
+      thaw([worker]);
+      const replayed = await replay;
+      expect(replayed.status).toBe(200);
+      expect(((await replayed.json()) as { id: string }).id).toBe(`cmpl-${jobId}`);
+    } finally {
+      thaw([worker]);
+    }
   });
 });

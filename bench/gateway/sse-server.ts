@@ -96,7 +96,12 @@ async function gateway(): Promise<number> {
     MAX_QUEUED_REQUESTS: String(streams + 10),
   });
   const logger = pino({ level: 'warn' });
-  const log = { read: async () => ({ entries: [], known: false }), meta: async () => undefined, last: async () => undefined };
+  const log = {
+    read: async () => ({ entries: [], known: false }),
+    meta: async () => undefined,
+    last: async () => undefined,
+    tail: async () => [],
+  };
   const sessions = new SessionManager(
     { queueTimeoutMs: config.queueTimeoutMs, idleTimeoutMs: config.idleTimeoutMs },
     { cancel: () => undefined, detach: () => undefined, migrate: async () => ({ outcome: 'gone' as const }) },

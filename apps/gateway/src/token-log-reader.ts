@@ -16,6 +16,8 @@ export interface TokenLog {
   meta(requestId: string): Promise<RequestMeta | undefined>;
   /** The log's last entry (undefined when it has none yet). */
   last(requestId: string): Promise<GatewayEntry | undefined>;
+  /** The log's last `count` entries, in log order. */
+  tail(requestId: string, count: number): Promise<GatewayEntry[]>;
 }
 
 export class RedisTokenLog implements TokenLog {
@@ -38,6 +40,10 @@ export class RedisTokenLog implements TokenLog {
 
   async meta(requestId: string): Promise<RequestMeta | undefined> {
     return decodeRequestMeta(await this.redis.hgetall(this.names.metaKey(requestId)));
+  }
+
+  async tail(requestId: string, count: number): Promise<GatewayEntry[]> {
+    return decodeLogRange(await this.redis.xrevrange(this.names.logKey(requestId), '+', '-', 'COUNT', count)).reverse();
   }
 
   async last(requestId: string): Promise<GatewayEntry | undefined> {

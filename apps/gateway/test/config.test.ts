@@ -52,6 +52,7 @@ describe('gateway configuration', () => {
       'REQUEST_TIMEOUT_MS',
       'DRAIN_TIMEOUT_MS',
       'DRAIN_DELAY_MS',
+      'FINAL_SCRAPE_MAX_MS',
       'REGISTRY_POLL_MS',
       'STREAM_RETENTION_MS',
       'RESUME_GRACE_MS',

@@ -18,7 +18,7 @@ function setup(missing: (hashes: readonly string[]) => Promise<string[]>) {
       detach: () => {},
       migrate: async () => ({ outcome: 'gone' }),
     },
-    { read: async () => ({ entries: [], known: false }), meta: async () => undefined, last: async () => undefined },
+    { read: async () => ({ entries: [], known: false }), meta: async () => undefined, last: async () => undefined, tail: async () => [] },
     pino({ level: 'silent' }),
   );
   const lookups: string[][] = [];

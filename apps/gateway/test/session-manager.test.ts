@@ -24,6 +24,7 @@ function memoryLog() {
     },
     meta: async () => undefined,
     last: async (requestId) => logs.get(requestId)?.at(-1),
+    tail: async (requestId, count) => (logs.get(requestId) ?? []).slice(-count),
   };
   /** The next read fails, as on a connection that is reconnecting. */
   const failNextRead = () => (failNext = true);

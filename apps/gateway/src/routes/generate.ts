@@ -1,6 +1,6 @@
 import { randomUUID } from 'node:crypto';
 import type { Context } from 'hono';
-import { batchRequestId, type JobInput, type StreamFormat } from '@sluice/protocol';
+import { batchRequestId, endsRequest, type JobInput, type StreamFormat } from '@sluice/protocol';
 import type { AppDeps } from '../app.js';
 import { ClientPresence } from '../client-presence.js';
 import { fromStore, GatewayError } from '../errors.js';
@@ -18,7 +18,7 @@ import type { ResponderContext } from '../responders/responder-context.js';
 import { StreamResponder } from '../responders/stream-responder.js';
 import { RequestTiming } from '../responders/request-timing.js';
 import type { RequestObserver } from '../hooks.js';
-import { IDEMPOTENCY_KEY_PATTERN } from '../idempotency-store.js';
+import { IDEMPOTENCY_KEY_PATTERN, type ClaimedKey, type TakenKey } from '../idempotency-store.js';
 import { takeOver } from '../take-over.js';
 
 import type { AppEnv } from '../app.js';
@@ -54,7 +54,7 @@ export function generateHandler(deps: AppDeps, endpoint: Endpoint) {
     const releaseQueued = sessions.reserveQueued(prompts.length);
     // Claimed below when the request carries an Idempotency-Key; given back if it is refused before its
     // job is enqueued, so that a retry with the same key is admitted afresh.
-    let claim: { key: string } | undefined;
+    let claim: ClaimedKey | undefined;
     let enqueued = false;
     try {
       // Tokenized here, not on a worker: a prompt that cannot fit is a 400 before the 200 under any load.
@@ -84,6 +84,12 @@ export function generateHandler(deps: AppDeps, endpoint: Endpoint) {
           : await fromStore(deps.idempotency.claim(apiKey?.hash ?? '', idempotencyKey, endpoint, body, freshJobId));
       if (found?.kind === 'claimed') claim = found;
       const replayed = found?.kind === 'taken' ? await replayTarget(deps, endpoint, found) : undefined;
+      if (found?.kind === 'taken' && replayed === undefined) {
+        // The key's request left no answer to deliver (it failed, was cancelled, or expired): this one
+        // is admitted under the key afresh, unless a concurrent retry took the key first.
+        claim = await fromStore(deps.idempotency!.reclaim(found, freshJobId));
+        if (claim === undefined) throw new GatewayError('idempotency_conflict');
+      }
       const jobId = replayed?.jobId ?? freshJobId;
       // The key's limits, last of the refusals: a granted request settles when it ends.
       const grant =
@@ -165,7 +171,9 @@ export function generateHandler(deps: AppDeps, endpoint: Endpoint) {
       if (responder instanceof StreamResponder) responderUsage = () => responder.usage;
 
       if (replayed !== undefined) {
-        // The request's reply from the first event of its log on, wherever it runs (or ran) now.
+        // The request's reply from the first event of its log on, wherever it runs (or ran) now. It takes
+        // no place in this gateway's queue beyond its session's (counted there until its `accepted`).
+        releaseQueued();
         if (request.stream) activeEnded = hooks.resumedStreamOpened?.();
         const taken = takeOver(deps, {
           jobId,
@@ -300,15 +308,26 @@ function idempotencyKeyOf(c: Context<AppEnv>): string | undefined {
 }
 
 /**
- * The request an `Idempotency-Key` already names, if this POST may be answered with it: the same route
- * and body (else 422), and a request that exists (else 409: its gateway is still admitting it, or died
- * doing so, and the key lapses with the claim).
+ * The request an `Idempotency-Key` already names, if this POST is to be answered with it: the same
+ * route and body (else 422), and a request with an answer to deliver — running, or finished with every
+ * choice's `stop` or `length`. Undefined when it has none (it failed, was cancelled, or its meta
+ * expired): the key is then free for a new request. 409 while the key's request is still being admitted
+ * (or its gateway died doing so: the claim lapses).
  */
-async function replayTarget(deps: AppDeps, endpoint: Endpoint, found: { jobId: string; sameRequest: boolean }) {
+async function replayTarget(deps: AppDeps, endpoint: Endpoint, found: TakenKey) {
   if (!found.sameRequest) throw new GatewayError('idempotency_key_reused');
   const meta = await fromStore(deps.log.meta(found.jobId));
-  if (meta === undefined || meta.format.endpoint !== endpoint || meta.format.prompts !== undefined) {
+  if (meta === undefined) {
+    if (found.kept) return undefined;
     throw new GatewayError('idempotency_conflict');
+  }
+  if (meta.format.endpoint !== endpoint || meta.format.prompts !== undefined) throw new GatewayError('idempotency_conflict');
+  // A cancelled request's choices end `abort` together, just before its `finish`.
+  const tail = await fromStore(deps.log.tail(found.jobId, meta.format.n + 1));
+  const last = tail.at(-1);
+  if (last !== undefined && endsRequest(last)) {
+    const answered = last.type === 'finish' && !tail.some((entry) => entry.type === 'text-end' && entry.finishReason === 'abort');
+    if (!answered) return undefined;
   }
   return { jobId: found.jobId, meta };
 }

@@ -64,7 +64,12 @@ export async function startAppHarness(
   const jobs: GenerateJob[] = [];
   const cancels: AppHarness['cancels'] = [];
   const jobWaiters: Array<(job: GenerateJob) => void> = [];
-  const log: TokenLog = { read: async () => ({ entries: [], known: false }), meta: async () => undefined, last: async () => undefined };
+  const log: TokenLog = {
+    read: async () => ({ entries: [], known: false }),
+    meta: async () => undefined,
+    last: async () => undefined,
+    tail: async () => [],
+  };
   const sessions = new SessionManager(
     { queueTimeoutMs: config.queueTimeoutMs, idleTimeoutMs: config.idleTimeoutMs },
     {
