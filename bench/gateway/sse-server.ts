@@ -150,6 +150,7 @@ async function gateway(): Promise<number> {
         if (submitted.length === streams) setImmediate(() => void produce());
       },
       attach: async () => undefined,
+      enqueued: async () => true,
       cancelRequest: async () => undefined,
     },
     log,

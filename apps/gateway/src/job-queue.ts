@@ -33,6 +33,8 @@ export interface JobSubmitter {
   submit(job: GenerateJob, format: StreamFormat, owner?: string): Promise<void>;
   /** Routes a request's live entries to this gateway (a resume). */
   attach(requestId: string): Promise<void>;
+  /** Whether the request's first job is in the queue (waiting or taken by a worker, not yet settled). */
+  enqueued(requestId: string): Promise<boolean>;
   /** Stops a request wherever it runs or waits (`POST .../{id}/cancel`). */
   cancelRequest(requestId: string, meta: RequestMeta): Promise<void>;
 }
@@ -276,6 +278,10 @@ export class RedisJobQueue implements JobSubmitter, WorkCanceller {
    * Routes a request's live entries to this gateway (a client resumed it here). Resolves once the
    * route is recorded, so a log read started afterwards misses nothing this gateway will not get live.
    */
+  async enqueued(requestId: string): Promise<boolean> {
+    return (await this.redis.exists(this.queue.toKey(requestId))) === 1;
+  }
+
   async attach(requestId: string): Promise<void> {
     await this.scripts.route(requestId, this.channel, '');
     await this.redis.publish(this.names.controlChannel, encodeControlMessage({ type: 'route', requestId, channel: this.channel }));

@@ -1,6 +1,6 @@
 import { randomUUID } from 'node:crypto';
 import type { Context } from 'hono';
-import { batchRequestId, endsRequest, type JobInput, type StreamFormat } from '@sluice/protocol';
+import { batchRequestId, endsRequest, type JobInput, type RequestMeta, type StreamFormat } from '@sluice/protocol';
 import type { AppDeps } from '../app.js';
 import { ClientPresence } from '../client-presence.js';
 import { fromStore, GatewayError } from '../errors.js';
@@ -18,7 +18,7 @@ import type { ResponderContext } from '../responders/responder-context.js';
 import { StreamResponder } from '../responders/stream-responder.js';
 import { RequestTiming } from '../responders/request-timing.js';
 import type { RequestObserver } from '../hooks.js';
-import { IDEMPOTENCY_KEY_PATTERN, type ClaimedKey, type TakenKey } from '../idempotency-store.js';
+import { IDEMPOTENCY_KEY_PATTERN, type ClaimedKey, type IdempotencyStore, type TakenKey } from '../idempotency-store.js';
 import { takeOver } from '../take-over.js';
 
 import type { AppEnv } from '../app.js';
@@ -78,17 +78,17 @@ export function generateHandler(deps: AppDeps, endpoint: Endpoint) {
       // A key seen before names the request it admitted: that request is delivered here from the start
       // of its log, neither generated nor charged again (a batch of prompts is not replayed: its key is
       // not recorded).
-      const found =
-        idempotencyKey === undefined || prompts.length > 1 || deps.idempotency === undefined
-          ? undefined
-          : await fromStore(deps.idempotency.claim(apiKey?.hash ?? '', idempotencyKey, endpoint, body, freshJobId));
-      if (found?.kind === 'claimed') claim = found;
-      const replayed = found?.kind === 'taken' ? await replayTarget(deps, endpoint, found) : undefined;
-      if (found?.kind === 'taken' && replayed === undefined) {
-        // The key's request left no answer to deliver (it failed, was cancelled, or expired): this one
-        // is admitted under the key afresh, unless a concurrent retry took the key first.
-        claim = await fromStore(deps.idempotency!.reclaim(found, freshJobId));
-        if (claim === undefined) throw new GatewayError('idempotency_conflict');
+      let replayed: ReplayTarget | undefined;
+      if (idempotencyKey !== undefined && prompts.length === 1 && deps.idempotency !== undefined) {
+        ({ claim, replayed } = await idempotentAdmission(
+          deps.idempotency,
+          deps,
+          apiKey?.hash ?? '',
+          idempotencyKey,
+          endpoint,
+          body,
+          freshJobId,
+        ));
       }
       const jobId = replayed?.jobId ?? freshJobId;
       // The key's limits, last of the refusals: a granted request settles when it ends.
@@ -307,15 +307,41 @@ function idempotencyKeyOf(c: Context<AppEnv>): string | undefined {
   return key;
 }
 
+/** A request admitted earlier under the same `Idempotency-Key`, whose answer this POST gets. */
+interface ReplayTarget {
+  jobId: string;
+  meta: RequestMeta;
+}
+
 /**
- * The request an `Idempotency-Key` already names, if this POST is to be answered with it: the same
- * route and body (else 422), and a request with an answer to deliver — running, or finished with every
- * choice's `stop` or `length`. Undefined when it has none (it failed, was cancelled, or its meta
- * expired): the key is then free for a new request. 409 while the key's request is still being admitted
- * (or its gateway died doing so: the claim lapses).
+ * What an `Idempotency-Key` makes of this POST: a new request, admitted under the key it claims, or a
+ * replay of the request the key names. That request is replayed when it has the same route and body
+ * (else 422) and an answer to deliver — it runs, or finished with every choice's `stop` or `length`.
+ * One that left none (it failed, was cancelled, or its meta expired) frees the key for this POST,
+ * unless a concurrent retry took it first (409). 409 too while the key's request is still being
+ * admitted (or its gateway died doing so: the claim lapses).
  */
-async function replayTarget(deps: AppDeps, endpoint: Endpoint, found: TakenKey) {
+async function idempotentAdmission(
+  store: IdempotencyStore,
+  deps: Pick<AppDeps, 'log' | 'jobs'>,
+  owner: string,
+  key: string,
+  endpoint: Endpoint,
+  body: unknown,
+  freshJobId: string,
+): Promise<{ claim?: ClaimedKey; replayed?: ReplayTarget }> {
+  const found = await fromStore(store.claim(owner, key, endpoint, body, freshJobId));
+  if (found.kind === 'claimed') return { claim: found };
   if (!found.sameRequest) throw new GatewayError('idempotency_key_reused');
+  const replayed = await replayTarget(deps, endpoint, found);
+  if (replayed !== undefined) return { replayed };
+  const claim = await fromStore(store.reclaim(found, freshJobId));
+  if (claim === undefined) throw new GatewayError('idempotency_conflict');
+  return { claim };
+}
+
+/** The request a taken key names, if it has an answer to deliver (see {@link idempotentAdmission}). */
+async function replayTarget(deps: Pick<AppDeps, 'log' | 'jobs'>, endpoint: Endpoint, found: TakenKey): Promise<ReplayTarget | undefined> {
   const meta = await fromStore(deps.log.meta(found.jobId));
   if (meta === undefined) {
     if (found.kept) return undefined;
@@ -325,6 +351,9 @@ async function replayTarget(deps: AppDeps, endpoint: Endpoint, found: TakenKey) 
   // A cancelled request's choices end `abort` together, just before its `finish`.
   const tail = await fromStore(deps.log.tail(found.jobId, meta.format.n + 1));
   const last = tail.at(-1);
+  // Not marked kept and nothing logged: its gateway wrote the meta but may have died before the job
+  // reached the queue (the two go out together, the add a moment later), and then nothing will run it.
+  if (last === undefined && !found.kept && !(await fromStore(deps.jobs.enqueued(found.jobId)))) return undefined;
   if (last !== undefined && endsRequest(last)) {
     const answered = last.type === 'finish' && !tail.some((entry) => entry.type === 'text-end' && entry.finishReason === 'abort');
     if (!answered) return undefined;
