@@ -52,7 +52,7 @@ export const gatewayEnvSchema = z.object({
   DRAIN_DELAY_MS: ms(0).default(0),
   /**
    * On SIGTERM, once the drain is done: how long to wait at most for one more scrape of `/metrics`
-   * (only when Prometheus scrapes at a steady pace: at most 1.5 × its interval + 1 s), so that the
+   * (only when Prometheus scrapes at a steady pace: at most 2 × its interval + 5 s), so that the
    * counts of the last requests are read before the process and its series go. 0: no wait. @defaultValue 0
    */
   FINAL_SCRAPE_MAX_MS: ms(0).default(0),

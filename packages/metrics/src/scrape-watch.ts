@@ -28,12 +28,12 @@ export class ScrapeWatch {
 
   /**
    * Resolves once a scrape that began from now on has read the registry. Only a process scraped at a
-   * steady pace waits (two scrapes seen): at most 1.5 × the latest interval + 1 s, and `maxMs`.
+   * steady pace waits (two scrapes seen): at most 2 × the latest interval + 5 s, and `maxMs`.
    * @param maxMs the longest wait; 0: none
    */
   nextScrape(maxMs: number): Promise<void> {
     if (this.#interval === undefined || maxMs <= 0) return Promise.resolve();
-    const waitMs = Math.min(maxMs, this.#interval * 1.5 + 1000);
+    const waitMs = Math.min(maxMs, this.#interval * 2 + 5000);
     return new Promise((resolve) => {
       const waiter = { since: Date.now(), resolve: () => (clearTimeout(timer), resolve()) };
       const timer = setTimeout(() => {
