@@ -305,9 +305,15 @@ describe('Idempotency-Key on one gateway', () => {
       return undefined;
     });
     try {
+      const tokensWritten = async () =>
+        Number((await (await fetch(`${gateway.url}/metrics`)).text()).match(/^sluice_gateway_stream_tokens_total (\d+)/m)?.[1]);
+      const before = await tokensWritten();
       const replay = post(long, idemKey, '/v1/completions', unlimited);
       // The replay took the delivery over (the first connection ends with stream_interrupted).
       expect((await first).status).toBe(502);
+      // It has read its log's first entries (its `accepted`, then the tokens so far): it counts as
+      // queued only until its `accepted`, as any request does.
+      await waitFor('the replay reading its log', async () => ((await tokensWritten()) > before ? true : undefined));
       // An unrelated request still finds the queue's one place free (it waits there: the worker is frozen).
       const other = new AbortController();
       const unrelated = fetch(`${gateway.url}/v1/completions`, {
