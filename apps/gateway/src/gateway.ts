@@ -1,6 +1,5 @@
-import type { Server as HttpServer } from 'node:http';
-import { IdempotencyStore } from './idempotency-store.js';
 import { randomBytes } from 'node:crypto';
+import type { Server as HttpServer } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { serve, type ServerType } from '@hono/node-server';
 import { Queue } from 'bullmq';
@@ -15,6 +14,7 @@ import { clientErrorHandler } from './client-error.js';
 import type { GatewayConfig } from './config.js';
 import { GatewayError } from './errors.js';
 import type { GatewayHooks } from './hooks.js';
+import { IdempotencyStore } from './idempotency-store.js';
 import { RedisJobQueue } from './job-queue.js';
 import { readiness } from './routes/health.js';
 import { Relay } from './relay.js';

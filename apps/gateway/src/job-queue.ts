@@ -278,13 +278,13 @@ export class RedisJobQueue implements JobSubmitter, WorkCanceller {
    * Routes a request's live entries to this gateway (a client resumed it here). Resolves once the
    * route is recorded, so a log read started afterwards misses nothing this gateway will not get live.
    */
-  async enqueued(requestId: string): Promise<boolean> {
-    return (await this.redis.exists(this.queue.toKey(requestId))) === 1;
-  }
-
   async attach(requestId: string): Promise<void> {
     await this.scripts.route(requestId, this.channel, '');
     await this.redis.publish(this.names.controlChannel, encodeControlMessage({ type: 'route', requestId, channel: this.channel }));
+  }
+
+  async enqueued(requestId: string): Promise<boolean> {
+    return (await this.redis.exists(this.queue.toKey(requestId))) === 1;
   }
 
   /**

@@ -1,8 +1,12 @@
 import type { GatewayEntry, RequestMeta } from '@sluice/protocol';
 import type { AppDeps } from './app.js';
+import type { AuthenticatedKey } from './auth/auth-middleware.js';
+import type { KeyAdmission } from './auth/key-admission.js';
 import type { ClientPresence } from './client-presence.js';
 import { GatewayError } from './errors.js';
+import type { GatewayHooks, RequestObserver } from './hooks.js';
 import type { RequestSession, SessionEvent } from './request-session.js';
+import { noObserver } from './responders/responder-context.js';
 
 /** What a taken-over delivery writes to: a resumed stream, or a replayed request's stream or JSON reply. */
 export interface TakingResponder {
@@ -11,6 +15,30 @@ export interface TakingResponder {
   handle(event: SessionEvent): void;
   /** @param detached the work goes on without this connection (a resume grace) */
   clientClosed(detached: boolean): void;
+}
+
+/** What a taken-over delivery gives back when it ends: filled in as the takeover proceeds. */
+export interface DeliveryEndings {
+  /** A stream: its place among the gateway's active streams. */
+  active?: (() => void) | undefined;
+  /** Under a key: the request's stream slot and token reservation, held by this delivery once attached. */
+  slot?: RequestObserver['finished'] | undefined;
+}
+
+/**
+ * The observer of a taken-over delivery (a resume, a replay): its request was counted where it was
+ * admitted, so only the tokens it writes count here, and its end gives back what `endings` holds then.
+ */
+export function takenOverObserver(hooks: GatewayHooks, endings: DeliveryEndings): RequestObserver {
+  return {
+    ...noObserver(),
+    contentWritten: (tokens) => hooks.resumedTokensWritten?.(tokens),
+    tokensWithoutText: (tokens) => hooks.resumedTokensWritten?.(tokens),
+    finished: (info) => {
+      endings.active?.();
+      endings.slot?.(info);
+    },
+  };
 }
 
 export interface TakeOverOptions {
@@ -22,13 +50,13 @@ export interface TakeOverOptions {
   last: GatewayEntry | undefined;
   responder: TakingResponder;
   client: ClientPresence;
-  /** The API key that made the request (see resume.ts ownedByCaller). */
-  owner: string | undefined;
-  /**
-   * The route is here and the client still connected (called before the log is read): the place to
-   * claim the key's stream slot and token reservation, if the responder is still open.
-   */
-  attached(): void;
+  /** The API key that made the request (see resume.ts ownedByCaller), and its limits when they are on. */
+  key: AuthenticatedKey | undefined;
+  admission: KeyAdmission | undefined;
+  /** Where the key's slot goes once claimed (see {@link takenOverObserver}). */
+  endings: DeliveryEndings;
+  /** The route is here and the client still connected (called before the log is read). */
+  attached?(): void;
 }
 
 /**
@@ -55,7 +83,7 @@ export function takeOver(
     scheduled: cursor >= 0 && last !== undefined && last.type !== 'accepted',
     workerId: meta.workerId,
     attempt: meta.attempt,
-    owner: options.owner,
+    owner: options.key?.hash,
   });
   // A client that leaves while the route moves here is answered at once; the session leaves (its
   // work cancelled, or detached with a grace) once the attach is done, so that the detach comes
@@ -74,7 +102,14 @@ export function takeOver(
         sessions.clientLeft(session);
         return;
       }
-      options.attached();
+      // Under a key, the delivery holds the request's stream slot (max-streams) and its token
+      // reservation, and its tokens count under the key: claimed only by one still open (one that
+      // ended meanwhile would never give them back).
+      const { key, admission } = options;
+      if (key !== undefined && admission !== undefined && !responder.done) {
+        options.endings.slot = admission.resumed(key, jobId, meta.deadlineAt, meta.graceMs);
+      }
+      options.attached?.();
       sessions.repair(session);
     },
     (error: unknown) => {

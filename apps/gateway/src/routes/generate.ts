@@ -17,9 +17,8 @@ import { CompleteResponder } from '../responders/complete-responder.js';
 import type { ResponderContext } from '../responders/responder-context.js';
 import { StreamResponder } from '../responders/stream-responder.js';
 import { RequestTiming } from '../responders/request-timing.js';
-import type { RequestObserver } from '../hooks.js';
 import { IDEMPOTENCY_KEY_PATTERN, type ClaimedKey, type IdempotencyStore, type TakenKey } from '../idempotency-store.js';
-import { takeOver } from '../take-over.js';
+import { takeOver, takenOverObserver, type DeliveryEndings } from '../take-over.js';
 
 import type { AppEnv } from '../app.js';
 import { noObserver } from '../responders/responder-context.js';
@@ -121,22 +120,11 @@ export function generateHandler(deps: AppDeps, endpoint: Endpoint) {
           : request.stream && prompts.length === 1
             ? Math.min(request.resumeGraceMs ?? config.resumeGraceMs, config.maxResumeGraceMs)
             : 0;
-      // A replay is one more delivery of a request counted where it was admitted, as a resume is: only
-      // the tokens it writes count here, and under a key it holds the request's stream slot and token
-      // reservation from the takeover on (claimed below).
-      let slotEnded: RequestObserver['finished'] | undefined;
-      let activeEnded: (() => void) | undefined;
+      // A replay is one more delivery of a request counted where it was admitted, as a resume is.
+      const endings: DeliveryEndings = {};
       const observer =
         started === undefined
-          ? {
-              ...noObserver(),
-              contentWritten: (tokens: number) => hooks.resumedTokensWritten?.(tokens),
-              tokensWithoutText: (tokens: number) => hooks.resumedTokensWritten?.(tokens),
-              finished: (info: Parameters<RequestObserver['finished']>[0]) => {
-                activeEnded?.();
-                slotEnded?.(info);
-              },
-            }
+          ? takenOverObserver(hooks, endings)
           : grant === undefined || admission === undefined
             ? started
             : admission.observe(grant, started, graceMs);
@@ -174,7 +162,7 @@ export function generateHandler(deps: AppDeps, endpoint: Endpoint) {
         // The request's reply from the first event of its log on, wherever it runs (or ran) now. It takes
         // no place in this gateway's queue beyond its session's (counted there until its `accepted`).
         releaseQueued();
-        if (request.stream) activeEnded = hooks.resumedStreamOpened?.();
+        if (request.stream) endings.active = hooks.resumedStreamOpened?.();
         const taken = takeOver(deps, {
           jobId,
           meta: replayed.meta,
@@ -182,12 +170,9 @@ export function generateHandler(deps: AppDeps, endpoint: Endpoint) {
           last: undefined,
           responder,
           client,
-          owner: apiKey?.hash,
-          attached: () => {
-            if (admission !== undefined && apiKey !== undefined && !responder.done) {
-              slotEnded = admission.resumed(apiKey, jobId, replayed.meta.deadlineAt, replayed.meta.graceMs);
-            }
-          },
+          key: apiKey,
+          admission,
+          endings,
         });
         opened = [taken.session];
         await taken.done;
@@ -271,8 +256,7 @@ export function generateHandler(deps: AppDeps, endpoint: Endpoint) {
       enqueued = true;
       // Kept as long as the request's meta: a retry within its retention finds it.
       if (claim !== undefined) {
-        const kept = claim;
-        deps.idempotency?.keep(kept, Math.max(1, deadlineAt - Date.now()) + config.streamRetentionMs).catch((error: unknown) => {
+        deps.idempotency?.keep(claim, Math.max(1, deadlineAt - Date.now()) + config.streamRetentionMs).catch((error: unknown) => {
           deps.logger.warn({ err: error, requestId }, 'keeping an idempotency key failed: it lapses in 30 s');
         });
       }

@@ -5,12 +5,11 @@ import { fromStore, GatewayError } from '../errors.js';
 import { batchRequestId, endsRequest, type GatewayEntry, type RequestMeta } from '@sluice/protocol';
 import type { Endpoint, ParsedRequest } from '../openai/request-schemas.js';
 import { logprobsTextLength, ResponseFormat, type UsageNumbers } from '../openai/response-format.js';
-import type { RequestObserver } from '../hooks.js';
-import { noObserver, type ResponderContext } from '../responders/responder-context.js';
+import type { ResponderContext } from '../responders/responder-context.js';
 import { StreamResponder } from '../responders/stream-responder.js';
 import { SSE_HEADERS } from '../sse-writer.js';
 import { systemFingerprint } from '../version.js';
-import { takeOver } from '../take-over.js';
+import { takeOver, takenOverObserver, type DeliveryEndings } from '../take-over.js';
 
 /** The job id inside a chunk id (`chatcmpl-<id>` / `cmpl-<id>`), or undefined when it is not one of ours. */
 function jobIdOf(endpoint: Endpoint, chunkId: string): string | undefined {
@@ -108,9 +107,7 @@ export function resumeHandler(deps: AppDeps, endpoint: Endpoint) {
     // Gone before anything was taken over: nobody gets the reply, and the stream stays as it was.
     if (client.gone || res.destroyed) throw new GatewayError('client_closed');
     let responderUsage = () => ({ promptTokens: 0, completionTokens: 0 });
-    let slotEnded: RequestObserver['finished'] | undefined;
-    // Counted among the gateway's active streams from the takeover to its end.
-    let activeEnded: (() => void) | undefined = undefined;
+    const endings: DeliveryEndings = {};
     const request: ParsedRequest = {
       endpoint,
       model: format.model,
@@ -138,17 +135,8 @@ export function resumeHandler(deps: AppDeps, endpoint: Endpoint) {
       receivedAt: Date.now(),
       retryAfterS: config.retryAfterS,
       hooks,
-      // The request was counted where it started; a resume is one more delivery of it: only the tokens
-      // it writes count here (and, under a key, it holds the request's stream slot while it runs: below).
-      observer: {
-        ...noObserver(),
-        contentWritten: (tokens) => hooks.resumedTokensWritten?.(tokens),
-        tokensWithoutText: (tokens) => hooks.resumedTokensWritten?.(tokens),
-        finished: (info) => {
-          activeEnded?.();
-          slotEnded?.(info);
-        },
-      },
+      // The request was counted where it started; a resume is one more delivery of it.
+      observer: takenOverObserver(hooks, endings),
     };
     const responder: StreamResponder = new StreamResponder(ctx, res, heartbeats, {
       headersWaitMs: 0,
@@ -166,7 +154,8 @@ export function resumeHandler(deps: AppDeps, endpoint: Endpoint) {
       hooks.streamResumed?.();
       return responder.reply;
     }
-    activeEnded = hooks.resumedStreamOpened?.();
+    // Counted among the gateway's active streams from the takeover to its end.
+    endings.active = hooks.resumedStreamOpened?.();
     const taken = takeOver(deps, {
       jobId,
       meta,
@@ -174,16 +163,11 @@ export function resumeHandler(deps: AppDeps, endpoint: Endpoint) {
       last,
       responder,
       client,
-      owner: apiKey?.hash,
-      attached: () => {
-        // Under a key (the request's: see ownedByCaller), the resumed stream holds the request's stream
-        // slot while it runs (max-streams) and its token reservation, and its tokens count under the key:
-        // claimed only by a stream still open (one that ended meanwhile would never give them back).
-        if (admission !== undefined && apiKey !== undefined && !responder.done) {
-          slotEnded = admission.resumed(apiKey, jobId, meta.deadlineAt, meta.graceMs);
-        }
-        hooks.streamResumed?.();
-      },
+      // (The key is the request's: see ownedByCaller.)
+      key: apiKey,
+      admission,
+      endings,
+      attached: () => hooks.streamResumed?.(),
     });
     await taken.done;
     return responder.reply;
