@@ -10,7 +10,7 @@ import { fileURLToPath } from 'node:url';
 
 const here = fileURLToPath(new URL('.', import.meta.url));
 const root = fileURLToPath(new URL('../..', import.meta.url));
-const [mode = 'gateway', streams = '1000', events = '150', stepMs = '40'] = process.argv.slice(2);
+const [mode = 'gateway', streams = '1000', events = '150', stepMs = '40', warmup = '0'] = process.argv.slice(2);
 const dir = `${root}bench-results/profiles/${mode}-sse`;
 
 interface ProfileNode {
@@ -23,7 +23,7 @@ await rm(dir, { recursive: true, force: true });
 await mkdir(dir, { recursive: true });
 const server = spawn(
   process.execPath,
-  ['--cpu-prof', `--cpu-prof-dir=${dir}`, '--import', 'tsx', `${here}sse-server.ts`, mode, streams, events, stepMs],
+  ['--cpu-prof', `--cpu-prof-dir=${dir}`, '--import', 'tsx', `${here}sse-server.ts`, mode, streams, events, stepMs, warmup],
   {
     stdio: ['ignore', 'pipe', 'inherit'],
   },

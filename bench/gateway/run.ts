@@ -7,7 +7,8 @@
  *    engine called in process (alternating rounds, samples pooled).
  *
  * Writes bench-results/gateway.json and the gateway section of docs/benchmarks.md.
- * Env: BENCH_ROUNDS (SSE round pairs, default 8), BENCH_LATENCY_ROUNDS (5 per model), BENCH_STREAMS (1000), BENCH_EVENTS (150 per stream per round),
+ * Env: BENCH_ROUNDS (SSE round pairs, default 8), BENCH_LATENCY_ROUNDS (5 per model), BENCH_STREAMS (1000), BENCH_EVENTS (150 per stream per round,
+ * measured), BENCH_WARMUP_EVENTS (150 per stream before them, measured apart as the cold window; 0 = none),
  * BENCH_STEP_MS (SSE producer step interval, default 40: 25 steps/s, a decode rate; 0 = unpaced).
  */
 import { mkdir, readFile, writeFile } from 'node:fs/promises';
@@ -31,6 +32,7 @@ import { median, round } from './stats.js';
 const root = fileURLToPath(new URL('../..', import.meta.url));
 const streams = Number(process.env.BENCH_STREAMS ?? 1000);
 const events = Number(process.env.BENCH_EVENTS ?? 150);
+const warmupEvents = Number(process.env.BENCH_WARMUP_EVENTS ?? 150);
 const rounds = Number(process.env.BENCH_ROUNDS ?? 8);
 const stepMs = Number(process.env.BENCH_STEP_MS ?? 40);
 const latencyRounds = Number(process.env.BENCH_LATENCY_ROUNDS ?? 5);
@@ -43,19 +45,23 @@ async function sse() {
   for (let i = 0; i < rounds; i++) {
     const pair = {} as Record<ThroughputRound['mode'], ThroughputRound>;
     for (const mode of i % 2 === 0 ? (['baseline', 'gateway'] as const) : (['gateway', 'baseline'] as const)) {
-      pair[mode] = await measureRound(mode, streams, events, stepMs);
+      pair[mode] = await measureRound(mode, streams, events, stepMs, warmupEvents);
     }
     pairs.push(pair);
     log(
       `sse pair ${i + 1}/${rounds}: baseline ${Math.round(pair.baseline.eventsPerSecond)} events/s (${Math.round(pair.baseline.eventsPerCpuSecond)}/CPU-s), ` +
-        `gateway ${Math.round(pair.gateway.eventsPerSecond)} events/s (${Math.round(pair.gateway.eventsPerCpuSecond)}/CPU-s, ${round(pair.gateway.dataFrames / streams, 1)} frames per stream)`,
+        `gateway ${Math.round(pair.gateway.eventsPerSecond)} events/s (${Math.round(pair.gateway.eventsPerCpuSecond)}/CPU-s, ${round(pair.gateway.dataFrames / streams, 1)} frames per stream)` +
+        (warmupEvents > 0
+          ? `; warm-up window ${Math.round(pair.baseline.coldEventsPerCpuSecond ?? NaN)} vs ${Math.round(pair.gateway.coldEventsPerCpuSecond ?? NaN)}/CPU-s`
+          : ''),
     );
   }
   // Since flow control (#10) the gateway coalesces the deltas of a stream whose socket does not drain:
   // when the one load client falls behind, the gateway writes fewer, larger frames for the same
   // tokens, which a raw writer (no backpressure) never does. Pairs where it wrote every delta as its own
   // frame (role + events + finish + [DONE] per stream) compare the same work.
-  const sameWork = pairs.filter((p) => p.gateway.dataFrames >= streams * (events + 3));
+  const sameWork = pairs.filter((p) => p.gateway.dataFrames >= streams * (warmupEvents + events + 3));
+  const coldRatio = (p: (typeof pairs)[number]) => (p.gateway.coldEventsPerCpuSecond ?? NaN) / (p.baseline.coldEventsPerCpuSecond ?? NaN);
   const side = (mode: ThroughputRound['mode']) => ({
     eventsPerSecond: Math.round(median(pairs.map((p) => p[mode].eventsPerSecond))),
     eventsPerCpuSecond: Math.round(median(pairs.map((p) => p[mode].eventsPerCpuSecond))),
@@ -63,11 +69,17 @@ async function sse() {
   return {
     streams,
     eventsPerStream: events,
+    warmupEventsPerStream: warmupEvents,
     pairs: pairs.map((p) => ({
-      baseline: { eventsPerSecond: Math.round(p.baseline.eventsPerSecond), eventsPerCpuSecond: Math.round(p.baseline.eventsPerCpuSecond) },
+      baseline: {
+        eventsPerSecond: Math.round(p.baseline.eventsPerSecond),
+        eventsPerCpuSecond: Math.round(p.baseline.eventsPerCpuSecond),
+        coldEventsPerCpuSecond: Math.round(p.baseline.coldEventsPerCpuSecond ?? NaN),
+      },
       gateway: {
         eventsPerSecond: Math.round(p.gateway.eventsPerSecond),
         eventsPerCpuSecond: Math.round(p.gateway.eventsPerCpuSecond),
+        coldEventsPerCpuSecond: Math.round(p.gateway.coldEventsPerCpuSecond ?? NaN),
         framesPerStream: round(p.gateway.dataFrames / streams, 1),
       },
     })),
@@ -84,6 +96,8 @@ async function sse() {
       pairs: sameWork.length,
       wallClock: round(median(sameWork.map((p) => p.gateway.eventsPerSecond / p.baseline.eventsPerSecond))),
       perCpuSecond: round(median(sameWork.map((p) => p.gateway.eventsPerCpuSecond / p.baseline.eventsPerCpuSecond))),
+      /** The warm-up window's ratio per CPU-second (the first steps after the process started). */
+      coldPerCpuSecond: round(median(sameWork.map(coldRatio))),
     },
     target: 0.95,
   };
@@ -192,10 +206,15 @@ function markdown(result: Awaited<ReturnType<typeof collect>>): string {
     `| gateway (Hono app, sessions, decode + demultiplex, chunk formatting, SSE writer, Prometheus metrics) | ${s.gateway.eventsPerSecond} | ${s.gateway.eventsPerCpuSecond} |`,
     `| gateway ÷ baseline, all pairs (median; the gateway coalesced in some: see below) | ${s.ratio.wallClock} | ${s.ratio.perCpuSecond} |`,
     `| **gateway ÷ baseline, pairs where the gateway wrote every delta as its own frame** (${s.sameWork.pairs} of ${s.pairs.length}; target ≥ ${s.target}) | **${s.sameWork.wallClock}** | **${s.sameWork.perCpuSecond}** |`,
+    ...(s.warmupEventsPerStream > 0
+      ? [
+          `| the same pairs, warm-up window (the first ${s.warmupEventsPerStream} events per stream after the process started) | | ${s.sameWork.coldPerCpuSecond} |`,
+        ]
+      : []),
     '',
-    `Frames per stream the gateway wrote, pair by pair (${s.eventsPerStream + 3} = no coalescing): ${s.pairs.map((p) => p.gateway.framesPerStream).join(', ')}. Since flow control (#10) the gateway coalesces the deltas of a stream whose socket does not drain; when the single load-client process falls behind on this shared machine, the gateway writes fewer, larger frames for the same tokens, which the raw writer (no backpressure) never does. Only the pairs without coalescing compare the same work.`,
+    `Frames per stream the gateway wrote, pair by pair (${s.warmupEventsPerStream + s.eventsPerStream + 3} = no coalescing): ${s.pairs.map((p) => p.gateway.framesPerStream).join(', ')}. Since flow control (#10) the gateway coalesces the deltas of a stream whose socket does not drain; when the single load-client process falls behind on this shared machine, the gateway writes fewer, larger frames for the same tokens, which the raw writer (no backpressure) never does. Only the pairs without coalescing compare the same work.`,
     '',
-    `${s.eventsPerStream} events per stream per round, ${s.pairs.length} alternating pairs of rounds (medians)${s.pinnedCores ? ', server and load client pinned to separate cores' : ''}. Each server runs in its own process and starts writing once all streams are connected; one load-client process reads all streams. The gateway side is the real HTTP app fed in process by a driver that plays the worker: one gateway-channel message per step carrying a delta for every stream, decoded and dispatched as the relay does (the Redis socket is not in this measurement; it is in the latency figures below). Hono's \`streamSSE\` helper measured ~0.35× on this path, which is why the stream writes straight to the Node response.`,
+    `${s.eventsPerStream} measured events per stream per round after ${s.warmupEventsPerStream} of warm-up, ${s.pairs.length} alternating pairs of rounds (medians)${s.pinnedCores ? ', server and load client pinned to separate cores' : ''}. Each server runs in its own process and starts writing once all streams are connected; one load-client process reads all streams. The gateway side is the real HTTP app fed in process by a driver that plays the worker: one gateway-channel message per step carrying a delta for every stream, decoded and dispatched as the relay does (the Redis socket is not in this measurement; it is in the latency figures below). CPU time counts every thread of the server process (V8's compiler and GC helpers included). The warm-up window is a process that just started: V8 still compiles the gateway's hot path on its helper threads, and sweeps what the streams' intake left; the measured window after it is the steady state a long-running server is in. Both windows are in \`bench-results/gateway.json\`. Hono's \`streamSSE\` helper measured ~0.35× on this path, which is why the stream writes straight to the Node response.`,
     '',
     '### Latency added by the gateway path',
     '',
@@ -219,7 +238,7 @@ async function collect() {
     node: process.version,
     os: `${platform()} ${release()} ${arch()}`,
   };
-  log(`SSE write path: ${streams} streams × ${events} events, ${rounds} pairs of rounds`);
+  log(`SSE write path: ${streams} streams × ${warmupEvents} warm-up + ${events} measured events, ${rounds} pairs of rounds`);
   const sseResult = await sse();
   // Below the engine's saturation: queueing inside a saturated engine would swamp what the path adds.
   const base = { concurrency: 8, maxTokens: 32, staggerMs: 60, maxBatchSize: 16, intraOpThreads: 1 };

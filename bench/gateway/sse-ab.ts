@@ -3,7 +3,8 @@
  * this tree's gateway against another checkout's (built, with its own `bench/gateway/sse-throughput.ts`),
  * each beside the minimal `node:http` writer, in rotating order: what a change to the write path
  * gave, side by side in one run. Prints events per server CPU-second per round and the medians.
- * BENCH_STREAMS (1000), BENCH_EVENTS (150), BENCH_STEP_MS (40) as in `npm run bench:gateway`.
+ * BENCH_STREAMS (1000), BENCH_EVENTS (150), BENCH_WARMUP_EVENTS (150), BENCH_STEP_MS (40) as in
+ * `npm run bench:gateway` (a checkout older than the warm-up measures without one).
  */
 import { measureRound, type ThroughputRound } from './sse-throughput.js';
 import { median, round } from './stats.js';
@@ -15,12 +16,13 @@ const pairs = Number(process.argv[2] ?? 8);
 const streams = Number(process.env.BENCH_STREAMS ?? 1000);
 const events = Number(process.env.BENCH_EVENTS ?? 150);
 const stepMs = Number(process.env.BENCH_STEP_MS ?? 40);
+const warmup = Number(process.env.BENCH_WARMUP_EVENTS ?? 150);
 
 type Side = 'raw' | 'before' | 'after';
 const run: Record<Side, () => Promise<ThroughputRound>> = {
-  raw: () => measureRound('baseline', streams, events, stepMs),
-  before: () => other.measureRound('gateway', streams, events, stepMs),
-  after: () => measureRound('gateway', streams, events, stepMs),
+  raw: () => measureRound('baseline', streams, events, stepMs, warmup),
+  before: () => other.measureRound('gateway', streams, events, stepMs, warmup),
+  after: () => measureRound('gateway', streams, events, stepMs, warmup),
 };
 const orders: Side[][] = [
   ['raw', 'before', 'after'],

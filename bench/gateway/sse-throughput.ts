@@ -13,8 +13,10 @@ export interface ThroughputRound {
   eventsPerSecond: number;
   seconds: number;
   dataFrames: number;
-  /** Content events per second of the server's own CPU time (user + system). */
+  /** Content events per second of the server's own CPU time (user + system), after the warm-up. */
   eventsPerCpuSecond: number;
+  /** The same over the warm-up's steps, the first after the streams opened (undefined without a warm-up). */
+  coldEventsPerCpuSecond: number | undefined;
 }
 
 /** Server and client each get their own core when the machine has two and `taskset` exists. */
@@ -35,29 +37,40 @@ function runNode(args: string[], core: number, onLine?: (line: string) => void):
   return { done, kill: () => child.kill('SIGKILL') };
 }
 
-export async function measureRound(mode: ThroughputRound['mode'], streams: number, events: number, stepMs = 0): Promise<ThroughputRound> {
+/**
+ * One round: a fresh server process of `mode`, `warmup` steps of one event per stream, then `events`
+ * measured ones.
+ */
+export async function measureRound(
+  mode: ThroughputRound['mode'],
+  streams: number,
+  events: number,
+  stepMs = 0,
+  warmup = 0,
+): Promise<ThroughputRound> {
   let resolvePort!: (port: number) => void;
   const port = new Promise<number>((resolve) => (resolvePort = resolve));
-  let resolveCpu!: (cpuMicros: number) => void;
-  const cpu = new Promise<number>((resolve) => (resolveCpu = resolve));
-  const server = runNode([`${here}sse-server.ts`, mode, String(streams), String(events), String(stepMs)], 0, (line) => {
+  let resolveCpu!: (cpuMicros: { measured: number; cold: number }) => void;
+  const cpu = new Promise<{ measured: number; cold: number }>((resolve) => (resolveCpu = resolve));
+  const server = runNode([`${here}sse-server.ts`, mode, String(streams), String(events), String(stepMs), String(warmup)], 0, (line) => {
     const match = /^port (\d+)$/.exec(line);
     if (match) resolvePort(Number(match[1]));
-    const cpuMatch = /^cpu (\d+)/.exec(line);
-    if (cpuMatch) resolveCpu(Number(cpuMatch[1]));
+    const cpuMatch = /^cpu (\d+) cold (\d+)/.exec(line);
+    if (cpuMatch) resolveCpu({ measured: Number(cpuMatch[1]), cold: Number(cpuMatch[2]) });
   });
   try {
     const url = `http://127.0.0.1:${await port}`;
     const client = runNode([`${here}sse-client.ts`, url, String(streams)], 1);
     const result = JSON.parse((await client.done).trim()) as { events: number; seconds: number };
     // Content events only (the gateway also sends a role and a finish chunk per stream).
-    const cpuSeconds = (await cpu) / 1e6;
+    const { measured, cold } = await cpu;
     return {
       mode,
-      eventsPerSecond: (streams * events) / result.seconds,
+      eventsPerSecond: (streams * (warmup + events)) / result.seconds,
       seconds: result.seconds,
       dataFrames: result.events,
-      eventsPerCpuSecond: (streams * events) / cpuSeconds,
+      eventsPerCpuSecond: (streams * events) / (measured / 1e6),
+      coldEventsPerCpuSecond: warmup > 0 ? (streams * warmup) / (cold / 1e6) : undefined,
     };
   } finally {
     server.kill();

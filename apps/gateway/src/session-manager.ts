@@ -166,9 +166,11 @@ export class SessionManager {
 
   /** Routes one message from the gateway channel to its sessions. */
   dispatch(message: GatewayMessage): void {
+    // One clock read per message, not per entry: a step's entries arrive together.
+    const now = Date.now();
     for (const entry of message.entries) {
       const session = this.sessions.get(entry.requestId);
-      if (session !== undefined) this.deliver(session, entry, false);
+      if (session !== undefined) this.deliver(session, entry, false, now);
       // A late entry of a session that already ended: nothing waits for it, but a cancelled request
       // still publishing may have missed its cancel.
       else if (this.cancelled.size > 0) this.cancelAgain(entry);
@@ -198,7 +200,7 @@ export class SessionManager {
         session.repairing = false;
         for (const entry of entries) {
           if (session.state === 'closed') return;
-          this.deliver(session, entry, true);
+          this.deliver(session, entry, true, Date.now());
         }
         if (session.state === 'closed') return;
         // A queued session may be repaired before its meta is even written (it opens first): nothing
@@ -232,7 +234,8 @@ export class SessionManager {
     for (const session of [...this.sessions.values()]) this.repair(session);
   }
 
-  private deliver(session: RequestSession, entry: GatewayEntry, fromLog: boolean): void {
+  /** @param now when the entry arrived (ms since epoch) */
+  private deliver(session: RequestSession, entry: GatewayEntry, fromLog: boolean, now: number): void {
     // Live entries of a superseded attempt (a worker taken for dead that came back) are fenced out;
     // the log holds only what each attempt wrote while it was current.
     if (!fromLog && ((entry.attempt ?? 1) < session.attempt || session.migrating)) return;
@@ -281,7 +284,7 @@ export class SessionManager {
       return;
     }
     session.nextSeq = entry.seq + 1;
-    session.lastEventAt = Date.now();
+    session.lastEventAt = now;
     switch (entry.type) {
       case 'accepted':
         if (entry.continued === true) session.continuedAttempt = Math.max(session.continuedAttempt, entry.attempt ?? 1);

@@ -2,7 +2,15 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { ReplyError, type Redis } from 'ioredis';
 import type { Logger } from 'pino';
 import type { EngineEvent, StepEvent, TokenLogprob } from '@sluice/engine';
-import { endsRequest, RequestScripts, type GatewayEntryDraft, type RedisNames, type TokenLogprobWire } from '@sluice/protocol';
+import {
+  encodeEntry,
+  endsRequest,
+  liveGatewayMessage,
+  RequestScripts,
+  type GatewayEntryDraft,
+  type RedisNames,
+  type TokenLogprobWire,
+} from '@sluice/protocol';
 
 /** The abort reason of a request whose entries could not be written (Redis unreachable). */
 export const REDIS_UNAVAILABLE = 'redis_unavailable';
@@ -94,7 +102,8 @@ interface PendingAppend {
 
 /**
  * Routes every engine step as a whole, in one pass: each event becomes a numbered wire entry, serialized
- * once, appended to its request's token log and added to its gateway's message; then ONE socket write
+ * once (`encodeEntry`: the whole entry for its request's token log, the live form without token ids for
+ * its gateway's message); then ONE socket write
  * carries the step, its commands pipelined: an append (a small Lua script, fenced by attempt) per
  * request, then one PUBLISH per gateway channel. Appends come first, so an entry a gateway sees live is
  * always in the log already.
@@ -251,24 +260,24 @@ export class StepRouter {
     if (route.lost === true) return;
     const seq = route.nextSeq++;
     const entry = { ...draft, requestId: route.requestId, seq, ...(route.attempt > 1 ? { attempt: route.attempt } : {}) };
-    const json = JSON.stringify(entry);
+    const { logged, live } = encodeEntry(entry);
     const log = this.#logs.get(route);
     if (log === undefined) {
       this.#logs.set(route, {
         route,
-        pairs: [String(seq), json],
+        pairs: [String(seq), logged],
         workerId: draft.type === 'accepted' ? draft.workerId : '',
         final: endsRequest(draft),
       });
     } else {
-      log.pairs.push(String(seq), json);
+      log.pairs.push(String(seq), logged);
       if (draft.type === 'accepted') log.workerId = draft.workerId;
       if (endsRequest(draft)) log.final = true;
     }
     if (route.channel !== null) {
       const entries = this.#channels.get(route.channel);
-      if (entries === undefined) this.#channels.set(route.channel, [json]);
-      else entries.push(json);
+      if (entries === undefined) this.#channels.set(route.channel, [live]);
+      else entries.push(live);
     }
     // Inside a step the step flushes at its end: no turn is set (it would only find nothing to flush).
     if (!this.#routing && !this.#turnFlush) {
@@ -449,7 +458,7 @@ export class StepRouter {
       }
       // Appends first: an entry a gateway sees live is always in the log already.
       for (const [channel, entries] of channels) {
-        const publish = this.#redis.publish(channel, `{"workerId":${JSON.stringify(workerId)},"entries":[${entries.join(',')}]}`);
+        const publish = this.#redis.publish(channel, liveGatewayMessage(workerId, entries));
         replies.push(
           publish.then(
             (receivers) => {

@@ -54,7 +54,8 @@ export const textDeltaEntrySchema = z.object({
   tokens: z.number().int().nonnegative(),
   /**
    * The sampled token ids of this delta and of earlier held-back ones (`tokens` of them): what a
-   * continuation on another worker is rebuilt from.
+   * continuation on another worker is rebuilt from. In the token log only: the live form a gateway
+   * gets leaves them out ({@link encodeEntry}).
    */
   tokenIds: z.array(z.number().int().nonnegative()).optional(),
   logprobs: z.array(tokenLogprobSchema).optional(),
@@ -109,6 +110,34 @@ export type GatewayMessage = z.infer<typeof gatewayMessageSchema>;
 
 export function encodeGatewayMessage(message: GatewayMessage): string {
   return JSON.stringify(message);
+}
+
+/** An entry serialized for a worker's two writes of it. */
+export interface EncodedEntry {
+  /** The token log's form: the whole entry. */
+  logged: string;
+  /**
+   * The gateway channel's form: a text delta without its `tokenIds`. Only a continuation reads them, from
+   * the log; on the channel every gateway would parse them for every token of every stream.
+   */
+  live: string;
+}
+
+/** Serializes an entry once for the log and the channel ({@link EncodedEntry}). */
+export function encodeEntry(entry: GatewayEntry): EncodedEntry {
+  if (entry.type !== 'text-delta' || entry.tokenIds === undefined) {
+    const json = JSON.stringify(entry);
+    return { logged: json, live: json };
+  }
+  const { tokenIds, ...rest } = entry;
+  const live = JSON.stringify(rest);
+  // An object's JSON ends with its closing brace: the ids go in as its last member.
+  return { live, logged: `${live.slice(0, -1)},"tokenIds":${JSON.stringify(tokenIds)}}` };
+}
+
+/** A gateway channel message from entries in their live form ({@link encodeEntry}), in their order. */
+export function liveGatewayMessage(workerId: string, liveEntries: readonly string[]): string {
+  return `{"workerId":${JSON.stringify(workerId)},"entries":[${liveEntries.join(',')}]}`;
 }
 
 /**

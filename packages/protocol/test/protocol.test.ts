@@ -8,10 +8,13 @@ import {
   encodeRequestMeta,
   logEntryId,
   seqOfLogEntryId,
+  encodeEntry,
   encodeGatewayMessage,
   encodeWorkerRecord,
+  liveGatewayMessage,
   parseGenerateJob,
   redisNames,
+  type GatewayEntry,
   type GatewayMessage,
 } from '../src/index.js';
 
@@ -29,6 +32,30 @@ describe('gateway messages', () => {
     };
     expect(decodeGatewayMessage(encodeGatewayMessage(message))).toEqual(message);
     expect(decodeGatewayMessage(Buffer.from(encodeGatewayMessage(message)))).toEqual(message);
+  });
+
+  it('writes an entry whole to the log and without its token ids to the channel', () => {
+    const delta: GatewayEntry = {
+      type: 'text-delta',
+      index: 1,
+      text: 'a"\n',
+      tokens: 2,
+      tokenIds: [7, 8],
+      requestId: 'r',
+      seq: 4,
+      attempt: 2,
+    };
+    const { logged, live } = encodeEntry(delta);
+    expect(JSON.parse(logged)).toEqual(delta);
+    const { tokenIds: _, ...withoutIds } = delta;
+    expect(JSON.parse(live)).toEqual(withoutIds);
+    const accepted: GatewayEntry = { type: 'accepted', workerId: 'w', promptTokens: 3, requestId: 'r', seq: 0 };
+    expect(encodeEntry(accepted)).toEqual({ logged: JSON.stringify(accepted), live: JSON.stringify(accepted) });
+    // The channel's message from live forms decodes to the entries a gateway needs.
+    expect(decodeGatewayMessage(liveGatewayMessage('w"1', [encodeEntry(accepted).live, live]))).toEqual({
+      workerId: 'w"1',
+      entries: [accepted, withoutIds],
+    });
   });
 
   it('refuses an entry without a sequence number', () => {

@@ -234,8 +234,9 @@ export class StreamResponder {
   }
 
   private text(index: number, text: string, logprobs: TokenLogprobWire[] | undefined, tokens: number): void {
-    const now = Date.now();
     const interval = this.options.streamIntervalMs;
+    // Without a stream interval nothing reads the flush times: no clock read per token.
+    const now = interval === 0 ? 0 : Date.now();
     const congested = this.writer.congested;
     if (!congested && (interval === 0 || (this.flushTimer === undefined && now - this.lastFlushAt >= interval))) {
       const ascii = logprobs === undefined && this.ctx.format.asciiHead && isAscii(text);
