@@ -337,7 +337,7 @@ describe('Idempotency-Key on one gateway', () => {
     }
   });
 
-  it('admits a retry afresh when the gateway that claimed the key wrote the meta but died before the job', async () => {
+  it('admits a retry afresh when the request its key names has no job and nothing logged: its gateway died before the add, or a cancel removed the job', async () => {
     // What such a gateway leaves: the key claimed (not kept), the meta, no job and no log.
     const owner = createHash('sha256').update(unlimited).digest('hex');
     const record = names.idempotencyKey(createHash('sha256').update(`${owner}\norder-7`).digest('base64url'));
@@ -364,5 +364,18 @@ describe('Idempotency-Key on one gateway', () => {
     const answer = (await res.json()) as { id: string; usage: { completion_tokens: number } };
     expect(answer.id).not.toBe(`cmpl-${orphan}`);
     expect(answer.usage.completion_tokens).toBe(completion.max_tokens);
+    // What a queue timeout leaves for a moment after its 503: the key kept, the meta, the job removed and
+    // the log's `abort` ending not written yet (CI once saw the retry replay it and answer 200 `abort`).
+    const removed = 'removed-request';
+    await redis.set(record, `${removed} ${digest} kept`, 'PX', 60_000);
+    await redis.hset(
+      names.metaKey(removed),
+      encodeRequestMeta({ channel: 'sluice:gw:gone.0', graceMs: 0, attempt: 1, enqueuedAt: now, deadlineAt: now + 60_000, format, owner }),
+    );
+    const retried = await post(completion, 'order-7', '/v1/completions', unlimited);
+    expect(retried.status).toBe(200);
+    const fresh = (await retried.json()) as { id: string; choices: Array<{ finish_reason: string }> };
+    expect(fresh.id).not.toBe(`cmpl-${removed}`);
+    expect(fresh.choices[0]!.finish_reason).toBe('length');
   });
 });

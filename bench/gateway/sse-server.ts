@@ -169,7 +169,7 @@ async function gateway(): Promise<number> {
         if (submitted.length === streams) setImmediate(() => void produce());
       },
       attach: async () => undefined,
-      enqueued: async () => true,
+      willRun: async () => true,
       cancelRequest: async () => undefined,
     },
     log,

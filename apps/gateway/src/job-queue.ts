@@ -33,8 +33,11 @@ export interface JobSubmitter {
   submit(job: GenerateJob, format: StreamFormat, owner?: string): Promise<void>;
   /** Routes a request's live entries to this gateway (a resume). */
   attach(requestId: string): Promise<void>;
-  /** Whether the request's first job is in the queue (waiting or taken by a worker, not yet settled). */
-  enqueued(requestId: string): Promise<boolean>;
+  /**
+   * Whether the request's first job will run: it is in the queue (waiting, or taken by a worker and not
+   * yet settled) and no cancel marker waits for it.
+   */
+  willRun(requestId: string): Promise<boolean>;
   /** Stops a request wherever it runs or waits (`POST .../{id}/cancel`). */
   cancelRequest(requestId: string, meta: RequestMeta): Promise<void>;
 }
@@ -283,8 +286,13 @@ export class RedisJobQueue implements JobSubmitter, WorkCanceller {
     await this.redis.publish(this.names.controlChannel, encodeControlMessage({ type: 'route', requestId, channel: this.channel }));
   }
 
-  async enqueued(requestId: string): Promise<boolean> {
-    return (await this.redis.exists(this.queue.toKey(requestId))) === 1;
+  async willRun(requestId: string): Promise<boolean> {
+    // One read of both: a cancel removes the job before it deletes the marker, so neither is missed.
+    const replies = await this.redis.multi().exists(this.queue.toKey(requestId)).exists(this.names.cancelMarkerKey(requestId)).exec();
+    const [[jobError, job] = [null, 0], [markerError, marker] = [null, 0]] = replies ?? [];
+    if (jobError !== null) throw jobError;
+    if (markerError !== null) throw markerError;
+    return job === 1 && marker === 0;
   }
 
   /**

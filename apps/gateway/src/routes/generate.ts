@@ -335,9 +335,11 @@ async function replayTarget(deps: Pick<AppDeps, 'log' | 'jobs'>, endpoint: Endpo
   // A cancelled request's choices end `abort` together, just before its `finish`.
   const tail = await fromStore(deps.log.tail(found.jobId, meta.format.n + 1));
   const last = tail.at(-1);
-  // Not marked kept and nothing logged: its gateway wrote the meta but may have died before the job
-  // reached the queue (the two go out together, the add a moment later), and then nothing will run it.
-  if (last === undefined && !found.kept && !(await fromStore(deps.jobs.enqueued(found.jobId)))) return undefined;
+  // Nothing logged: it has no answer coming when no job of it waits in the queue (its gateway wrote the
+  // meta but died before the add, which goes out a moment later, reached Redis; or a cancel removed the
+  // job) or a cancel marker waits for it. A queue timeout's 503 goes out before the job's removal and
+  // the log's `abort` ending: a retry sent right after it finds the marker.
+  if (last === undefined && !(await fromStore(deps.jobs.willRun(found.jobId)))) return undefined;
   if (last !== undefined && endsRequest(last)) {
     const answered = last.type === 'finish' && !tail.some((entry) => entry.type === 'text-end' && entry.finishReason === 'abort');
     if (!answered) return undefined;

@@ -96,7 +96,7 @@ export async function startAppHarness(
         jobWaiters.shift()?.(job);
       },
       attach: async () => {},
-      enqueued: async (requestId) => jobs.some((job) => job.requestId === requestId),
+      willRun: async (requestId) => jobs.some((job) => job.requestId === requestId),
       cancelRequest: async () => {},
     },
     log,
