@@ -337,6 +337,70 @@ describe('Idempotency-Key on one gateway', () => {
     }
   });
 
+  it('admits a retry afresh when its client left the request running, before the abort of that request reached its log', async () => {
+    const long = { model: MODEL, prompt: 'Tell another long story.', max_tokens: 1500, ignore_eos: true };
+    const { first, jobId, idemKey, client } = await retryMidAnswer('a completion', async (n) => {
+      const idemKey = `order-8.${n}`;
+      const earlier = new Set(await redis.keys('sluice:{*}:meta'));
+      const client = new AbortController();
+      const first = fetch(`${gateway.url}/v1/completions`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json', authorization: `Bearer ${unlimited}`, 'idempotency-key': idemKey },
+        body: JSON.stringify(long),
+        signal: client.signal,
+      }).then(
+        (res) => res.status,
+        () => 'aborted',
+      );
+      const jobId = await waitFor(
+        'the first request running',
+        async () => {
+          for (const metaKey of await redis.keys('sluice:{*}:meta')) {
+            const id = metaKey.slice('sluice:{'.length, -'}:meta'.length);
+            if (!earlier.has(metaKey) && (await readTokenLog(redis, id)).some((e) => e.type === 'text-delta')) return id;
+          }
+          return undefined;
+        },
+        20_000,
+        5,
+      );
+      await freeze([worker]);
+      if (await unfinishedInLog(redis, jobId, long.max_tokens)) return { first, jobId, idemKey, client };
+      thaw([worker]);
+      await first;
+      return undefined;
+    });
+    try {
+      // The client leaves (no resume grace): the gateway cancels the request, whose worker is frozen, so
+      // its `abort` cannot reach the log before the retry is decided.
+      client.abort();
+      expect(await first).toBe('aborted');
+      await waitFor('the cancel sent', async () => ((await redis.exists(names.cancelMarkerKey(jobId))) === 1 ? true : undefined));
+      const metas = new Set(await redis.keys('sluice:{*}:meta'));
+      const replays = async () =>
+        Number(
+          (await (await fetch(`${gateway.url}/metrics`)).text()).match(
+            /^sluice_gateway_request_replays_total\{stream="false"\} (\d+)/m,
+          )?.[1] ?? 0,
+        );
+      const replaysBefore = await replays();
+      const retry = post(long, idemKey, '/v1/completions', unlimited);
+      // Decided while the worker is frozen: a new request (its meta) or a replay of the cancelled one.
+      await waitFor('the retry admitted or replayed', async () =>
+        (await redis.keys('sluice:{*}:meta')).some((key) => !metas.has(key)) || (await replays()) > replaysBefore ? true : undefined,
+      );
+      thaw([worker]);
+      const res = await retry;
+      expect(res.status).toBe(200);
+      const answer = (await res.json()) as { id: string; choices: Array<{ finish_reason: string }> };
+      // Before: the retry replayed the cancelled request and got its `abort`.
+      expect(answer.id).not.toBe(`cmpl-${jobId}`);
+      expect(answer.choices[0]!.finish_reason).toBe('length');
+    } finally {
+      thaw([worker]);
+    }
+  });
+
   it('admits a retry afresh when the request its key names has no job and nothing logged: its gateway died before the add, or a cancel removed the job', async () => {
     // What such a gateway leaves: the key claimed (not kept), the meta, no job and no log.
     const owner = createHash('sha256').update(unlimited).digest('hex');

@@ -170,6 +170,7 @@ async function gateway(): Promise<number> {
       },
       attach: async () => undefined,
       willRun: async () => true,
+      cancelMarked: async () => false,
       cancelRequest: async () => undefined,
     },
     log,

@@ -38,15 +38,19 @@ export interface JobSubmitter {
    * yet settled) and no cancel marker waits for it.
    */
   willRun(requestId: string): Promise<boolean>;
+  /** Whether a cancel marker waits for the request: a cancel of it is under way or done. */
+  cancelMarked(requestId: string): Promise<boolean>;
   /** Stops a request wherever it runs or waits (`POST .../{id}/cancel`). */
   cancelRequest(requestId: string, meta: RequestMeta): Promise<void>;
 }
 
 /**
- * A cancel marker is only for a worker that took the job just as it was cancelled (the queue could not
- * remove it: locked): that worker reads the marker as it starts the job, within moments. A job the
- * queue removed needs none, and a running job is stopped by the control message, so no marker waits
- * out the request's deadline (1,500 disconnects once left ~950 keys for 10 minutes).
+ * A cancel marker is for a worker that took the job just as it was cancelled (the queue could not
+ * remove it: locked): that worker reads the marker as it starts the job, within moments. A running job
+ * is stopped by the control message; its marker only tells a retry under the same Idempotency-Key
+ * that the answer will end `abort` (it reaches the log a step later). A job the queue removed needs
+ * none. So no marker waits out the request's deadline (1,500 disconnects once left ~950 keys for 10
+ * minutes).
  */
 const MARKER_TTL_MS = 30_000;
 
@@ -128,16 +132,13 @@ export class RedisJobQueue implements JobSubmitter, WorkCanceller {
     this.pending = [];
     const multi = this.redis.multi();
     const byReason = new Map<CancelReason, string[]>();
-    /** The batch's queued requests, in the order of their checks' replies at the front of the MULTI. */
-    const queued: string[] = [];
-    for (const { requestId, reason, ttlMs, wasQueued } of batch) {
-      // A worker that accepted the job gets the control message (fenced there by this channel); only a
-      // waiting job needs a marker, and only while its request still routes here: a client that resumed
-      // it on another gateway (then closed this connection) wants the work done.
-      if (wasQueued) {
-        queued.push(requestId);
-        this.scripts.cancelIfRouted(multi, requestId, this.channel, reason, ttlMs);
-      }
+    for (const { requestId, reason, ttlMs } of batch) {
+      // A worker that accepted the job gets the control message (fenced there by this channel). The
+      // marker, set only while the request still routes here (a client that resumed it on another
+      // gateway, then closed this connection, wants the work done), tells a worker that takes a waiting
+      // job later, and a retry under the same Idempotency-Key that the request's answer will not come
+      // (its `abort` reaches the log a step later, or once the job is removed).
+      this.scripts.cancelIfRouted(multi, requestId, this.channel, reason, ttlMs);
       const ids = byReason.get(reason) ?? [];
       ids.push(requestId);
       byReason.set(reason, ids);
@@ -148,10 +149,11 @@ export class RedisJobQueue implements JobSubmitter, WorkCanceller {
     multi
       .exec()
       .then((replies) => {
-        for (const [i, requestId] of queued.entries()) {
+        for (const [i, { requestId, wasQueued }] of batch.entries()) {
           const [error, marked] = replies?.[i] ?? [null, 0];
-          // Not marked: resumed on another gateway (the job stays for it).
-          if (error !== null || marked !== 1) continue;
+          // Not marked: resumed on another gateway (the job stays for it). A running one is stopped by
+          // the control message.
+          if (!wasQueued || error !== null || marked !== 1) continue;
           // Removes a waiting job; a job a worker holds is locked and stays (the marker reaches that worker).
           this.removeWaiting(requestId).catch((error: unknown) => this.logger.warn({ err: error, requestId }, 'removing job failed'));
         }
@@ -284,6 +286,10 @@ export class RedisJobQueue implements JobSubmitter, WorkCanceller {
   async attach(requestId: string): Promise<void> {
     await this.scripts.route(requestId, this.channel, '');
     await this.redis.publish(this.names.controlChannel, encodeControlMessage({ type: 'route', requestId, channel: this.channel }));
+  }
+
+  async cancelMarked(requestId: string): Promise<boolean> {
+    return (await this.redis.exists(this.names.cancelMarkerKey(requestId))) === 1;
   }
 
   async willRun(requestId: string): Promise<boolean> {

@@ -343,6 +343,10 @@ async function replayTarget(deps: Pick<AppDeps, 'log' | 'jobs'>, endpoint: Endpo
   if (last !== undefined && endsRequest(last)) {
     const answered = last.type === 'finish' && !tail.some((entry) => entry.type === 'text-end' && entry.finishReason === 'abort');
     if (!answered) return undefined;
+  } else if (last !== undefined && (await fromStore(deps.jobs.cancelMarked(found.jobId)))) {
+    // Running, and cancelled (its client left without a resume grace, a timeout, a cancel): its `abort`
+    // reaches the log a step later. A client that retries at once wants an answer, not that one.
+    return undefined;
   }
   return { jobId: found.jobId, meta };
 }

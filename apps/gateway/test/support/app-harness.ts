@@ -97,6 +97,7 @@ export async function startAppHarness(
       },
       attach: async () => {},
       willRun: async (requestId) => jobs.some((job) => job.requestId === requestId),
+      cancelMarked: async () => false,
       cancelRequest: async () => {},
     },
     log,
