@@ -191,6 +191,20 @@ describe('Idempotency-Key on one gateway', () => {
       body: JSON.stringify(body),
     });
   const completion = { model: MODEL, prompt: 'Once upon a time', max_tokens: 12, temperature: 1, seed: 7, ignore_eos: true };
+  /** The job id of the request whose meta is not among `earlier` once its log has text. */
+  const firstRunning = (earlier: ReadonlySet<string>) =>
+    waitFor(
+      'the first request running',
+      async () => {
+        for (const metaKey of await redis.keys('sluice:{*}:meta')) {
+          const id = metaKey.slice('sluice:{'.length, -'}:meta'.length);
+          if (!earlier.has(metaKey) && (await readTokenLog(redis, id)).some((e) => e.type === 'text-delta')) return id;
+        }
+        return undefined;
+      },
+      20_000,
+      5,
+    );
 
   it('answers the same request again, without running it again, when the same key and body come back', async () => {
     const first = await post(completion, 'order-1');
@@ -286,18 +300,7 @@ describe('Idempotency-Key on one gateway', () => {
       const idemKey = `order-6.${n}`;
       const earlier = new Set(await redis.keys('sluice:{*}:meta'));
       const first = post(long, idemKey, '/v1/completions', unlimited);
-      const jobId = await waitFor(
-        'the first request running',
-        async () => {
-          for (const metaKey of await redis.keys('sluice:{*}:meta')) {
-            const id = metaKey.slice('sluice:{'.length, -'}:meta'.length);
-            if (!earlier.has(metaKey) && (await readTokenLog(redis, id)).some((e) => e.type === 'text-delta')) return id;
-          }
-          return undefined;
-        },
-        20_000,
-        5,
-      );
+      const jobId = await firstRunning(earlier);
       await freeze([worker]);
       if (await unfinishedInLog(redis, jobId, long.max_tokens)) return { first, jobId, idemKey };
       thaw([worker]);
@@ -352,18 +355,7 @@ describe('Idempotency-Key on one gateway', () => {
         (res) => res.status,
         () => 'aborted',
       );
-      const jobId = await waitFor(
-        'the first request running',
-        async () => {
-          for (const metaKey of await redis.keys('sluice:{*}:meta')) {
-            const id = metaKey.slice('sluice:{'.length, -'}:meta'.length);
-            if (!earlier.has(metaKey) && (await readTokenLog(redis, id)).some((e) => e.type === 'text-delta')) return id;
-          }
-          return undefined;
-        },
-        20_000,
-        5,
-      );
+      const jobId = await firstRunning(earlier);
       await freeze([worker]);
       if (await unfinishedInLog(redis, jobId, long.max_tokens)) return { first, jobId, idemKey, client };
       thaw([worker]);
