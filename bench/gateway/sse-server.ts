@@ -169,8 +169,7 @@ async function gateway(): Promise<number> {
         if (submitted.length === streams) setImmediate(() => void produce());
       },
       attach: async () => undefined,
-      willRun: async () => true,
-      cancelMarked: async () => false,
+      jobState: async () => ({ queued: true, cancelled: false }),
       cancelRequest: async () => undefined,
     },
     log,

@@ -33,15 +33,18 @@ export interface JobSubmitter {
   submit(job: GenerateJob, format: StreamFormat, owner?: string): Promise<void>;
   /** Routes a request's live entries to this gateway (a resume). */
   attach(requestId: string): Promise<void>;
-  /**
-   * Whether the request's first job will run: it is in the queue (waiting, or taken by a worker and not
-   * yet settled) and no cancel marker waits for it.
-   */
-  willRun(requestId: string): Promise<boolean>;
-  /** Whether a cancel marker waits for the request: a cancel of it is under way or done. */
-  cancelMarked(requestId: string): Promise<boolean>;
+  /** Where the request's first job stands (one read of both facts; see {@link JobState}). */
+  jobState(requestId: string): Promise<JobState>;
   /** Stops a request wherever it runs or waits (`POST .../{id}/cancel`). */
   cancelRequest(requestId: string, meta: RequestMeta): Promise<void>;
+}
+
+/** A request's first job as Redis has it now. */
+export interface JobState {
+  /** In the queue: waiting, or taken by a worker and not yet settled. */
+  queued: boolean;
+  /** A cancel marker waits for it: a cancel of it is under way or done. */
+  cancelled: boolean;
 }
 
 /**
@@ -288,17 +291,13 @@ export class RedisJobQueue implements JobSubmitter, WorkCanceller {
     await this.redis.publish(this.names.controlChannel, encodeControlMessage({ type: 'route', requestId, channel: this.channel }));
   }
 
-  async cancelMarked(requestId: string): Promise<boolean> {
-    return (await this.redis.exists(this.names.cancelMarkerKey(requestId))) === 1;
-  }
-
-  async willRun(requestId: string): Promise<boolean> {
-    // One read of both: a cancel removes the job before it deletes the marker, so neither is missed.
+  async jobState(requestId: string): Promise<JobState> {
+    // One read of both: a cancel removes the job before it deletes the marker, so one is always seen.
     const replies = await this.redis.multi().exists(this.queue.toKey(requestId)).exists(this.names.cancelMarkerKey(requestId)).exec();
     const [[jobError, job] = [null, 0], [markerError, marker] = [null, 0]] = replies ?? [];
     if (jobError !== null) throw jobError;
     if (markerError !== null) throw markerError;
-    return job === 1 && marker === 0;
+    return { queued: job === 1, cancelled: marker === 1 };
   }
 
   /**

@@ -198,9 +198,10 @@ export class SessionManager {
     this.log.read(session.requestId, session.nextSeq).then(
       ({ entries, known }) => {
         session.repairing = false;
+        const now = Date.now();
         for (const entry of entries) {
           if (session.state === 'closed') return;
-          this.deliver(session, entry, true, Date.now());
+          this.deliver(session, entry, true, now);
         }
         if (session.state === 'closed') return;
         // A queued session may be repaired before its meta is even written (it opens first): nothing

@@ -335,19 +335,17 @@ async function replayTarget(deps: Pick<AppDeps, 'log' | 'jobs'>, endpoint: Endpo
   // A cancelled request's choices end `abort` together, just before its `finish`.
   const tail = await fromStore(deps.log.tail(found.jobId, meta.format.n + 1));
   const last = tail.at(-1);
-  // Nothing logged: it has no answer coming when no job of it waits in the queue (its gateway wrote the
-  // meta but died before the add, which goes out a moment later, reached Redis; or a cancel removed the
-  // job) or a cancel marker waits for it. A queue timeout's 503 goes out before the job's removal and
-  // the log's `abort` ending: a retry sent right after it finds the marker.
-  if (last === undefined && !(await fromStore(deps.jobs.willRun(found.jobId)))) return undefined;
   if (last !== undefined && endsRequest(last)) {
     const answered = last.type === 'finish' && !tail.some((entry) => entry.type === 'text-end' && entry.finishReason === 'abort');
-    if (!answered) return undefined;
-  } else if (last !== undefined && (await fromStore(deps.jobs.cancelMarked(found.jobId)))) {
-    // Running, and cancelled (its client left without a resume grace, a timeout, a cancel): its `abort`
-    // reaches the log a step later. A client that retries at once wants an answer, not that one.
-    return undefined;
+    return answered ? { jobId: found.jobId, meta } : undefined;
   }
+  // Not ended yet: no answer comes when a cancel marker waits for it (its client left without a resume
+  // grace, a timeout, a cancel: the `abort` reaches the log a step later, or once the queue removed the
+  // job; a queue timeout's 503 goes out before both), nor, with nothing logged, when no job of it is in
+  // the queue (its gateway wrote the meta but died before the add, a moment later, reached Redis; or a
+  // cancel removed it). A client that retries at once wants an answer, not that one.
+  const job = await fromStore(deps.jobs.jobState(found.jobId));
+  if (job.cancelled || (last === undefined && !job.queued)) return undefined;
   return { jobId: found.jobId, meta };
 }
 

@@ -96,8 +96,7 @@ export async function startAppHarness(
         jobWaiters.shift()?.(job);
       },
       attach: async () => {},
-      willRun: async (requestId) => jobs.some((job) => job.requestId === requestId),
-      cancelMarked: async () => false,
+      jobState: async (requestId) => ({ queued: jobs.some((job) => job.requestId === requestId), cancelled: false }),
       cancelRequest: async () => {},
     },
     log,
