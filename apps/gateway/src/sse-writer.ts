@@ -1,6 +1,7 @@
 import type { ServerResponse } from 'node:http';
 import type { Socket } from 'node:net';
 import type { GatewayHooks } from './hooks.js';
+import { socketWrites, type WriteRefusal } from './socket-write-burst.js';
 
 /**
  * Headers of every SSE reply (DESIGN.md, wire facts). No `Connection` header: Node sends
@@ -28,7 +29,7 @@ const noMeter: SseMeter = () => {};
  * ReadableStream and measured ~0.35× the events/s of a plain `res.write` here, so the stream path
  * bypasses it.
  */
-export class SseWriter {
+export class SseWriter implements WriteRefusal {
   /** Set by every write; the heartbeat ticker clears it. */
   wroteSinceTick = false;
   /** Last tick that saw a write (heartbeat ticker clock). */
@@ -80,9 +81,11 @@ export class SseWriter {
     const bytes = ascii ? frames.length : Buffer.byteLength(frames);
     const socket = this.ownSocket();
     if (socket === undefined) {
+      socketWrites.flush();
       if (!(ascii ? this.res.write(frames, 'latin1') : this.res.write(frames))) this.congest(this.res);
-    } else if (!socket.write(`${bytes.toString(16)}\r\n${frames}\r\n`, ascii ? 'latin1' : 'utf8')) {
-      this.congest(socket);
+    } else {
+      // With the other streams' frames of this turn, in one burst (see SocketWriteBurst).
+      socketWrites.write(socket, `${bytes.toString(16)}\r\n${frames}\r\n`, ascii, this);
     }
     this.wroteSinceTick = true;
     this.meter('chunk', bytes, count);
@@ -110,6 +113,7 @@ export class SseWriter {
   ping(): void {
     // Bytes already wait on a congested socket: a ping there keeps nothing alive and only adds to them.
     if (this.ended || this.congested) return;
+    socketWrites.flush();
     if (!this.res.write(PING)) this.congest();
     this.meter('heartbeat', PING_BYTES, 1);
   }
@@ -145,6 +149,11 @@ export class SseWriter {
     this.heartbeats.delete(this);
   }
 
+  /** The burst's write to this response's socket was not taken whole. */
+  refused(socket: Socket): void {
+    this.congest(socket);
+  }
+
   /** @param stream what refused the write: the response, or its socket written directly (the response then emits no `drain`) */
   private congest(stream: ServerResponse | Socket = this.res): void {
     if (this.congested) return;
@@ -157,6 +166,8 @@ export class SseWriter {
   }
 
   private finish(frames: string): void {
+    // The frames queued before the end go first.
+    socketWrites.flush();
     this.ended = true;
     if (!this.res.destroyed) this.res.end(frames);
     if (this.congested && !this.res.writableFinished) {
