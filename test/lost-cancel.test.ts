@@ -12,7 +12,8 @@ import type { GatewayProcess, WorkerProcess } from './support/sluice.js';
  * never hears it. The gateway notices by the entries that keep coming for a request it cancelled, and
  * cancels it again, so the work stops instead of running to max_tokens. Real redis-server, gateway and
  * worker (the tiny model); the worker frozen with SIGSTOP while its subscriber's connection is killed
- * (CLIENT KILL), so the cancel is lost whatever the machine's speed.
+ * (CLIENT KILL), so the cancel is lost whatever the machine's speed. When the subscriber is back, the
+ * worker reads the running requests' cancel markers (the gateway's cancel set one) and stops them.
  */
 const MAX_TOKENS = 2000;
 const names = redisNames('sluice');
@@ -101,6 +102,40 @@ describe('control messages the worker never heard', () => {
     expect(tokens).toBeLessThan(MAX_TOKENS);
     expect(heard.filter((raw) => raw.includes(jobId)).length).toBeGreaterThanOrEqual(2);
     spy.disconnect();
+  }, 120_000);
+
+  it('is read back from its marker when the subscriber reconnects, with no gateway left to send it again', async () => {
+    const body = {
+      model: MODEL,
+      prompt: 'A story that nobody reads, twice',
+      max_tokens: MAX_TOKENS,
+      temperature: 0,
+      ignore_eos: true,
+      stream: true,
+    };
+    const stream = await frozenMidStream(body);
+    const jobId = stream.jobId;
+    const heard: string[] = [];
+    const spy = cluster.redis.client();
+    try {
+      await killSubscriber();
+      await spy.subscribe(names.controlChannel);
+      spy.on('message', (_channel: string, raw: string) => heard.push(raw));
+      stream.abort();
+      await waitFor('the cancel published', () => (heard.some((raw) => raw.includes(jobId)) ? true : undefined));
+      // The gateway cannot send it again: only the marker its cancel set tells the worker.
+      gateway.process.signal('SIGSTOP');
+      thaw([worker]);
+      const log = await endedLog(jobId);
+      expect(log.filter((entry) => entry.type === 'text-end')).toMatchObject([{ finishReason: 'abort' }]);
+      const tokens = log.reduce((sum, entry) => sum + (entry.type === 'text-delta' ? (entry.tokenIds?.length ?? 0) : 0), 0);
+      expect(tokens).toBeLessThan(MAX_TOKENS);
+      expect(heard.filter((raw) => raw.includes(jobId))).toHaveLength(1);
+    } finally {
+      thaw([worker]);
+      gateway.process.signal('SIGCONT');
+      spy.disconnect();
+    }
   }, 120_000);
 
   it('a detach the worker never heard is read back from the meta when its subscriber reconnects: the grace still ends the work', async () => {

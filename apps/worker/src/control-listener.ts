@@ -1,6 +1,6 @@
 import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
-import { decodeControlMessage } from '@sluice/protocol';
+import { cancelReasonSchema, decodeControlMessage } from '@sluice/protocol';
 import type { StepRouter } from './step-router.js';
 
 /**
@@ -8,17 +8,30 @@ import type { StepRouter } from './step-router.js';
  * request's live entries (a resume on another gateway) or detach them (the client left with a grace).
  * Requests register their AbortController before the worker checks the cancel marker, so a cancel is
  * never missed between the two.
+ *
+ * Pub/sub is at most once: what was published while the subscriber reconnected is gone. On a
+ * reconnect the listener reads back what it may have missed — the running requests' routes from their
+ * metas, and their cancel markers (a gateway's cancel sets one, ≤ 30 s, while the request routes to
+ * it) — so a lost cancel stops the work as soon as the subscriber is back, not when its gateway next
+ * sends it again (every second while the request keeps publishing; a fast model had finished its
+ * answer by then).
  */
 export class ControlListener {
   private readonly running = new Map<string, AbortController>();
   private subscribedOnce = false;
   private closing = false;
 
+  /**
+   * @param redis a command connection (the reconnect's reads)
+   * @param markerKey a request's cancel marker key (`RedisNames.cancelMarkerKey`)
+   */
   constructor(
     private readonly subscriber: Redis,
     private readonly channel: string,
     private readonly router: StepRouter,
     private readonly logger: Logger,
+    private readonly redis: Redis,
+    private readonly markerKey: (requestId: string) => string,
   ) {}
 
   async start(): Promise<void> {
@@ -66,11 +79,28 @@ export class ControlListener {
       // cancels are sent again by their gateways (they see the request still publishing); lost route
       // moves are read back from the requests' metas.
       if (!this.subscribedOnce || this.closing) return;
-      this.logger.warn("control subscriber reconnected: reading the running requests' routes again");
+      this.logger.warn("control subscriber reconnected: reading the running requests' routes and cancel markers again");
       this.router.resyncRoutes().catch((error: unknown) => this.logger.warn({ err: error }, 'reading the routes again failed'));
+      this.readMissedCancels().catch((error: unknown) => this.logger.warn({ err: error }, 'reading the cancel markers again failed'));
     });
     await this.subscriber.subscribe(this.channel);
     this.subscribedOnce = true;
+  }
+
+  /** Stops the running requests whose cancel marker is set (a cancel this listener may not have heard). */
+  private async readMissedCancels(): Promise<void> {
+    const requestIds = [...this.running.keys()];
+    if (requestIds.length === 0) return;
+    const markers = await this.redis.mget(requestIds.map(this.markerKey));
+    requestIds.forEach((requestId, i) => {
+      const marker = markers[i];
+      const controller = this.running.get(requestId);
+      if (marker === null || marker === undefined || controller === undefined) return;
+      // The marker holds the cancel's reason; anything else still cancels.
+      const reason = cancelReasonSchema.safeParse(marker);
+      this.logger.info({ requestId }, 'a cancel missed while reconnecting: stopping the request');
+      this.cancel(requestId, controller, reason.success ? reason.data : 'cancelled');
+    });
   }
 
   private cancel(requestId: string, controller: AbortController, reason: string): void {

@@ -91,7 +91,7 @@ export async function startWorker(
     logger,
   );
   const stopRouting = engine.onEvents(router.onEvents);
-  const controls = new ControlListener(subscriber, names.controlChannel, router, logger);
+  const controls = new ControlListener(subscriber, names.controlChannel, router, logger, redis, names.cancelMarkerKey);
   await controls.start();
   let lastStep: StepStats | undefined;
   let steps = 0;

@@ -35,7 +35,14 @@ async function harness(connection: Redis = redis, refuse?: (request: GenerateReq
   const submitted: Array<{ request: GenerateRequest; signal: AbortSignal | undefined }> = [];
   const router = new StepRouter(connection, { workerId: 'w1', names, retentionMs: 60_000, maxLogEntries: 1000 }, pino({ level: 'silent' }));
   const subscriber = server.client();
-  const controls = new ControlListener(subscriber, names.controlChannel, router, pino({ level: 'silent' }));
+  const controls = new ControlListener(
+    subscriber,
+    names.controlChannel,
+    router,
+    pino({ level: 'silent' }),
+    connection,
+    names.cancelMarkerKey,
+  );
   const finished: Array<{ finishReason: string; completionTokens: number }> = [];
   const lines: Array<Record<string, unknown>> = [];
   const processor = new JobProcessor({
