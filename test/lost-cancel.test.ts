@@ -68,68 +68,53 @@ describe('control messages the worker never heard', () => {
       60_000,
     );
 
-  it('is sent again when the cancelled request keeps publishing, and the work stops', async () => {
-    const body = {
-      model: MODEL,
-      prompt: 'A story that nobody reads',
-      max_tokens: MAX_TOKENS,
-      temperature: 0,
-      ignore_eos: true,
-      stream: true,
-    };
-    const stream = await frozenMidStream(body);
-    const jobId = stream.jobId;
+  /**
+   * A stream mid-answer whose client leaves while the (frozen) worker's control subscriber is away: the
+   * gateway's cancel goes out and no worker hears it. The worker stays frozen.
+   */
+  async function loseCancel(prompt: string): Promise<{ jobId: string; heard: string[]; spy: Redis }> {
+    const stream = await frozenMidStream({ model: MODEL, prompt, max_tokens: MAX_TOKENS, temperature: 0, ignore_eos: true, stream: true });
     const heard: string[] = [];
     const spy = cluster.redis.client();
-    try {
-      // The frozen worker's control subscriber loses its connection; it cannot reconnect while frozen.
-      await killSubscriber();
-      await spy.subscribe(names.controlChannel);
-      spy.on('message', (_channel: string, raw: string) => heard.push(raw));
-      // The client leaves: the gateway's cancel goes out while no worker listens.
-      stream.abort();
-      await waitFor('the cancel published', () => (heard.some((raw) => raw.includes(jobId)) ? true : undefined));
-      // Past the gateway's resend interval (1 s) before the worker runs again: its next entries are
-      // reason enough to send the cancel again.
-      await new Promise((resolve) => setTimeout(resolve, 1_200));
-    } finally {
-      thaw([worker]);
-    }
+    await killSubscriber();
+    await spy.subscribe(names.controlChannel);
+    spy.on('message', (_channel: string, raw: string) => heard.push(raw));
+    stream.abort();
+    await waitFor('the cancel published', () => (heard.some((raw) => raw.includes(stream.jobId)) ? true : undefined));
+    return { jobId: stream.jobId, heard, spy };
+  }
+
+  /** The request's answer ended `abort`, short of max_tokens: its work stopped. */
+  async function expectStopped(jobId: string): Promise<void> {
     const log = await endedLog(jobId);
-    const ends = log.filter((entry) => entry.type === 'text-end');
-    expect(ends).toMatchObject([{ finishReason: 'abort' }]);
+    expect(log.filter((entry) => entry.type === 'text-end')).toMatchObject([{ finishReason: 'abort' }]);
     const tokens = log.reduce((sum, entry) => sum + (entry.type === 'text-delta' ? (entry.tokenIds?.length ?? 0) : 0), 0);
     expect(tokens).toBeLessThan(MAX_TOKENS);
-    expect(heard.filter((raw) => raw.includes(jobId)).length).toBeGreaterThanOrEqual(2);
-    spy.disconnect();
+  }
+
+  it('is sent again while the cancelled request keeps publishing, and the work stops', async () => {
+    const { jobId, heard, spy } = await loseCancel('A story that nobody reads');
+    try {
+      // Past the gateway's resend interval (1 s) before the worker runs again: its next entries are
+      // reason enough to send the cancel again. (The worker also reads the marker back once its
+      // subscriber is back: either stops the work.)
+      await new Promise((resolve) => setTimeout(resolve, 1_200));
+      thaw([worker]);
+      await expectStopped(jobId);
+      expect(heard.filter((raw) => raw.includes(jobId)).length).toBeGreaterThanOrEqual(2);
+    } finally {
+      thaw([worker]);
+      spy.disconnect();
+    }
   }, 120_000);
 
   it('is read back from its marker when the subscriber reconnects, with no gateway left to send it again', async () => {
-    const body = {
-      model: MODEL,
-      prompt: 'A story that nobody reads, twice',
-      max_tokens: MAX_TOKENS,
-      temperature: 0,
-      ignore_eos: true,
-      stream: true,
-    };
-    const stream = await frozenMidStream(body);
-    const jobId = stream.jobId;
-    const heard: string[] = [];
-    const spy = cluster.redis.client();
+    const { jobId, heard, spy } = await loseCancel('A story that nobody reads, twice');
     try {
-      await killSubscriber();
-      await spy.subscribe(names.controlChannel);
-      spy.on('message', (_channel: string, raw: string) => heard.push(raw));
-      stream.abort();
-      await waitFor('the cancel published', () => (heard.some((raw) => raw.includes(jobId)) ? true : undefined));
       // The gateway cannot send it again: only the marker its cancel set tells the worker.
       gateway.process.signal('SIGSTOP');
       thaw([worker]);
-      const log = await endedLog(jobId);
-      expect(log.filter((entry) => entry.type === 'text-end')).toMatchObject([{ finishReason: 'abort' }]);
-      const tokens = log.reduce((sum, entry) => sum + (entry.type === 'text-delta' ? (entry.tokenIds?.length ?? 0) : 0), 0);
-      expect(tokens).toBeLessThan(MAX_TOKENS);
+      await expectStopped(jobId);
       expect(heard.filter((raw) => raw.includes(jobId))).toHaveLength(1);
     } finally {
       thaw([worker]);
@@ -161,9 +146,6 @@ describe('control messages the worker never heard', () => {
     } finally {
       thaw([worker]);
     }
-    const log = await endedLog(jobId);
-    expect(log.filter((entry) => entry.type === 'text-end')).toMatchObject([{ finishReason: 'abort' }]);
-    const tokens = log.reduce((sum, entry) => sum + (entry.type === 'text-delta' ? (entry.tokenIds?.length ?? 0) : 0), 0);
-    expect(tokens).toBeLessThan(MAX_TOKENS);
+    await expectStopped(jobId);
   }, 120_000);
 });
