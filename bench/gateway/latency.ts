@@ -131,6 +131,26 @@ function start(command: string, args: string[], env: Record<string, string>, onL
   return child;
 }
 
+/** A minimal `node:http` SSE server in its own process (`bare-sse-server.ts`): the HTTP floor of the TTFT. */
+export async function bareServer(): Promise<{ url: string; stop(): Promise<void> }> {
+  let resolvePort!: (port: number) => void;
+  const port = new Promise<number>((resolve) => (resolvePort = resolve));
+  const child = start(process.execPath, ['--import', 'tsx', `${root}bench/gateway/bare-sse-server.ts`], {}, (line) => {
+    const match = /^port (\d+)$/.exec(line);
+    if (match) resolvePort(Number(match[1]));
+  });
+  const url = `http://127.0.0.1:${await port}`;
+  return {
+    url,
+    stop: () =>
+      new Promise<void>((resolve) => {
+        if (child.exitCode !== null) return resolve();
+        child.once('exit', () => resolve());
+        child.kill('SIGTERM');
+      }),
+  };
+}
+
 /** The `timing` of a gateway's and a worker's `request finished` log lines (gateway-observer.ts, processor.ts). */
 interface GatewayTiming {
   receivedAt: number;

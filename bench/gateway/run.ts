@@ -4,7 +4,8 @@
  * 1. SSE events/s delivered to 1,000 concurrent streams: the gateway's HTTP/SSE path vs a minimal
  *    `node:http` SSE writer (alternating rounds; wall-clock rate and rate per CPU-second of the server).
  * 2. TTFT / ITL p50 / p99 of the same workload through gateway + Redis + worker processes vs the
- *    engine called in process (alternating rounds, samples pooled).
+ *    engine called in process (alternating rounds, samples pooled), and the same client's TTFT against
+ *    a bare `node:http` server (the HTTP round trip alone, for scale).
  *
  * Writes bench-results/gateway.json and the gateway section of docs/benchmarks.md.
  * Env: BENCH_ROUNDS (SSE round pairs, default 8), BENCH_LATENCY_ROUNDS (5 per model), BENCH_STREAMS (1000), BENCH_EVENTS (150 per stream per round,
@@ -15,6 +16,7 @@ import { mkdir, readFile, writeFile } from 'node:fs/promises';
 import { arch, cpus, platform, release, totalmem } from 'node:os';
 import { fileURLToPath } from 'node:url';
 import {
+  bareServer,
   deploy,
   inProcessEngine,
   summarize,
@@ -107,14 +109,17 @@ async function latency(workload: LatencyWorkload, latencyRounds: number) {
   log(`latency (${workload.preset} model): starting the engine in process and a gateway + Redis + worker deployment`);
   const engine = await inProcessEngine(workload);
   const deployment = await deploy(workload);
+  const bare = await bareServer();
   const local: LatencySamples = { ttftMs: [], itlMs: [] };
   const remote: LatencySamples = { ttftMs: [], itlMs: [], clients: [] };
+  const floor: LatencySamples = { ttftMs: [], itlMs: [] };
   let breakdown: TtftBreakdown | undefined;
   let gc: StackGcPauses | undefined;
   try {
     // Warm-up (JIT, first onnxruntime runs), not recorded.
     await engine.run({ ttftMs: [], itlMs: [] });
     await throughGateway(deployment.url, workload, { ttftMs: [], itlMs: [] });
+    await throughGateway(bare.url, workload, { ttftMs: [], itlMs: [] });
     // Let the warm-up's log lines arrive before they are forgotten.
     await new Promise((resolve) => setTimeout(resolve, 200));
     deployment.clearTimings();
@@ -122,6 +127,7 @@ async function latency(workload: LatencyWorkload, latencyRounds: number) {
     for (let i = 0; i < latencyRounds; i++) {
       await engine.run(local);
       await throughGateway(deployment.url, workload, remote);
+      await throughGateway(bare.url, workload, floor);
       log(`latency round ${i + 1}/${latencyRounds} done`);
     }
     await new Promise((resolve) => setTimeout(resolve, 200));
@@ -130,10 +136,12 @@ async function latency(workload: LatencyWorkload, latencyRounds: number) {
   } finally {
     await engine.close();
     await deployment.stop();
+    await bare.stop();
   }
   const inProcess = summarize(local);
   const gateway = summarize(remote);
   const added = (pick: (s: LatencySummary) => number) => round(pick(gateway) - pick(inProcess));
+  const httpFloor = summarize(floor);
   return {
     workload,
     rounds: latencyRounds,
@@ -146,6 +154,8 @@ async function latency(workload: LatencyWorkload, latencyRounds: number) {
       itlP99Ms: added((s) => s.itlMs.p99),
     },
     targetAddedP99Ms: 5,
+    /** TTFT of the same client against a bare `node:http` server answering at once (bare-sse-server.ts). */
+    httpFloorTtftMs: httpFloor.ttftMs,
     ttftBreakdown: breakdown,
     gcPauses: gc,
   };
@@ -182,6 +192,8 @@ function markdown(result: Awaited<ReturnType<typeof collect>>): string {
       `| engine in process | ${l.inProcess.ttftMs.p50} | ${l.inProcess.ttftMs.p99} | ${l.inProcess.itlMs.p50} | ${l.inProcess.itlMs.p99} |`,
       `| through gateway + Redis + worker | ${l.gateway.ttftMs.p50} | ${l.gateway.ttftMs.p99} | ${l.gateway.itlMs.p50} | ${l.gateway.itlMs.p99} |`,
       `| **added by the gateway path** | ${l.added.ttftP50Ms} | ${l.added.ttftP99Ms} | ${l.added.itlP50Ms} | ${l.added.itlP99Ms} |`,
+      '',
+      `For scale, the same client against a bare \`node:http\` server in its own process that answers each POST at once with one SSE event (\`bench/gateway/bare-sse-server.ts\`: no gateway, Redis, worker or engine), in the same rounds: first event after ${l.httpFloorTtftMs.p50} ms p50, ${l.httpFloorTtftMs.p99} ms p99. That HTTP round trip (the client's \`fetch\`, loopback, Node's HTTP server) is part of the added TTFT above, which the target counts whole.`,
       '',
       '',
       `TTFT by span through the gateway (\`${l.workload.preset}\` model):`,
