@@ -76,8 +76,8 @@ export class ControlListener {
     });
     this.subscriber.on('ready', () => {
       // ioredis resubscribes on its own after a reconnect; what was published meanwhile is gone. Lost
-      // cancels are sent again by their gateways (they see the request still publishing); lost route
-      // moves are read back from the requests' metas.
+      // cancels are read back from the requests' cancel markers (and sent again by their gateways, which
+      // see the request still publishing); lost route moves are read back from the requests' metas.
       if (!this.subscribedOnce || this.closing) return;
       this.logger.warn("control subscriber reconnected: reading the running requests' routes and cancel markers again");
       this.router.resyncRoutes().catch((error: unknown) => this.logger.warn({ err: error }, 'reading the routes again failed'));
@@ -91,11 +91,14 @@ export class ControlListener {
   private async readMissedCancels(): Promise<void> {
     const requestIds = [...this.running.keys()];
     if (requestIds.length === 0) return;
-    const markers = await this.redis.mget(requestIds.map(this.markerKey));
+    // GETs in one pipeline, not one MGET: the markers need not share a hash slot.
+    const reads = this.redis.pipeline();
+    for (const requestId of requestIds) reads.get(this.markerKey(requestId));
+    const replies = (await reads.exec()) ?? [];
     requestIds.forEach((requestId, i) => {
-      const marker = markers[i];
+      const [error, marker] = replies[i] ?? [];
       const controller = this.running.get(requestId);
-      if (marker === null || marker === undefined || controller === undefined) return;
+      if ((error !== null && error !== undefined) || typeof marker !== 'string' || controller === undefined) return;
       // The marker holds the cancel's reason; anything else still cancels.
       const reason = cancelReasonSchema.safeParse(marker);
       this.logger.info({ requestId }, 'a cancel missed while reconnecting: stopping the request');
