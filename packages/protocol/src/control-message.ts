@@ -24,7 +24,9 @@ export type CancelReason = z.infer<typeof cancelReasonSchema>;
 export const cancelMessageSchema = z.object({
   type: z.literal('cancel'),
   requestIds: z.array(z.string()).min(1),
-  reason: cancelReasonSchema,
+  // A reason this worker does not know (a newer gateway's, in a rolling upgrade) still cancels: before,
+  // the whole message was dropped, as workers older than `key_revoked` still drop that one.
+  reason: cancelReasonSchema.catch('cancelled'),
   channel: z.string().optional(),
 });
 export type CancelMessage = z.infer<typeof cancelMessageSchema>;

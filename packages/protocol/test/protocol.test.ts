@@ -72,6 +72,15 @@ describe('control messages', () => {
     expect(decodeControlMessage(encodeControlMessage(detach))).toEqual(detach);
     expect(() => decodeControlMessage('{"requestIds":["a"],"reason":"client_closed"}')).toThrow();
   });
+
+  it("reads a cancel for a reason it does not know (a newer gateway's) as a cancel", () => {
+    expect(decodeControlMessage('{"type":"cancel","requestIds":["a"],"reason":"a_later_reason"}')).toEqual({
+      type: 'cancel',
+      requestIds: ['a'],
+      reason: 'cancelled',
+    });
+    expect(() => decodeControlMessage('{"type":"cancel","requestIds":[],"reason":"cancelled"}')).toThrow();
+  });
 });
 
 describe('request meta and the token log', () => {
