@@ -14,7 +14,9 @@
  * 3. Mixed prefill+decode in one ragged call vs. separate calls (the choice documented in
  *    docs/engine.md).
  *
- * Writes bench-results/engine.json and the Engine section of docs/benchmarks.md.
+ * Writes bench-results/engine.json and the Engine section of docs/benchmarks.md (section 0: its own
+ * json and section); `BENCH_WRITE_DOCS=0` prints only, for a side-by-side run that must not replace
+ * the figures of record (as in bench:serve).
  * BENCH_RUNS (default 3) sets the runs of static and continuous batching; one-at-a-time, by far the
  * slowest, runs max(1, BENCH_RUNS - 1) times.
  */
@@ -41,6 +43,7 @@ const MODES: BenchMode[] = ['sequential', 'static', 'continuous'];
 // BENCH_PRESET=smollm2-135m runs section 0 on the SmolLM2-135M-shaped preset (generated on first use, ~540 MB).
 const preset = (process.env.BENCH_PRESET ?? 'bench') as 'bench' | 'smollm2-135m';
 const onlyWorkloads = process.env.BENCH_ONLY === 'workloads' || preset !== 'bench';
+const writeResults = process.env.BENCH_WRITE_DOCS !== '0';
 const modelDir = await ensureBuiltinModel(preset);
 const model = await loadModelDir(modelDir);
 const workload = makeWorkload({
@@ -77,13 +80,15 @@ const workloadRounds = Number(process.env.BENCH_WORKLOAD_ROUNDS ?? 2);
 const loadBefore = loadavg()[0]!;
 const peer = await runPeerWorkloads(engine, model.tokenizer.vocabSize, workloadRounds, log);
 const loadAfter = loadavg()[0]!;
-await mkdir(join(root, 'bench-results'), { recursive: true });
 const suffix = preset === 'bench' ? '' : `-${preset}`;
-await writeFile(
-  join(root, `bench-results/engine-workloads${suffix}.json`),
-  `${JSON.stringify({ machine, kvPreallocate, loadAverage: { before: loadBefore, after: loadAfter }, workloads: roundDeep(peer) }, null, 2)}\n`,
-);
-await writeSection(join(root, 'docs/benchmarks.md'), renderWorkloads(), `engine-workloads${suffix}`);
+if (writeResults) {
+  await mkdir(join(root, 'bench-results'), { recursive: true });
+  await writeFile(
+    join(root, `bench-results/engine-workloads${suffix}.json`),
+    `${JSON.stringify({ machine, kvPreallocate, loadAverage: { before: loadBefore, after: loadAfter }, workloads: roundDeep(peer) }, null, 2)}\n`,
+  );
+  await writeSection(join(root, 'docs/benchmarks.md'), renderWorkloads(), `engine-workloads${suffix}`);
+}
 console.log(`\n${renderPeerTable(peer)}\n`);
 if (onlyWorkloads) {
   await engine.close();
@@ -257,10 +262,12 @@ const json = {
   modelScaling: roundDeep(scaling),
   targets,
 };
-await mkdir(join(root, 'bench-results'), { recursive: true });
-await writeFile(join(root, 'bench-results/engine.json'), `${JSON.stringify(json, null, 2)}\n`);
-await writeSection(join(root, 'docs/benchmarks.md'), renderMarkdown(), 'engine');
-log('wrote bench-results/engine.json and the Engine section of docs/benchmarks.md');
+if (writeResults) {
+  await mkdir(join(root, 'bench-results'), { recursive: true });
+  await writeFile(join(root, 'bench-results/engine.json'), `${JSON.stringify(json, null, 2)}\n`);
+  await writeSection(join(root, 'docs/benchmarks.md'), renderMarkdown(), 'engine');
+  log('wrote bench-results/engine.json and the Engine section of docs/benchmarks.md');
+}
 console.log('');
 console.log(renderTable());
 
