@@ -18,7 +18,7 @@ export interface WriteRefusal {
 export class SocketWriteBurst {
   private sockets: Socket[] = [];
   private chunks: string[] = [];
-  private latin1: boolean[] = [];
+  private encodings: BufferEncoding[] = [];
   private owners: WriteRefusal[] = [];
 
   /** Queues `chunk` for `socket`; the burst goes out in a microtask, after the current work. */
@@ -26,23 +26,23 @@ export class SocketWriteBurst {
     if (this.sockets.length === 0) queueMicrotask(() => this.flush());
     this.sockets.push(socket);
     this.chunks.push(chunk);
-    this.latin1.push(latin1);
+    this.encodings.push(latin1 ? 'latin1' : 'utf8');
     this.owners.push(owner);
   }
 
   /** Writes what is queued now (a no-op when nothing is). */
   flush(): void {
-    const { sockets, chunks, latin1, owners } = this;
+    const { sockets, chunks, encodings, owners } = this;
     if (sockets.length === 0) return;
     this.sockets = [];
     this.chunks = [];
-    this.latin1 = [];
+    this.encodings = [];
     this.owners = [];
     for (let i = 0; i < sockets.length; i++) {
       const socket = sockets[i]!;
       // Closed since (the client left): its writer was abandoned, nothing reads these bytes.
       if (!socket.writable) continue;
-      if (!socket.write(chunks[i]!, latin1[i] === true ? 'latin1' : 'utf8')) owners[i]!.refused(socket);
+      if (!socket.write(chunks[i]!, encodings[i])) owners[i]!.refused(socket);
     }
   }
 }
