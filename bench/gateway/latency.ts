@@ -139,16 +139,17 @@ export async function bareServer(): Promise<{ url: string; stop(): Promise<void>
     const match = /^port (\d+)$/.exec(line);
     if (match) resolvePort(Number(match[1]));
   });
-  const url = `http://127.0.0.1:${await port}`;
-  return {
-    url,
-    stop: () =>
-      new Promise<void>((resolve) => {
-        if (child.exitCode !== null) return resolve();
-        child.once('exit', () => resolve());
-        child.kill('SIGTERM');
-      }),
-  };
+  return { url: `http://127.0.0.1:${await port}`, stop: () => stopChild(child) };
+}
+
+/** SIGTERM, then SIGKILL after 5 s; resolves when the process has exited. */
+function stopChild(child: ChildProcess): Promise<void> {
+  return new Promise<void>((resolve) => {
+    if (child.exitCode !== null) return resolve();
+    child.once('exit', () => resolve());
+    child.kill('SIGTERM');
+    setTimeout(() => child.kill('SIGKILL'), 5_000).unref();
+  });
 }
 
 /** The `timing` of a gateway's and a worker's `request finished` log lines (gateway-observer.ts, processor.ts). */
@@ -296,13 +297,6 @@ export async function deploy(workload: LatencyWorkload): Promise<Deployment> {
   );
   const url = `http://127.0.0.1:${port}`;
   await until('the gateway to see the worker', async () => (await fetch(`${url}/readyz`)).status === 200);
-  const stopOne = (child: ChildProcess) =>
-    new Promise<void>((resolve) => {
-      if (child.exitCode !== null) return resolve();
-      child.once('exit', () => resolve());
-      child.kill('SIGTERM');
-      setTimeout(() => child.kill('SIGKILL'), 5_000).unref();
-    });
   return {
     url,
     gcPauses: async () => {
@@ -364,8 +358,8 @@ export async function deploy(workload: LatencyWorkload): Promise<Deployment> {
       };
     },
     stop: async () => {
-      await Promise.all([stopOne(gateway), stopOne(worker)]);
-      await stopOne(redis);
+      await Promise.all([stopChild(gateway), stopChild(worker)]);
+      await stopChild(redis);
     },
   };
 }
