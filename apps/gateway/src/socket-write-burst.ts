@@ -11,8 +11,8 @@ export interface WriteRefusal {
  * A gateway-channel message carries one delta for each of hundreds of streams. Writing each frame as
  * its delta is formatted interleaves as many `write` syscalls (on loopback, each delivers the segment
  * and wakes the reader) with the gateway's own work; made together after the message, the same writes
- * cost ~25 % less kernel time, and the write path 4 % less CPU per event in all (docs/benchmarks.md,
- * stop 40). Order holds per socket: the writes go out in the order queued, and anything that writes
+ * cost ~25 % less kernel time, and the write path 1–4 % less CPU per event in all (two A/B runs,
+ * docs/benchmarks.md, stop 40). Order holds per socket: the writes go out in the order queued, and anything that writes
  * to a response another way flushes first ({@link flush}).
  */
 export class SocketWriteBurst {
