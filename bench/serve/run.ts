@@ -347,7 +347,7 @@ async function main(): Promise<void> {
       log(`sluice-b: the worker with ${JSON.stringify(sluiceBEnv)}`);
     }
     if (inProcess) {
-      // The worker's own options (its defaults, this benchmark's settings and SLUICE_ENV): not spinning, etc.
+      // The worker's own options (its defaults, this benchmark's settings and SLUICE_ENV): spinning during a call, etc.
       engine = await createEngine(engineOptions(loadWorkerConfig(workerEnv(modelDir, sluiceEnv)), modelDir));
       // The same decode-only steps the worker's sluice_worker_model_run_seconds{phase="decode"} counts.
       const decode: DecodeSteps = { modelSeconds: 0, steps: 0 };
@@ -578,7 +578,7 @@ async function write(report: Record<string, unknown> & { parity: Parity | undefi
     '',
     `Measured ${String(report.date)} on ${String(report.machine)}, Node ${process.version}; 1-minute load average ${JSON.stringify(report.loadAverage)}.`,
     `Model: the generated \`${preset}\` preset (${arch.numLayers} layers, hidden ${arch.hiddenSize}, ${arch.numHeads} heads / ${arch.numKvHeads} KV heads, vocab ${arch.vocabSize}, float32).`,
-    `Sluice: one gateway, one worker (MAX_BATCH_SIZE ${slots}, KV_PREALLOCATE, ${Object.keys(sluiceEnv).length === 0 ? "the worker's default threads: one onnxruntime intra-op thread per physical core, not spinning" : `\`${JSON.stringify(sluiceEnv)}\``}), redis-server, as processes on loopback. ` +
+    `Sluice: one gateway, one worker (MAX_BATCH_SIZE ${slots}, KV_PREALLOCATE, ${Object.keys(sluiceEnv).length === 0 ? "the worker's default threads: one onnxruntime intra-op thread per physical core, spinning only during a call" : `\`${JSON.stringify(sluiceEnv)}\``}), redis-server, as processes on loopback. ` +
       (peer === null
         ? 'No peer ran (set `LLAMA_SERVER` to a llama-server binary).'
         : `Peer: llama.cpp \`llama-server\` (${peer.version}) on a GGUF file of the same weights (\`npm run model:generate -- --preset ${preset} --format gguf\`), ` +

@@ -1,7 +1,7 @@
 import { randomBytes } from 'node:crypto';
 import { hostname } from 'node:os';
 import { z } from 'zod';
-import type { EngineOptions } from '@sluice/engine';
+import type { EngineOptions, IntraOpSpinning } from '@sluice/engine';
 import { DEFAULT_PREFIX, envInput, envInt as int, envMs as ms } from '@sluice/protocol';
 
 /** Every setting of the worker, read from the environment once at start (errors name the variable). */
@@ -32,14 +32,16 @@ export const workerEnvSchema = z.object({
   /** onnxruntime inter-op threads (0 = its default). @defaultValue 0 */
   INTER_OP_THREADS: int(0).default(0),
   /**
-   * Whether onnxruntime's intra-op threads spin while waiting for work. Off, they block between
-   * parallel sections and calls, leaving the cores to the worker's host thread, Redis and the gateway
-   * (measured through the whole stack: docs/engine.md "Threads"). @defaultValue false
+   * Whether onnxruntime's intra-op threads spin while waiting for work: `during-run` they spin while
+   * a model call runs (no wake-up per parallel section) and stop when it ends, leaving the cores to
+   * the worker's host thread, Redis and the gateway; `false` they block between sections too; `true`
+   * they also spin after a call (measured through the whole stack: docs/engine.md "Spinning").
+   * @defaultValue during-run
    */
   INTRA_OP_SPINNING: z
-    .enum(['true', 'false', '1', '0'])
-    .default('false')
-    .transform((v) => v === 'true' || v === '1'),
+    .enum(['true', 'false', '1', '0', 'during-run'])
+    .default('during-run')
+    .transform((v) => (v === 'during-run' ? v : v === 'true' || v === '1')),
   /**
    * How a continuation (a migrated stream) feeds the tokens already generated: `replay` one decode
    * step each (the next logits are the original run's bit for bit; one step per token), `prefill`
@@ -119,7 +121,7 @@ export interface WorkerConfig {
   maxCachedTokens: number | undefined;
   executionProvider: 'cpu' | 'cuda' | 'webgpu';
   intraOpThreads: number;
-  intraOpSpinning: boolean;
+  intraOpSpinning: IntraOpSpinning;
   continuationMode: 'replay' | 'prefill';
   kvGrowth: 'spread' | 'in-place';
   kvPreallocate: boolean;

@@ -21,9 +21,12 @@ describe('worker configuration', () => {
     expect(() => loadWorkerConfig({ KV_PREALLOCATE: 'yes' })).toThrow(/KV_PREALLOCATE/);
   });
 
-  it('keeps onnxruntime threads from spinning unless INTRA_OP_SPINNING says so', () => {
-    expect(loadWorkerConfig({}).intraOpSpinning).toBe(false);
+  it('lets onnxruntime threads spin only while a call runs unless INTRA_OP_SPINNING says otherwise', () => {
+    expect(loadWorkerConfig({}).intraOpSpinning).toBe('during-run');
+    expect(loadWorkerConfig({ INTRA_OP_SPINNING: 'false' }).intraOpSpinning).toBe(false);
+    expect(loadWorkerConfig({ INTRA_OP_SPINNING: '0' }).intraOpSpinning).toBe(false);
     expect(loadWorkerConfig({ INTRA_OP_SPINNING: 'true' }).intraOpSpinning).toBe(true);
+    expect(loadWorkerConfig({ INTRA_OP_SPINNING: 'during-run' }).intraOpSpinning).toBe('during-run');
     expect(() => loadWorkerConfig({ INTRA_OP_SPINNING: 'sometimes' })).toThrow(/INTRA_OP_SPINNING/);
   });
 
@@ -40,7 +43,7 @@ describe('worker configuration', () => {
     expect(() => loadWorkerConfig({ MAX_PREFILL_BATCH: '0' })).toThrow(/MAX_PREFILL_BATCH/);
   });
 
-  it('hands the engine its settings: the defaults (not spinning), and each variable that changes one', () => {
+  it('hands the engine its settings: the defaults (spinning during a call), and each variable that changes one', () => {
     expect(engineOptions(loadWorkerConfig({}), '/models/m')).toEqual({
       modelDir: '/models/m',
       maxBatchSize: 32,
@@ -48,7 +51,7 @@ describe('worker configuration', () => {
       executionProvider: 'cpu',
       intraOpThreads: 0,
       interOpThreads: 0,
-      intraOpSpinning: false,
+      intraOpSpinning: 'during-run',
       continuationMode: 'replay',
       kvGrowth: 'in-place',
       kvPreallocate: false,

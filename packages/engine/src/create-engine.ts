@@ -68,8 +68,11 @@ function checkOptions(options: EngineOptions): void {
   if (options.earlyFirstTokens !== undefined && typeof options.earlyFirstTokens !== 'boolean') {
     throw new EngineError('invalid_request', `EngineOptions.earlyFirstTokens must be a boolean, got ${String(options.earlyFirstTokens)}.`);
   }
-  if (options.intraOpSpinning !== undefined && typeof options.intraOpSpinning !== 'boolean') {
-    throw new EngineError('invalid_request', `EngineOptions.intraOpSpinning must be a boolean, got ${String(options.intraOpSpinning)}.`);
+  if (options.intraOpSpinning !== undefined && typeof options.intraOpSpinning !== 'boolean' && options.intraOpSpinning !== 'during-run') {
+    throw new EngineError(
+      'invalid_request',
+      `EngineOptions.intraOpSpinning must be true, false or 'during-run', got ${String(options.intraOpSpinning)}.`,
+    );
   }
   const provider = options.executionProvider ?? 'cpu';
   if (!['cpu', 'cuda', 'webgpu'].includes(provider)) {

@@ -8,7 +8,7 @@ import { rewriteDecoderGraph } from './rewrite-decoder-graph.js';
 import { EngineError } from './engine-error.js';
 import type { KvData, KvShape } from './kv-batch.js';
 import type { PackedInputs } from './pack-inputs.js';
-import type { ExecutionProvider } from './types.js';
+import type { ExecutionProvider, IntraOpSpinning } from './types.js';
 
 export interface OnnxSessionOptions {
   modelPath: string;
@@ -17,8 +17,8 @@ export interface OnnxSessionOptions {
   intraOpThreads: number;
   /** 0 = onnxruntime's default. */
   interOpThreads: number;
-  /** false: the intra-op threads block instead of spinning while they wait (default true). */
-  intraOpSpinning?: boolean;
+  /** false: the intra-op threads block instead of spinning while they wait; 'during-run': they stop spinning when a call ends (default true). */
+  intraOpSpinning?: IntraOpSpinning;
   /** Add new key/value slice outputs when the graph allows (default true; false forces the present.* path). */
   newKvOutputs?: boolean;
 }
@@ -108,6 +108,7 @@ export class OnnxSession {
     if (options.intraOpThreads > 0) sessionOptions.intraOpNumThreads = options.intraOpThreads;
     if (options.interOpThreads > 0) sessionOptions.interOpNumThreads = options.interOpThreads;
     if (options.intraOpSpinning === false) sessionOptions.extra = { session: { intra_op: { allow_spinning: '0' } } };
+    if (options.intraOpSpinning === 'during-run') sessionOptions.extra = { session: { force_spinning_stop: '1' } };
     if (executionProvider !== 'cpu') {
       const backend = ort.listSupportedBackends().find((candidate) => candidate.name === executionProvider);
       if (backend === undefined) {

@@ -6,6 +6,9 @@
 export type ExecutionProvider = 'cpu' | 'cuda' | 'webgpu';
 
 /** Options of {@link createEngine}. */
+/** {@link EngineOptions.intraOpSpinning}: always (onnxruntime's default), never, or only while a call runs. */
+export type IntraOpSpinning = boolean | 'during-run';
+
 export interface EngineOptions {
   /** Model directory (Hugging Face / Optimum layout). */
   modelDir: string;
@@ -27,14 +30,16 @@ export interface EngineOptions {
   /** onnxruntime inter-op threads (0 = onnxruntime's default). @defaultValue 0 */
   interOpThreads?: number;
   /**
-   * Whether onnxruntime's intra-op threads spin while they wait for work (its
-   * `session.intra_op.allow_spinning`). Spinning saves a wake-up per parallel section but holds the
-   * cores between and after calls, where the worker's host thread, Redis and the gateway need them.
-   * The worker turns it off (`INTRA_OP_SPINNING`, measured through the whole stack); in process,
-   * with nothing else on the cores, spinning was faster.
+   * Whether onnxruntime's intra-op threads spin while they wait for work. `true` (its default):
+   * they spin between parallel sections and after a call, saving a wake-up per section (a batch-1
+   * decode call has ~60) but holding the cores after the call, where the worker's host thread,
+   * Redis and the gateway need them. `false` (`session.intra_op.allow_spinning` 0): they block.
+   * `'during-run'` (`session.force_spinning_stop`): they spin while a call runs and stop when it
+   * ends. Which is fastest depends on the machine (docs/engine.md "Spinning"); the worker's
+   * `INTRA_OP_SPINNING` picks one.
    * @defaultValue true (onnxruntime's default)
    */
-  intraOpSpinning?: boolean;
+  intraOpSpinning?: IntraOpSpinning;
   /**
    * How a continuation ({@link GenerateRequest.continuation}) feeds its generated tokens:
    * `replay` — one decode step each, as the original run fed them, so the next logits are the

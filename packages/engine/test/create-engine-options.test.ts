@@ -7,6 +7,7 @@ describe('createEngine options', () => {
     [{ kvPreallocate: 'yes' }, /EngineOptions\.kvPreallocate must be a boolean, got yes/],
     [{ earlyFirstTokens: 'no' }, /EngineOptions\.earlyFirstTokens must be a boolean, got no/],
     [{ kvGrowth: 'sideways' }, /EngineOptions\.kvGrowth must be spread or in-place, got sideways/],
+    [{ intraOpSpinning: 'after-run' }, /EngineOptions\.intraOpSpinning must be true, false or 'during-run', got after-run/],
     [{ maxBatchSize: 0 }, /maxBatchSize/],
     [{ maxPrefillBatch: 0 }, /EngineOptions\.maxPrefillBatch must be an integer ≥ 1, got 0/],
   ])('refuses %o before loading anything, naming the option', async (bad, message) => {
@@ -37,5 +38,28 @@ describe('createEngine options', () => {
         await engine.close();
       }
     }
+  });
+
+  it('gives the same greedy tokens whether onnxruntime threads spin always, never or during a call', async () => {
+    const modelDir = await ensureBuiltinModel('tiny');
+    const answers: number[][] = [];
+    for (const intraOpSpinning of [true, false, 'during-run'] as const) {
+      const engine = await createEngine({ modelDir, maxBatchSize: 2, intraOpThreads: 2, intraOpSpinning });
+      try {
+        const tokens: number[] = [];
+        const stream = engine.generate({
+          id: `spin-${intraOpSpinning}`,
+          promptTokenIds: [5, 6, 7],
+          sampling: { maxTokens: 16, temperature: 0, ignoreEos: true },
+        });
+        for await (const event of stream) if (event.type === 'text-delta') tokens.push(...event.tokenIds);
+        expect(tokens).toHaveLength(16);
+        answers.push(tokens);
+      } finally {
+        await engine.close();
+      }
+    }
+    expect(answers[1]).toEqual(answers[0]);
+    expect(answers[2]).toEqual(answers[0]);
   });
 });
