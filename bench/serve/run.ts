@@ -5,7 +5,8 @@
  *
  * Both servers get the same requests from the same client code (`POST /v1/completions`, token-id
  * prompts of 8–26 tokens, greedy, `ignore_eos`, streamed), workload by workload, round by round, the
- * side that goes first alternating. Before that, a parity check: how many of 12 text prompts each
+ * side that goes first alternating, each measured workload after one unmeasured 4-token request to
+ * the same side (a settle). Before that, a parity check: how many of 12 text prompts each
  * server tokenizes to the same ids, and completes greedily (128 tokens, stopping at EOS, whole
  * answers) with the same text.
  *
@@ -403,6 +404,10 @@ async function main(): Promise<void> {
       for (const workload of workloads) {
         const order = r % 2 === 0 ? sides : [...sides].reverse();
         for (const side of order) {
+          // Settle: one short request, not measured, before each measured workload, both sides alike.
+          // What a server does once after a burst is then not counted in the next workload: after the
+          // 32-stream workloads llama-server answered the next lone request 137–874 ms late (stop 41).
+          await runWorkload(side, { name: 'settle', streams: 1, tokens: 4 }, -1);
           const result = await runWorkload(side, workload, r);
           const key = `${side.name} ${workload.name}`;
           results.set(key, [...(results.get(key) ?? []), result]);
@@ -587,7 +592,7 @@ async function write(report: Record<string, unknown> & { parity: Parity | undefi
       ? ''
       : `Parity first: of ${parity.prompts} text prompts, each server's tokenizer gave the same ids for ${parity.sameIds}, and whole greedy completions (128 tokens, stopping at EOS) had the same text and finish reason for ${parity.sameText}.`,
     '',
-    `Each workload: N streams submitted at once by one client process (\`fetch\`, \`POST /v1/completions\`, token-id prompts of 8–26 tokens, greedy, \`ignore_eos\`, streamed); ${rounds} rounds, workloads in turn, the side that goes first alternating by round. tok/s: all completion tokens ÷ first request sent → last stream ended, median over rounds (nearest rank: of two rounds, the lower); TTFT (request sent → first text chunk read) and ITL (gaps between a stream's text chunks) over every stream of every round.`,
+    `Each workload: N streams submitted at once by one client process (\`fetch\`, \`POST /v1/completions\`, token-id prompts of 8–26 tokens, greedy, \`ignore_eos\`, streamed); ${rounds} rounds, workloads in turn, the side that goes first alternating by round, each measured workload after one unmeasured 4-token request to the same side (a settle: what a server does once after a burst is not counted in the next workload). tok/s: all completion tokens ÷ first request sent → last stream ended, median over rounds (nearest rank: of two rounds, the lower); TTFT (request sent → first text chunk read) and ITL (gaps between a stream's text chunks) over every stream of every round.`,
     '',
     table,
     '',
