@@ -1,6 +1,6 @@
 import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
-import { cancelReasonSchema, decodeControlMessage } from '@sluice/protocol';
+import { decodeControlMessage, receivedCancelReasonSchema } from '@sluice/protocol';
 import type { StepRouter } from './step-router.js';
 
 /**
@@ -99,10 +99,9 @@ export class ControlListener {
       const [error, marker] = replies[i] ?? [];
       const controller = this.running.get(requestId);
       if ((error !== null && error !== undefined) || typeof marker !== 'string' || controller === undefined) return;
-      // The marker holds the cancel's reason; anything else still cancels.
-      const reason = cancelReasonSchema.safeParse(marker);
+      // The marker holds the cancel's reason.
       this.logger.info({ requestId }, 'a cancel missed while reconnecting: stopping the request');
-      this.cancel(requestId, controller, reason.success ? reason.data : 'cancelled');
+      this.cancel(requestId, controller, receivedCancelReasonSchema.parse(marker));
     });
   }
 

@@ -17,6 +17,13 @@ export const cancelReasonSchema = z.enum([
 export type CancelReason = z.infer<typeof cancelReasonSchema>;
 
 /**
+ * A cancel reason as a worker reads it (a control message's, a cancel marker's value): one it does not
+ * know (a newer gateway's, in a rolling upgrade) still cancels, as `cancelled`. Before, the whole
+ * message was dropped, as workers older than `key_revoked` still drop that one.
+ */
+export const receivedCancelReasonSchema = cancelReasonSchema.catch('cancelled');
+
+/**
  * Stop the listed requests. `channel` is the sending gateway's: a worker applies the cancel only while
  * the request's live entries still go there, so a gateway that lost its client to another gateway (a
  * resume) cannot cancel the resumed stream. Without `channel` (an API cancel) it always applies.
@@ -24,9 +31,7 @@ export type CancelReason = z.infer<typeof cancelReasonSchema>;
 export const cancelMessageSchema = z.object({
   type: z.literal('cancel'),
   requestIds: z.array(z.string()).min(1),
-  // A reason this worker does not know (a newer gateway's, in a rolling upgrade) still cancels: before,
-  // the whole message was dropped, as workers older than `key_revoked` still drop that one.
-  reason: cancelReasonSchema.catch('cancelled'),
+  reason: receivedCancelReasonSchema,
   channel: z.string().optional(),
 });
 export type CancelMessage = z.infer<typeof cancelMessageSchema>;
