@@ -7,7 +7,17 @@ import tseslint from 'typescript-eslint';
 
 export default tseslint.config(
   {
-    ignores: ['**/node_modules/**', '**/dist/**', 'models/**', '.turbo/**', 'coverage/**', '.tmp/**', 'bench-results/**', 'docs/**'],
+    ignores: [
+      '**/node_modules/**',
+      '**/dist/**',
+      'models/**',
+      '.turbo/**',
+      'coverage/**',
+      '.tmp/**',
+      '.cache/**',
+      'bench-results/**',
+      'docs/**',
+    ],
   },
   js.configs.recommended,
   ...tseslint.configs.recommendedTypeChecked,

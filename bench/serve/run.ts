@@ -17,6 +17,9 @@
  * - `BENCH_PRESET`: the generated model (`bench`, default; `tiny`, `smollm2-135m`).
  * - `BENCH_ROUNDS` (default 2), `BENCH_WORKLOADS` (default `32x128,32x768,1x128`), `BENCH_THREADS`
  *   (both servers' threads; default 2, this machine's cores).
+ * - `BENCH_ONE_STREAM_REQUESTS` (default 5): a one-stream workload sends this many requests one after
+ *   another in each round (a lone 128-token stream is ~0.6 s, which one scheduling hiccup of a shared
+ *   VM swung by ±30 %); a burst workload sends one request per stream.
  * - `BENCH_WRITE_DOCS=0`: print only (default: write docs/benchmarks.md and bench-results/serve.json).
  * - `BENCH_IN_PROCESS=1`: also the engine alone in this process (the worker's options, SLUICE_ENV
  *   included; same prompts; no HTTP, no Redis), in the same rounds: what the stack adds per workload,
@@ -59,6 +62,9 @@ const workloads: PeerWorkload[] = workloadNames.map((name) => {
   if (match === null) throw new Error(`BENCH_WORKLOADS: ${name} is not <streams>x<tokens>`);
   return { name, streams: Number(match[1]), tokens: Number(match[2]) };
 });
+/** Requests one after another per round in a one-stream workload. */
+const oneStreamRequests = Number(process.env.BENCH_ONE_STREAM_REQUESTS ?? 5);
+if (!Number.isInteger(oneStreamRequests) || oneStreamRequests < 1) throw new Error('BENCH_ONE_STREAM_REQUESTS must be a whole number ≥ 1');
 const llamaBinary = process.env.LLAMA_SERVER;
 const llamaArgs = (process.env.LLAMA_ARGS ?? '').split(/\s+/).filter((arg) => arg !== '');
 const writeDocs = process.env.BENCH_WRITE_DOCS !== '0';
@@ -111,17 +117,32 @@ interface RoundResult {
   decodeStepModelMs?: number;
 }
 
-/** N streams at once, each prompt's ids as the prompt, `tokens` tokens each. */
-async function runWorkload(side: Side, workload: PeerWorkload, round: number): Promise<RoundResult> {
-  const prompts = peerPrompts(workload.streams, arch.vocabSize, 1000 + round);
+/**
+ * N streams at once, each prompt's ids as the prompt, `tokens` tokens each; a one-stream workload
+ * sends `oneStreamRequests` such requests one after another.
+ */
+async function runWorkload(
+  side: Side,
+  workload: PeerWorkload,
+  round: number,
+  requests = workload.streams === 1 ? oneStreamRequests : 1,
+): Promise<RoundResult> {
+  const prompts = peerPrompts(workload.streams * requests, arch.vocabSize, 1000 + round);
   const decodeBefore = await side.decodeSteps?.();
   const cpuBefore = side.cpu();
   const started = performance.now();
-  const streams: StreamedCompletion[] = await Promise.all(prompts.map((prompt) => side.stream(prompt, workload.tokens)));
+  const bySlot = await Promise.all(
+    Array.from({ length: workload.streams }, async (_, slot) => {
+      const done: StreamedCompletion[] = [];
+      for (const prompt of prompts.slice(slot * requests, (slot + 1) * requests)) done.push(await side.stream(prompt, workload.tokens));
+      return done;
+    }),
+  );
   const wallMs = performance.now() - started;
   const cpuAfter = side.cpu();
   const decodeAfter = await side.decodeSteps?.();
-  const tokens = workload.streams * workload.tokens;
+  const streams = bySlot.flat();
+  const tokens = streams.length * workload.tokens;
   const cpuUsPerToken = Object.fromEntries(
     Object.entries(cpuAfter).map(([part, seconds]) => [part, ((seconds - (cpuBefore[part] ?? 0)) * 1e6) / tokens]),
   );
@@ -136,7 +157,8 @@ async function runWorkload(side: Side, workload: PeerWorkload, round: number): P
   if (decodeBefore !== undefined && decodeAfter !== undefined && decodeAfter.steps > decodeBefore.steps) {
     result.decodeStepModelMs = ((decodeAfter.modelSeconds - decodeBefore.modelSeconds) * 1000) / (decodeAfter.steps - decodeBefore.steps);
   }
-  const rampUpEnd = Math.max(...streams.map((stream) => stream.textAt[0] ?? -Infinity));
+  // The burst's ramp-up: until each stream's first request had its first text.
+  const rampUpEnd = Math.max(...bySlot.map(([first]) => first?.textAt[0] ?? -Infinity));
   for (const stream of streams) {
     if (stream.finishReason !== 'length') throw new Error(`${side.name}: a ${workload.name} stream ended with ${stream.finishReason}`);
     const [first] = stream.textAt;
@@ -407,7 +429,7 @@ async function main(): Promise<void> {
           // Settle: one short request, not measured, before each measured workload, both sides alike.
           // What a server does once after a burst is then not counted in the next workload: after the
           // 32-stream workloads llama-server answered the next lone request 137–874 ms late (stop 41).
-          await runWorkload(side, { name: 'settle', streams: 1, tokens: 4 }, -1);
+          await runWorkload(side, { name: 'settle', streams: 1, tokens: 4 }, -1, 1);
           const result = await runWorkload(side, workload, r);
           const key = `${side.name} ${workload.name}`;
           results.set(key, [...(results.get(key) ?? []), result]);
@@ -592,7 +614,7 @@ async function write(report: Record<string, unknown> & { parity: Parity | undefi
       ? ''
       : `Parity first: of ${parity.prompts} text prompts, each server's tokenizer gave the same ids for ${parity.sameIds}, and whole greedy completions (128 tokens, stopping at EOS) had the same text and finish reason for ${parity.sameText}.`,
     '',
-    `Each workload: N streams submitted at once by one client process (\`fetch\`, \`POST /v1/completions\`, token-id prompts of 8–26 tokens, greedy, \`ignore_eos\`, streamed); ${rounds} rounds, workloads in turn, the side that goes first alternating by round, each measured workload after one unmeasured 4-token request to the same side (a settle: what a server does once after a burst is not counted in the next workload). tok/s: all completion tokens ÷ first request sent → last stream ended, median over rounds (nearest rank: of two rounds, the lower); TTFT (request sent → first text chunk read) and ITL (gaps between a stream's text chunks) over every stream of every round.`,
+    `Each workload: N streams submitted at once by one client process (\`fetch\`, \`POST /v1/completions\`, token-id prompts of 8–26 tokens, greedy, \`ignore_eos\`, streamed; a one-stream workload sends ${oneStreamRequests} requests one after another in each round); ${rounds} rounds, workloads in turn, the side that goes first alternating by round, each measured workload after one unmeasured 4-token request to the same side (a settle: what a server does once after a burst is not counted in the next workload). tok/s: all completion tokens ÷ first request sent → last stream ended, median over rounds (nearest rank: of two rounds, the lower); TTFT (request sent → first text chunk read) and ITL (gaps between a stream's text chunks) over every stream of every round.`,
     '',
     table,
     '',
