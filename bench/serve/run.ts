@@ -17,9 +17,9 @@
  * - `BENCH_PRESET`: the generated model (`bench`, default; `tiny`, `smollm2-135m`).
  * - `BENCH_ROUNDS` (default 2), `BENCH_WORKLOADS` (default `32x128,32x768,1x128`), `BENCH_THREADS`
  *   (both servers' threads; default 2, this machine's cores).
- * - `BENCH_ONE_STREAM_REQUESTS` (default 5): a one-stream workload sends this many requests one after
- *   another in each round (a lone 128-token stream is ~0.6 s, which one scheduling hiccup of a shared
- *   VM swung by ±30 %); a burst workload sends one request per stream.
+ * - `BENCH_ONE_STREAM_REQUESTS` (default 5, as bench:engine): a one-stream workload sends this many
+ *   requests one after another in each round (a lone 128-token stream is ~0.6 s, which one scheduling
+ *   hiccup of a shared VM swung by ±30 %); a burst workload sends one request per stream.
  * - `BENCH_WRITE_DOCS=0`: print only (default: write docs/benchmarks.md and bench-results/serve.json).
  * - `BENCH_IN_PROCESS=1`: also the engine alone in this process (the worker's options, SLUICE_ENV
  *   included; same prompts; no HTTP, no Redis), in the same rounds: what the stack adds per workload,
@@ -37,7 +37,7 @@ import { createEngine, type Engine } from '@sluice/engine';
 import { ensureBuiltinModel, writeTinyModelGguf } from '@sluice/model';
 import { TINY_MODEL_PRESETS } from '../../packages/model/src/tiny-model/presets.js';
 import { writeSection } from '../../packages/engine/bench/docs-section.js';
-import { peerPrompts, type PeerWorkload, type WorkloadResult } from '../../packages/engine/bench/peer-workloads.js';
+import { ONE_STREAM_REQUESTS, peerPrompts, type PeerWorkload, type WorkloadResult } from '../../packages/engine/bench/peer-workloads.js';
 import { Cluster } from '../../test/support/cluster.js';
 import { freePort } from '../../test/support/processes.js';
 import { scrapePrometheus } from '../../test/support/prometheus.js';
@@ -56,15 +56,16 @@ if (!Object.hasOwn(TINY_MODEL_PRESETS, preset))
 const arch = TINY_MODEL_PRESETS[preset];
 const rounds = Number(process.env.BENCH_ROUNDS ?? 2);
 const threads = Number(process.env.BENCH_THREADS ?? 2);
+/** Requests one after another per round in a one-stream workload. */
+const oneStreamRequests = Number(process.env.BENCH_ONE_STREAM_REQUESTS ?? ONE_STREAM_REQUESTS);
+if (!Number.isInteger(oneStreamRequests) || oneStreamRequests < 1) throw new Error('BENCH_ONE_STREAM_REQUESTS must be a whole number ≥ 1');
 const workloadNames = (process.env.BENCH_WORKLOADS ?? '32x128,32x768,1x128').split(',');
 const workloads: PeerWorkload[] = workloadNames.map((name) => {
   const match = /^(\d+)x(\d+)$/.exec(name);
   if (match === null) throw new Error(`BENCH_WORKLOADS: ${name} is not <streams>x<tokens>`);
-  return { name, streams: Number(match[1]), tokens: Number(match[2]) };
+  const streams = Number(match[1]);
+  return { name, streams, tokens: Number(match[2]), requests: streams === 1 ? oneStreamRequests : 1 };
 });
-/** Requests one after another per round in a one-stream workload. */
-const oneStreamRequests = Number(process.env.BENCH_ONE_STREAM_REQUESTS ?? 5);
-if (!Number.isInteger(oneStreamRequests) || oneStreamRequests < 1) throw new Error('BENCH_ONE_STREAM_REQUESTS must be a whole number ≥ 1');
 const llamaBinary = process.env.LLAMA_SERVER;
 const llamaArgs = (process.env.LLAMA_ARGS ?? '').split(/\s+/).filter((arg) => arg !== '');
 const writeDocs = process.env.BENCH_WRITE_DOCS !== '0';
@@ -117,16 +118,9 @@ interface RoundResult {
   decodeStepModelMs?: number;
 }
 
-/**
- * N streams at once, each prompt's ids as the prompt, `tokens` tokens each; a one-stream workload
- * sends `oneStreamRequests` such requests one after another.
- */
-async function runWorkload(
-  side: Side,
-  workload: PeerWorkload,
-  round: number,
-  requests = workload.streams === 1 ? oneStreamRequests : 1,
-): Promise<RoundResult> {
+/** N streams at once, each prompt's ids as the prompt, `tokens` tokens each, `requests` one after another per stream. */
+async function runWorkload(side: Side, workload: PeerWorkload, round: number): Promise<RoundResult> {
+  const requests = workload.requests ?? 1;
   const prompts = peerPrompts(workload.streams * requests, arch.vocabSize, 1000 + round);
   const decodeBefore = await side.decodeSteps?.();
   const cpuBefore = side.cpu();
@@ -429,7 +423,7 @@ async function main(): Promise<void> {
           // Settle: one short request, not measured, before each measured workload, both sides alike.
           // What a server does once after a burst is then not counted in the next workload: after the
           // 32-stream workloads llama-server answered the next lone request 137–874 ms late (stop 41).
-          await runWorkload(side, { name: 'settle', streams: 1, tokens: 4 }, -1, 1);
+          await runWorkload(side, { name: 'settle', streams: 1, tokens: 4 }, -1);
           const result = await runWorkload(side, workload, r);
           const key = `${side.name} ${workload.name}`;
           results.set(key, [...(results.get(key) ?? []), result]);

@@ -31,7 +31,7 @@ import { filledBatch, median, mixedVsSeparate, percentile, rawDecodeSteps, type 
 import { runMode, type BenchMode, type ModeResult } from './run-mode.js';
 import { renderNote } from './bench-note.js';
 import { makeWorkload } from './workload.js';
-import { renderPeerTable, runPeerWorkloads } from './peer-workloads.js';
+import { ONE_STREAM_REQUESTS, renderPeerTable, runPeerWorkloads } from './peer-workloads.js';
 import { writeSection } from './docs-section.js';
 
 const root = resolve(dirname(fileURLToPath(import.meta.url)), '../../..');
@@ -331,7 +331,7 @@ function renderWorkloads(): string {
 ${command} — ${machine.date}, ${machine.cpu}, ${machine.cores} cores, ${machine.memoryGiB} GiB, Node ${machine.node}, onnxruntime-node ${machine.onnxruntime}, CPU execution provider, default threads (${engine.info.intraOpThreads} intra-op: one per physical core).
 Model: the generated \`${preset}\` preset (${arch('num_hidden_layers')} layers, hidden ${arch('hidden_size')}, ${arch('num_attention_heads')} heads / ${arch('num_key_value_heads')} KV heads, vocab ${arch('vocab_size')}, float32${preset === 'bench' ? '' : "; llama.cpp ran the bench preset's weights, so its column is for scale only"}). Engine in process: maxBatchSize ${MAX_BATCH}, maxStepTokens ${STEP_TOKENS}, whole new prompts prefilled up to 32 a call (\`maxPrefillBatch\`'s default), KV cache ${kvPreallocate ? 'reserved at start (`kvPreallocate`, as the peer reserves its context)' : 'faulted in as rows are written (`BENCH_KV_PREALLOCATE=0`)'}.
 1-minute load average ${loadBefore.toFixed(1)} before, ${loadAfter.toFixed(1)} after (2 cores shared with other developers' test runs: above ~1, other processes ran beside the benchmark).
-Each workload: N streams submitted at once, prompts 8–26 tokens, greedy, ignore_eos; ${workloadRounds} rounds, workloads interleaved round by round; tokens/s is the median over rounds (all completion tokens ÷ first submission → last finish), TTFT (submission → first token event) and ITL (gap between a stream's consecutive token events) are percentiles over every stream of every round. llama.cpp's figures are issue 12's (llama-server, 32 slots, 2 threads, same weights, same machine kind, its defaults: flash attention, f16 KV), not re-measured here.
+Each workload: N streams submitted at once, prompts 8–26 tokens, greedy, ignore_eos (the one-stream workload: ${ONE_STREAM_REQUESTS} requests one after another); ${workloadRounds} rounds, workloads interleaved round by round; tokens/s is the median over rounds (all completion tokens ÷ first submission → last finish), TTFT (submission → first token event) and ITL (gap between a stream's consecutive token events) are percentiles over every stream of every round. llama.cpp's figures are issue 12's (llama-server, 32 slots, 2 threads, same weights, same machine kind, its defaults: flash attention, f16 KV), not re-measured here.
 
 ${renderPeerTable(peer)}
 `;

@@ -1,6 +1,8 @@
 /**
  * The three workloads of the llama.cpp comparison (issue 12): N concurrent streams × T tokens, all
- * submitted at once, prompts of 8–26 tokens, greedy, ignore_eos. Per workload: tokens/s (all
+ * submitted at once, prompts of 8–26 tokens, greedy, ignore_eos; the one-stream workload sends 5
+ * requests one after another (one 128-token stream is ~0.6 s, too short for a shared VM's swings).
+ * Per workload: tokens/s (all
  * completion tokens over the wall time from the first submission to the last finish), TTFT
  * (submission → first token event on the host thread) and ITL (gaps between a stream's
  * consecutive token events), p50 and p99 over every stream of every round.
@@ -12,12 +14,17 @@ export interface PeerWorkload {
   name: string;
   streams: number;
   tokens: number;
+  /** Requests each stream sends one after another in a round (default 1). */
+  requests?: number;
 }
+
+/** Requests the one-stream workload sends one after another in a round. */
+export const ONE_STREAM_REQUESTS = 5;
 
 export const PEER_WORKLOADS: readonly PeerWorkload[] = [
   { name: '32x128', streams: 32, tokens: 128 },
   { name: '32x768', streams: 32, tokens: 768 },
-  { name: '1x128', streams: 1, tokens: 128 },
+  { name: '1x128', streams: 1, tokens: 128, requests: ONE_STREAM_REQUESTS },
 ];
 
 /** llama.cpp's llama-server on the same weights and machine kind (issue 12). */
@@ -62,7 +69,8 @@ export function peerPrompts(count: number, vocabSize: number, seed = 12): number
 }
 
 async function runOnce(engine: Engine, workload: PeerWorkload, vocabSize: number, round: number) {
-  const prompts = peerPrompts(workload.streams, vocabSize, 12 + round);
+  const requests = workload.requests ?? 1;
+  const prompts = peerPrompts(workload.streams * requests, vocabSize, 12 + round);
   const steps: number[] = [];
   const off = engine.onStep((stats) => {
     if (stats.phase === 'decode') steps.push(stats.stepMs);
@@ -71,26 +79,29 @@ async function runOnce(engine: Engine, workload: PeerWorkload, vocabSize: number
   const itl: number[] = [];
   let tokens = 0;
   const start = performance.now();
-  await Promise.all(
-    prompts.map(async (promptTokenIds, i) => {
-      const submitted = performance.now();
-      let last: number | undefined;
-      const stream = engine.generate({
-        id: `peer-${workload.name}-${round}-${i}`,
-        promptTokenIds,
-        sampling: { maxTokens: workload.tokens, temperature: 0, ignoreEos: true },
-      });
-      for await (const event of stream) {
-        if (event.type === 'text-delta') {
-          const at = performance.now();
-          if (last === undefined) ttft.push(at - submitted);
-          else itl.push(at - last);
-          last = at;
-        } else if (event.type === 'finish') {
-          if (event.error !== undefined) throw new Error(event.error.message);
-          tokens += event.usage.completionTokens;
-        }
+  const generate = async (promptTokenIds: number[], i: number) => {
+    const submitted = performance.now();
+    let last: number | undefined;
+    const stream = engine.generate({
+      id: `peer-${workload.name}-${round}-${i}`,
+      promptTokenIds,
+      sampling: { maxTokens: workload.tokens, temperature: 0, ignoreEos: true },
+    });
+    for await (const event of stream) {
+      if (event.type === 'text-delta') {
+        const at = performance.now();
+        if (last === undefined) ttft.push(at - submitted);
+        else itl.push(at - last);
+        last = at;
+      } else if (event.type === 'finish') {
+        if (event.error !== undefined) throw new Error(event.error.message);
+        tokens += event.usage.completionTokens;
       }
+    }
+  };
+  await Promise.all(
+    Array.from({ length: workload.streams }, async (_, stream) => {
+      for (let i = stream * requests; i < (stream + 1) * requests; i++) await generate(prompts[i]!, i);
     }),
   );
   const wallMs = performance.now() - start;
