@@ -37,7 +37,7 @@ import { createEngine, type Engine } from '@sluice/engine';
 import { ensureBuiltinModel, writeTinyModelGguf } from '@sluice/model';
 import { TINY_MODEL_PRESETS } from '../../packages/model/src/tiny-model/presets.js';
 import { writeSection } from '../../packages/engine/bench/docs-section.js';
-import { ONE_STREAM_REQUESTS, peerPrompts, type PeerWorkload, type WorkloadResult } from '../../packages/engine/bench/peer-workloads.js';
+import { ONE_STREAM_REQUESTS, runStreams, type PeerWorkload, type WorkloadResult } from '../../packages/engine/bench/peer-workloads.js';
 import { Cluster } from '../../test/support/cluster.js';
 import { freePort } from '../../test/support/processes.js';
 import { scrapePrometheus } from '../../test/support/prometheus.js';
@@ -120,18 +120,10 @@ interface RoundResult {
 
 /** N streams at once, each prompt's ids as the prompt, `tokens` tokens each, `requests` one after another per stream. */
 async function runWorkload(side: Side, workload: PeerWorkload, round: number): Promise<RoundResult> {
-  const requests = workload.requests ?? 1;
-  const prompts = peerPrompts(workload.streams * requests, arch.vocabSize, 1000 + round);
   const decodeBefore = await side.decodeSteps?.();
   const cpuBefore = side.cpu();
   const started = performance.now();
-  const bySlot = await Promise.all(
-    Array.from({ length: workload.streams }, async (_, slot) => {
-      const done: StreamedCompletion[] = [];
-      for (const prompt of prompts.slice(slot * requests, (slot + 1) * requests)) done.push(await side.stream(prompt, workload.tokens));
-      return done;
-    }),
-  );
+  const bySlot = await runStreams(workload, arch.vocabSize, 1000 + round, (prompt) => side.stream(prompt, workload.tokens));
   const wallMs = performance.now() - started;
   const cpuAfter = side.cpu();
   const decodeAfter = await side.decodeSteps?.();

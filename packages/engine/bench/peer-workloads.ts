@@ -1,7 +1,8 @@
 /**
  * The three workloads of the llama.cpp comparison (issue 12): N concurrent streams × T tokens, all
- * submitted at once, prompts of 8–26 tokens, greedy, ignore_eos; the one-stream workload sends 5
- * requests one after another (one 128-token stream is ~0.6 s, too short for a shared VM's swings).
+ * submitted at once, prompts of 8–26 tokens, greedy, ignore_eos; the one-stream workload sends
+ * `ONE_STREAM_REQUESTS` requests one after another (one 128-token stream is ~0.6 s, too short for a
+ * shared VM's swings).
  * Per workload: tokens/s (all
  * completion tokens over the wall time from the first submission to the last finish), TTFT
  * (submission → first token event on the host thread) and ITL (gaps between a stream's
@@ -68,9 +69,28 @@ export function peerPrompts(count: number, vocabSize: number, seed = 12): number
   });
 }
 
-async function runOnce(engine: Engine, workload: PeerWorkload, vocabSize: number, round: number) {
+/**
+ * Runs a workload's requests: its streams at once, each sending its `requests` prompts one after
+ * another (`run` gets a prompt and its index). Returns each stream's results in order.
+ */
+export async function runStreams<T>(
+  workload: PeerWorkload,
+  vocabSize: number,
+  seed: number,
+  run: (prompt: number[], index: number) => Promise<T>,
+): Promise<T[][]> {
   const requests = workload.requests ?? 1;
-  const prompts = peerPrompts(workload.streams * requests, vocabSize, 12 + round);
+  const prompts = peerPrompts(workload.streams * requests, vocabSize, seed);
+  return Promise.all(
+    Array.from({ length: workload.streams }, async (_, stream) => {
+      const results: T[] = [];
+      for (let i = stream * requests; i < (stream + 1) * requests; i++) results.push(await run(prompts[i]!, i));
+      return results;
+    }),
+  );
+}
+
+async function runOnce(engine: Engine, workload: PeerWorkload, vocabSize: number, round: number) {
   const steps: number[] = [];
   const off = engine.onStep((stats) => {
     if (stats.phase === 'decode') steps.push(stats.stepMs);
@@ -99,11 +119,7 @@ async function runOnce(engine: Engine, workload: PeerWorkload, vocabSize: number
       }
     }
   };
-  await Promise.all(
-    Array.from({ length: workload.streams }, async (_, stream) => {
-      for (let i = stream * requests; i < (stream + 1) * requests; i++) await generate(prompts[i]!, i);
-    }),
-  );
+  await runStreams(workload, vocabSize, 12 + round, generate);
   const wallMs = performance.now() - start;
   off();
   return { tokensPerSecond: (tokens * 1000) / wallMs, ttft, itl, steps };
