@@ -66,7 +66,8 @@ export const workerEnvSchema = z.object({
     .transform((v) => v === 'true' || v === '1'),
   /**
    * A prompt's first token leaves as its own prefill call ends (true), or with the rest of its step's
-   * output (false: a burst's first tokens later, its streams' first gaps shorter). @defaultValue true
+   * output, its second token included (false: a burst's first tokens later, its streams' first gaps
+   * shorter). @defaultValue true
    */
   EARLY_FIRST_TOKENS: z
     .enum(['true', 'false', '1', '0'])

@@ -5,6 +5,9 @@
  *    tokens/s, TTFT and ITL p50/p99, the 768/128 throughput ratio. `BENCH_ONLY=workloads` stops
  *    after this section (a few minutes); BENCH_WORKLOAD_ROUNDS (default 2) sets its rounds;
  *    BENCH_PRESET=smollm2-135m runs only this section on the SmolLM2-135M-shaped preset.
+ * 0b. A newcomer joining a full batch (newcomer.ts): 31 rows decode while newcomers arrive one at a
+ *    time; their TTFT against one full-batch step plus their own prefill. `BENCH_ONLY=newcomers` runs
+ *    only this section (~1 minute).
  * 1. The same 32 requests (outputs spread 16–256 tokens, Poisson arrivals) served three ways,
  *    interleaved run by run so machine noise hits all modes alike: one request at a time, static
  *    (request-level) batching, continuous batching. Tokens/s and TTFT (arrival → first token
@@ -33,6 +36,7 @@ import { renderNote } from './bench-note.js';
 import { makeWorkload } from './workload.js';
 import { ONE_STREAM_REQUESTS, renderPeerTable, runPeerWorkloads } from './peer-workloads.js';
 import { writeSection } from './docs-section.js';
+import { newcomerWithinOneStep, runNewcomers, type NewcomerResult } from './newcomer.js';
 
 const root = resolve(dirname(fileURLToPath(import.meta.url)), '../../..');
 const runs = Number(process.env.BENCH_RUNS ?? 3);
@@ -43,6 +47,7 @@ const MODES: BenchMode[] = ['sequential', 'static', 'continuous'];
 // BENCH_PRESET=smollm2-135m runs section 0 on the SmolLM2-135M-shaped preset (generated on first use, ~540 MB).
 const preset = (process.env.BENCH_PRESET ?? 'bench') as 'bench' | 'smollm2-135m';
 const onlyWorkloads = process.env.BENCH_ONLY === 'workloads' || preset !== 'bench';
+const onlyNewcomers = process.env.BENCH_ONLY === 'newcomers' && preset === 'bench';
 const writeResults = process.env.BENCH_WRITE_DOCS !== '0';
 const modelDir = await ensureBuiltinModel(preset);
 const model = await loadModelDir(modelDir);
@@ -73,8 +78,26 @@ const machine = {
 const kvPreallocate = process.env.BENCH_KV_PREALLOCATE !== '0';
 const engine = await createEngine({ modelDir, maxBatchSize: MAX_BATCH, maxStepTokens: STEP_TOKENS, kvPreallocate });
 
-// 0. The peer comparison's workloads.
 await runMode(engine, workload.slice(0, 4), 'continuous', MAX_BATCH); // warm-up
+
+// 0b. A newcomer joining a full batch (first: it needs no more than the warm-up before it).
+if (preset === 'bench') {
+  const newcomer = await runNewcomers(engine, model.tokenizer.vocabSize, { rows: MAX_BATCH - 1, newcomers: 40, seed: 20 }, log);
+  if (writeResults) {
+    await mkdir(join(root, 'bench-results'), { recursive: true });
+    await writeFile(
+      join(root, 'bench-results/engine-newcomer.json'),
+      `${JSON.stringify({ machine, kvPreallocate, newcomer: roundDeep(newcomer) }, null, 2)}\n`,
+    );
+    await writeSection(join(root, 'docs/benchmarks.md'), renderNewcomer(newcomer), 'engine-newcomer');
+  }
+  if (onlyNewcomers) {
+    await engine.close();
+    process.exit(0);
+  }
+}
+
+// 0. The peer comparison's workloads.
 const workloadRounds = Number(process.env.BENCH_WORKLOAD_ROUNDS ?? 2);
 // The machine is shared: the 1-minute load average before and after says how much else ran.
 const loadBefore = loadavg()[0]!;
@@ -334,6 +357,24 @@ Model: the generated \`${preset}\` preset (${arch('num_hidden_layers')} layers, 
 Each workload: N streams submitted at once, prompts 8–26 tokens, greedy, ignore_eos (the one-stream workload: ${ONE_STREAM_REQUESTS} requests one after another); ${workloadRounds} rounds, workloads interleaved round by round; tokens/s is the median over rounds (all completion tokens ÷ first submission → last finish), TTFT (submission → first token event) and ITL (gap between a stream's consecutive token events) are percentiles over every stream of every round. llama.cpp's figures are issue 12's (llama-server, 32 slots, 2 threads, same weights, same machine kind, its defaults: flash attention, f16 KV), not re-measured here.
 
 ${renderPeerTable(peer)}
+`;
+}
+
+function renderNewcomer(result: NewcomerResult): string {
+  const cells = (p50: number, p99: number): string => `${p50.toFixed(1)} | ${p99.toFixed(1)}`;
+  return `## Engine: a newcomer joining a full batch
+
+\`BENCH_ONLY=newcomers npm run bench:engine\` (also the first section of a whole run) — ${machine.date}, ${machine.cpu}, ${machine.cores} cores, Node ${machine.node}, onnxruntime-node ${machine.onnxruntime}, \`bench\` model, maxBatchSize ${MAX_BATCH}, maxStepTokens ${STEP_TOKENS}, KV cache ${kvPreallocate ? 'reserved at start' : 'faulted in'}.
+${result.rows} streams decode (prompts 8–26 tokens, ignore_eos) while ${result.newcomers} newcomers arrive one after another, each at a random moment within a step, with a prompt of 8–26 tokens and 2 tokens to generate: the batch is full (${result.rows + 1} of ${MAX_BATCH} rows) whenever one is in it. Times from submission to the token event on the host thread.
+
+| | p50 (ms) | p99 (ms) |
+|---|---:|---:|
+| newcomer's TTFT | ${cells(result.ttftP50Ms, result.ttftP99Ms)} |
+| newcomer's second token | ${cells(result.secondTokenP50Ms, result.secondTokenP99Ms)} |
+| a decode step of the full batch (while they came) | ${cells(result.stepP50Ms, result.stepP99Ms)} |
+| the same prompts alone on the idle engine: TTFT (its own prefill) | ${cells(result.aloneTtftP50Ms, result.aloneTtftP99Ms)} |
+
+Target (issue 12): the newcomer's TTFT p99 within one step plus its own prefill, ${result.stepP99Ms.toFixed(1)} + ${result.aloneTtftP99Ms.toFixed(1)} = ${(result.stepP99Ms + result.aloneTtftP99Ms).toFixed(1)} ms: **${newcomerWithinOneStep(result) ? 'met' : 'missed'}** (${result.ttftP99Ms.toFixed(1)} ms).
 `;
 }
 

@@ -132,10 +132,11 @@ export class EngineCore {
   }
 
   /**
-   * One step. With `early`, events leave before the step's first prompt chunk's model call instead
-   * of with the step's output, so the decode rows' tokens do not wait for the newcomers' prefills; and
-   * with `earlyFirstTokens` (the default) before each later call too, so each prompt's first token
-   * leaves as its own prefill ends, not after every prefill of the step.
+   * One step: the step's prompt chunks, then one decode call per lane, the prompts that just
+   * completed among its rows. With `early`, events leave before the step's first prompt chunk's model
+   * call instead of with the step's output (the newcomers' `scheduled` events); and with
+   * `earlyFirstTokens` (the default) before each later call too, the decode included, so each
+   * prompt's first token leaves as its own prefill ends, not after every call of the step.
    */
   async step(early?: (events: StepOutput['events']) => void): Promise<StepOutput> {
     const startedAt = now();
@@ -151,24 +152,14 @@ export class EngineCore {
       group.scheduledAt = startedAt;
       this.#events.push([group.key, { type: 'scheduled' }]);
     }
-    this.#repack();
-
     let modelMs = 0;
     let generationTokens = 0;
-    let decodeRows = 0;
-    for (const lane of this.#lanes) {
-      decodeRows += lane.rows.length;
-      const runStart = now();
-      try {
-        generationTokens += await this.#decode(lane);
-      } catch (cause) {
-        for (const sequence of lane.rows) this.#failGroup(sequence.group, 'internal', `Decode step failed: ${errorText(cause)}`);
-      }
-      modelMs += now() - runStart;
-    }
-
     let promptTokens = 0;
     let prefillCalls = 0;
+    // Prompts first, then the decode with the prompts just prefilled in it: a newcomer's first token
+    // leaves when its own prefill ends (within the step in progress when it came, plus that prefill),
+    // and its second with this step's decode. A running row's tokens are as far apart either way: the
+    // step's prefills sit between two of them, before or after its decode call.
     for (const call of this.#prefillCalls(plan.prefill)) {
       const chunks = call.filter((chunk) => !chunk.group.finished);
       if (chunks.length === 0) continue;
@@ -182,6 +173,26 @@ export class EngineCore {
         for (const chunk of chunks) promptTokens += chunk.length;
       } catch (cause) {
         for (const chunk of chunks) this.#failGroup(chunk.group, 'internal', `Prefill failed: ${errorText(cause)}`);
+      }
+      modelMs += now() - runStart;
+    }
+    if (early !== undefined && this.#events.length > 0 && prefillCalls > 0 && this.#limits.earlyFirstTokens !== false) {
+      early(this.#takeEvents());
+    }
+
+    // Prompts of this step that now decode in it too count once in the batch.
+    const joinedGroups = new Set(
+      this.#joining.filter(({ sequence }) => sequence.finishReason === undefined).map(({ sequence }) => sequence.group),
+    ).size;
+    this.#repack();
+    let decodeRows = 0;
+    for (const lane of this.#lanes) {
+      decodeRows += lane.rows.length;
+      const runStart = now();
+      try {
+        generationTokens += await this.#decode(lane);
+      } catch (cause) {
+        for (const sequence of lane.rows) this.#failGroup(sequence.group, 'internal', `Decode step failed: ${errorText(cause)}`);
       }
       modelMs += now() - runStart;
     }
@@ -199,7 +210,7 @@ export class EngineCore {
       output.stats = {
         // A step that only ended aborted requests ran no model: it reports batchSize 0 as 'decode'.
         phase: decodeRows === 0 && plan.prefill.length > 0 ? 'prefill' : plan.prefill.length === 0 ? 'decode' : 'mixed',
-        batchSize: decodeRows + plan.prefill.length,
+        batchSize: decodeRows + plan.prefill.length - joinedGroups,
         stepTokens: decodeRows + promptTokens,
         stepMs: now() - startedAt,
         modelMs,

@@ -80,12 +80,13 @@ export interface EngineOptions {
    */
   maxPrefillBatch?: number;
   /**
-   * When a step prefills prompts in several model calls, each prompt's first token leaves as its own
-   * call ends (true), or with the step's other output once every call of the step is done (false).
-   * Either way the decode rows' tokens leave before the step's first prefill call, and every later
-   * token comes at the same time: true moves a burst's early first tokens forward, and the wait for
-   * the step's remaining prefills into their stream's first inter-token gap; false keeps it in the
-   * time to first token, as vLLM and llama.cpp do (docs/engine.md, "A step").
+   * A step runs its prompts' prefill calls, then its decode, in which the prompts it just prefilled
+   * take their second token. Each prompt's first token leaves as its own prefill call ends (true), or
+   * with the step's output once every call of the step, the decode included, is done (false: its
+   * first two tokens then come together). Every later token comes at the same time either way: true
+   * moves a burst's early first tokens forward, and the wait for the step's remaining calls into
+   * their stream's first inter-token gap; false keeps it in the time to first token
+   * (docs/engine.md, "A step").
    * @defaultValue true
    */
   earlyFirstTokens?: boolean;

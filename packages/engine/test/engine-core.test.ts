@@ -70,7 +70,7 @@ describe('EngineCore', () => {
     expect(core.cachedTokens).toBe(0);
   });
 
-  /** Request 1 decodes while 2 and 3 arrive and are prefilled in the same step (one call each), with an early listener. */
+  /** Request 1 decodes while 2 and 3 arrive, are prefilled (one call each) and join the decode in the same step, with an early listener. */
   async function stepWithNewcomers(core: EngineCore) {
     core.add(1, request('one'), performance.timeOrigin + performance.now());
     await core.step();
@@ -80,32 +80,34 @@ describe('EngineCore', () => {
     const { events, stats } = await core.step((early) => handed.push(early));
     expect(stats?.phase).toBe('mixed');
     expect(stats?.prefillCalls).toBe(2);
+    // Three rows: the newcomers count once though they were prefilled and decoded in this step.
+    expect(stats?.batchSize).toBe(3);
+    // Both prompts, and a decode token for each of the three.
+    expect(stats?.stepTokens).toBe(request('two').promptTokenIds.length + request('three').promptTokenIds.length + 3);
     return { handed, events };
   }
 
-  it("with an early listener, hands over each prompt's first token as its prefill ends and the decode tokens before any prefill", async () => {
+  it("with an early listener, hands over each prompt's first token as its prefill ends, and the newcomers decode in the same step", async () => {
     const core = newCore();
     const { handed, events } = await stepWithNewcomers(core);
-    // Before the first prefill: 1's decode token and the newcomers' scheduled events.
-    expect(handed[0]!.map(([key, event]) => `${key}:${event.type}`)).toEqual(['2:scheduled', '3:scheduled', '1:text-delta']);
-    // Before the second prefill: 2's first token. The step's own output: 3's.
-    expect(handed.length).toBe(2);
-    expect(tokensOf(handed[1]!, 2)).toBe(1);
-    expect(tokensOf(events, 3)).toBe(1);
-    expect(tokensOf(events, 2) + tokensOf(events, 1)).toBe(0);
+    // Prompts before the decode: first the newcomers' scheduled events, before the first prefill.
+    expect(handed.map((batch) => batch.map(([key, event]) => `${key}:${event.type}`))).toEqual([
+      ['2:scheduled', '3:scheduled'],
+      ['2:text-delta'],
+      ['3:text-delta'],
+    ]);
+    // The step's own output: the decode, in which 2 and 3 joined 1 (their second tokens).
+    expect([1, 2, 3].map((key) => tokensOf(events, key))).toEqual([1, 1, 1]);
     // Without a listener, the same step's events all come with its output.
     const whole = await core.step();
     expect([1, 2, 3].map((key) => tokensOf(whole.events, key))).toEqual([1, 1, 1]);
   });
 
-  it('without earlyFirstTokens, hands over the decode tokens before the first prefill and every first token with the step', async () => {
+  it('without earlyFirstTokens, hands over only the scheduled events before the first prefill and every token with the step', async () => {
     const { handed, events } = await stepWithNewcomers(newCore({ earlyFirstTokens: false }));
-    // Once, before the first prefill: 1's decode token and the newcomers' scheduled events.
-    expect(handed.map((batch) => batch.map(([key, event]) => `${key}:${event.type}`))).toEqual([
-      ['2:scheduled', '3:scheduled', '1:text-delta'],
-    ]);
-    // Both newcomers' first tokens come with the step's output, after both prefill calls.
-    expect([1, 2, 3].map((key) => tokensOf(events, key))).toEqual([0, 1, 1]);
+    expect(handed.map((batch) => batch.map(([key, event]) => `${key}:${event.type}`))).toEqual([['2:scheduled', '3:scheduled']]);
+    // The newcomers' first and second tokens both come with the step's output, after the decode.
+    expect([1, 2, 3].map((key) => tokensOf(events, key))).toEqual([1, 2, 2]);
   });
 
   it('gives the same tokens with the engine-owned cache as on the present.* fallback, rows joining and leaving', async () => {
