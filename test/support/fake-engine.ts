@@ -116,6 +116,7 @@ export function createFakeEngine(options: FakeEngineOptions): Engine {
       maxCachedTokens: 1,
       promptTokens: 0,
       prefillCalls: 0,
+      promptChunks: 0,
       generationTokens: generated,
       kvRelayouts: 0,
     };

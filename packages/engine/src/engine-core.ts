@@ -156,6 +156,7 @@ export class EngineCore {
     let generationTokens = 0;
     let promptTokens = 0;
     let prefillCalls = 0;
+    let promptChunks = 0;
     // Prompts first, then the decode with the prompts just prefilled in it: a newcomer's first token
     // leaves when its own prefill ends (within the step in progress when it came, plus that prefill),
     // and its second with this step's decode. A running row's tokens are as far apart either way: the
@@ -171,6 +172,7 @@ export class EngineCore {
       try {
         generationTokens += chunks.length === 1 ? await this.#prefill(chunks[0]!) : await this.#prefillTogether(chunks);
         for (const chunk of chunks) promptTokens += chunk.length;
+        promptChunks += chunks.length;
       } catch (cause) {
         for (const chunk of chunks) this.#failGroup(chunk.group, 'internal', `Prefill failed: ${errorText(cause)}`);
       }
@@ -221,6 +223,7 @@ export class EngineCore {
         maxCachedTokens: this.#limits.maxCachedTokens,
         promptTokens,
         prefillCalls,
+        promptChunks,
         generationTokens,
         kvRelayouts: this.#relayouts() - relayoutsBefore,
       };

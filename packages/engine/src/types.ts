@@ -209,6 +209,8 @@ export interface StepStats {
   promptTokens: number;
   /** Model calls this step made for prompt chunks (several whole prompts may share one: {@link EngineOptions.maxPrefillBatch}). */
   prefillCalls: number;
+  /** Prompt chunks fed this step (whole prompts or pieces of one), in its {@link prefillCalls} calls. */
+  promptChunks: number;
   generationTokens: number;
   /**
    * Whole-cache copies made inside this step (the decode lane's capacity changed in place, or its
