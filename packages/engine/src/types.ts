@@ -14,7 +14,11 @@ export interface EngineOptions {
   modelDir: string;
   /** Max sequences decoded together in one step. @defaultValue 32 */
   maxBatchSize?: number;
-  /** Max tokens (prefill chunk tokens + one per decoding sequence) fed to the model in one step. @defaultValue 512 */
+  /**
+   * Max tokens (prefill chunk tokens + one per decoding sequence) fed to the model in one step. A prompt
+   * that completes in a step also decodes in it (its second token), one token per sequence beyond this
+   * budget. @defaultValue 512
+   */
   maxStepTokens?: number;
   /** Cap on tokens held in the KV cache over all sequences; requests that do not fit wait. @defaultValue maxBatchSize × context length */
   maxCachedTokens?: number;
