@@ -8,6 +8,7 @@
  */
 import { setMaxListeners } from 'node:events';
 import type { Engine } from '../src/index.js';
+import { SeededRandom } from '../src/seeded-random.js';
 import { peerPrompts } from './peer-workloads.js';
 import { percentile } from './raw-session.js';
 
@@ -52,11 +53,7 @@ export async function runNewcomers(
   log: (line: string) => void,
 ): Promise<NewcomerResult> {
   const prompts = peerPrompts(options.newcomers, vocabSize, options.seed);
-  let state = options.seed >>> 0;
-  const random = (): number => {
-    state = (Math.imul(state, 1_664_525) + 1_013_904_223) >>> 0;
-    return state / 4_294_967_296;
-  };
+  const random = new SeededRandom(options.seed);
 
   const alone: number[] = [];
   for (const [i, prompt] of prompts.entries()) alone.push((await firstTwo(engine, `alone-${i}`, prompt))[0]);
@@ -100,7 +97,7 @@ export async function runNewcomers(
     for (const [i, prompt] of prompts.entries()) {
       // A random moment within the step in progress (the median decode step so far, 30 ms before any).
       const stepMs = steps.length === 0 ? 30 : percentile(steps, 50);
-      await new Promise((resolve) => setTimeout(resolve, random() * stepMs));
+      await new Promise((resolve) => setTimeout(resolve, random.next() * stepMs));
       const [first, next] = await firstTwo(engine, `newcomer-${i}`, prompt);
       ttft.push(first);
       second.push(next);

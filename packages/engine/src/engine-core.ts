@@ -157,6 +157,10 @@ export class EngineCore {
     let promptTokens = 0;
     let prefillCalls = 0;
     let promptChunks = 0;
+    const handOver = (): void => {
+      if (early !== undefined && this.#events.length > 0) early(this.#takeEvents());
+    };
+    const eachCall = this.#limits.earlyFirstTokens !== false;
     // Prompts first, then the decode with the prompts just prefilled in it: a newcomer's first token
     // leaves when its own prefill ends (within the step in progress when it came, plus that prefill),
     // and its second with this step's decode. A running row's tokens are as far apart either way: the
@@ -165,9 +169,7 @@ export class EngineCore {
       const chunks = call.filter((chunk) => !chunk.group.finished);
       if (chunks.length === 0) continue;
       prefillCalls++;
-      if (early !== undefined && this.#events.length > 0 && (prefillCalls === 1 || this.#limits.earlyFirstTokens !== false)) {
-        early(this.#takeEvents());
-      }
+      if (prefillCalls === 1 || eachCall) handOver();
       const runStart = now();
       try {
         generationTokens += chunks.length === 1 ? await this.#prefill(chunks[0]!) : await this.#prefillTogether(chunks);
@@ -178,14 +180,13 @@ export class EngineCore {
       }
       modelMs += now() - runStart;
     }
-    if (early !== undefined && this.#events.length > 0 && prefillCalls > 0 && this.#limits.earlyFirstTokens !== false) {
-      early(this.#takeEvents());
-    }
+    if (prefillCalls > 0 && eachCall) handOver();
 
     // Prompts of this step that now decode in it too count once in the batch.
-    const joinedGroups = new Set(
-      this.#joining.filter(({ sequence }) => sequence.finishReason === undefined).map(({ sequence }) => sequence.group),
-    ).size;
+    const joinedGroups =
+      this.#joining.length === 0
+        ? 0
+        : new Set(this.#joining.filter(({ sequence }) => sequence.finishReason === undefined).map(({ sequence }) => sequence.group)).size;
     this.#repack();
     let decodeRows = 0;
     for (const lane of this.#lanes) {
