@@ -1,7 +1,7 @@
 import { randomBytes } from 'node:crypto';
 import { hostname } from 'node:os';
 import { z } from 'zod';
-import type { EngineOptions, IntraOpSpinning } from '@sluice/engine';
+import type { EarlyFirstTokens, EngineOptions, IntraOpSpinning } from '@sluice/engine';
 import { DEFAULT_PREFIX, envInput, envInt as int, envMs as ms } from '@sluice/protocol';
 
 /** Every setting of the worker, read from the environment once at start (errors name the variable). */
@@ -65,14 +65,15 @@ export const workerEnvSchema = z.object({
     .default('false')
     .transform((v) => v === 'true' || v === '1'),
   /**
-   * A prompt's first token leaves as its own prefill call ends (true), or with the rest of its step's
-   * output, its second token included (false: a burst's first tokens later, its streams' first gaps
-   * shorter). @defaultValue true
+   * A prompt's first token leaves as its own prefill call ends (true); when its step's last prefill
+   * call ends, before the decode (`after-prefills`); or with the rest of its step's output, its second
+   * token included (false). Later: a burst's early first tokens; shorter: its streams' first gaps.
+   * @defaultValue true
    */
   EARLY_FIRST_TOKENS: z
-    .enum(['true', 'false', '1', '0'])
+    .enum(['true', 'false', '1', '0', 'after-prefills'])
     .default('true')
-    .transform((v) => v === 'true' || v === '1'),
+    .transform((v) => (v === 'after-prefills' ? v : v === 'true' || v === '1')),
   /** Jobs taken from the queue at once. @defaultValue MAX_BATCH_SIZE */
   WORKER_CONCURRENCY: int(1).optional(),
   /** This worker's id in the registry. @defaultValue host-pid-random */
@@ -126,7 +127,7 @@ export interface WorkerConfig {
   continuationMode: 'replay' | 'prefill';
   kvGrowth: 'spread' | 'in-place';
   kvPreallocate: boolean;
-  earlyFirstTokens: boolean;
+  earlyFirstTokens: EarlyFirstTokens;
   interOpThreads: number;
   concurrency: number;
   workerId: string;

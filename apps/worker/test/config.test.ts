@@ -34,6 +34,9 @@ describe('worker configuration', () => {
     expect(loadWorkerConfig({}).earlyFirstTokens).toBe(true);
     expect(loadWorkerConfig({ EARLY_FIRST_TOKENS: 'false' }).earlyFirstTokens).toBe(false);
     expect(engineOptions(loadWorkerConfig({ EARLY_FIRST_TOKENS: '0' }), '/m')).toMatchObject({ earlyFirstTokens: false });
+    expect(engineOptions(loadWorkerConfig({ EARLY_FIRST_TOKENS: 'after-prefills' }), '/m')).toMatchObject({
+      earlyFirstTokens: 'after-prefills',
+    });
     expect(() => loadWorkerConfig({ EARLY_FIRST_TOKENS: 'maybe' })).toThrow(/EARLY_FIRST_TOKENS/);
   });
 

@@ -65,8 +65,15 @@ function checkOptions(options: EngineOptions): void {
   if (options.kvPreallocate !== undefined && typeof options.kvPreallocate !== 'boolean') {
     throw new EngineError('invalid_request', `EngineOptions.kvPreallocate must be a boolean, got ${String(options.kvPreallocate)}.`);
   }
-  if (options.earlyFirstTokens !== undefined && typeof options.earlyFirstTokens !== 'boolean') {
-    throw new EngineError('invalid_request', `EngineOptions.earlyFirstTokens must be a boolean, got ${String(options.earlyFirstTokens)}.`);
+  if (
+    options.earlyFirstTokens !== undefined &&
+    typeof options.earlyFirstTokens !== 'boolean' &&
+    options.earlyFirstTokens !== 'after-prefills'
+  ) {
+    throw new EngineError(
+      'invalid_request',
+      `EngineOptions.earlyFirstTokens must be true, false or 'after-prefills', got ${String(options.earlyFirstTokens)}.`,
+    );
   }
   if (options.intraOpSpinning !== undefined && typeof options.intraOpSpinning !== 'boolean' && options.intraOpSpinning !== 'during-run') {
     throw new EngineError(

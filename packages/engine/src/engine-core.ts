@@ -10,7 +10,16 @@ import type { ResolvedRequest } from './resolve-request.js';
 import { Scheduler, type PrefillChunk, type SchedulerLimits } from './scheduler.js';
 import { PositionedRandom } from './seeded-random.js';
 import { TokenSampler, type SampledToken } from './token-sampler.js';
-import type { ContinuationMode, EngineErrorCode, KvGrowth, EngineEvent, FinishReason, StepStats, TokenLogprob } from './types.js';
+import type {
+  ContinuationMode,
+  EarlyFirstTokens,
+  EngineErrorCode,
+  KvGrowth,
+  EngineEvent,
+  FinishReason,
+  StepStats,
+  TokenLogprob,
+} from './types.js';
 
 /** Absolute milliseconds, comparable between threads. */
 export function now(): number {
@@ -31,7 +40,7 @@ export interface EngineCoreOptions extends SchedulerLimits {
   /** See {@link EngineOptions.maxPrefillBatch}. */
   maxPrefillBatch: number;
   /** See {@link EngineOptions.earlyFirstTokens}. @defaultValue true */
-  earlyFirstTokens?: boolean;
+  earlyFirstTokens?: EarlyFirstTokens;
 }
 
 /**
@@ -134,9 +143,10 @@ export class EngineCore {
   /**
    * One step: the step's prompt chunks, then one decode call per lane, the prompts that just
    * completed among its rows. With `early`, events leave before the step's first prompt chunk's model
-   * call instead of with the step's output (the newcomers' `scheduled` events); and with
-   * `earlyFirstTokens` (the default) before each later call too, the decode included, so each
-   * prompt's first token leaves as its own prefill ends, not after every call of the step.
+   * call instead of with the step's output (the newcomers' `scheduled` events); with
+   * `earlyFirstTokens` true (the default) before each later call too, the decode included, so each
+   * prompt's first token leaves as its own prefill ends; with `'after-prefills'` once more, before the
+   * decode, so the step's first tokens leave together when its last prefill call ends.
    */
   async step(early?: (events: StepOutput['events']) => void): Promise<StepOutput> {
     const startedAt = now();
@@ -160,7 +170,7 @@ export class EngineCore {
     const handOver = (): void => {
       if (early !== undefined && this.#events.length > 0) early(this.#takeEvents());
     };
-    const eachCall = this.#limits.earlyFirstTokens !== false;
+    const firstTokens = this.#limits.earlyFirstTokens ?? true;
     // Prompts first, then the decode with the prompts just prefilled in it: a newcomer's first token
     // leaves when its own prefill ends (within the step in progress when it came, plus that prefill),
     // and its second with this step's decode. A running row's tokens are as far apart either way: the
@@ -169,7 +179,7 @@ export class EngineCore {
       const chunks = call.filter((chunk) => !chunk.group.finished);
       if (chunks.length === 0) continue;
       prefillCalls++;
-      if (prefillCalls === 1 || eachCall) handOver();
+      if (prefillCalls === 1 || firstTokens === true) handOver();
       const runStart = now();
       try {
         generationTokens += chunks.length === 1 ? await this.#prefill(chunks[0]!) : await this.#prefillTogether(chunks);
@@ -180,7 +190,7 @@ export class EngineCore {
       }
       modelMs += now() - runStart;
     }
-    if (prefillCalls > 0 && eachCall) handOver();
+    if (prefillCalls > 0 && firstTokens !== false) handOver();
 
     // Prompts of this step that now decode in it too count once in the batch.
     const joinedGroups =

@@ -9,6 +9,9 @@ export type ExecutionProvider = 'cpu' | 'cuda' | 'webgpu';
 /** {@link EngineOptions.intraOpSpinning}: always (onnxruntime's default), never, or only while a call runs. */
 export type IntraOpSpinning = boolean | 'during-run';
 
+/** When a step's first tokens leave: see {@link EngineOptions.earlyFirstTokens}. */
+export type EarlyFirstTokens = boolean | 'after-prefills';
+
 export interface EngineOptions {
   /** Model directory (Hugging Face / Optimum layout). */
   modelDir: string;
@@ -85,15 +88,17 @@ export interface EngineOptions {
   maxPrefillBatch?: number;
   /**
    * A step runs its prompts' prefill calls, then its decode, in which the prompts it just prefilled
-   * take their second token. Each prompt's first token leaves as its own prefill call ends (true), or
-   * with the step's output once every call of the step, the decode included, is done (false: its
-   * first two tokens then come together). Every later token comes at the same time either way: true
-   * moves a burst's early first tokens forward, and the wait for the step's remaining calls into
-   * their stream's first inter-token gap; false keeps it in the time to first token
-   * (docs/engine.md, "A step").
+   * take their second token. Each prompt's first token leaves as its own prefill call ends (true);
+   * when the step's last prefill call ends, before its decode (`'after-prefills'`: with one prefill
+   * call in the step, the same as true); or with the step's output once every call of the step, the
+   * decode included, is done (false: its first two tokens then come together). Every later token
+   * comes at the same time in all three: true moves a burst's early first tokens forward, and the
+   * wait for the step's remaining prefill calls into their stream's first inter-token gap;
+   * `'after-prefills'` keeps that wait in the time to first token, so the first gap is one decode
+   * call; false keeps the decode call in it too (docs/engine.md, "A step").
    * @defaultValue true
    */
-  earlyFirstTokens?: boolean;
+  earlyFirstTokens?: EarlyFirstTokens;
 }
 
 export type ContinuationMode = 'replay' | 'prefill';

@@ -5,7 +5,7 @@ import { createEngine, type EngineOptions } from '../src/index.js';
 describe('createEngine options', () => {
   it.each([
     [{ kvPreallocate: 'yes' }, /EngineOptions\.kvPreallocate must be a boolean, got yes/],
-    [{ earlyFirstTokens: 'no' }, /EngineOptions\.earlyFirstTokens must be a boolean, got no/],
+    [{ earlyFirstTokens: 'no' }, /EngineOptions\.earlyFirstTokens must be true, false or 'after-prefills', got no/],
     [{ kvGrowth: 'sideways' }, /EngineOptions\.kvGrowth must be spread or in-place, got sideways/],
     [{ intraOpSpinning: 'after-run' }, /EngineOptions\.intraOpSpinning must be true, false or 'during-run', got after-run/],
     [{ maxBatchSize: 0 }, /maxBatchSize/],

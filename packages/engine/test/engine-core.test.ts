@@ -3,7 +3,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { EngineCore } from '../src/engine-core.js';
 import { OnnxSession } from '../src/onnx-session.js';
 import { resolveRequest } from '../src/resolve-request.js';
-import type { EngineEvent } from '../src/types.js';
+import type { EarlyFirstTokens, EngineEvent } from '../src/types.js';
 
 /**
  * The step loop driven by hand, without the thread: what "at the next step boundary" means is
@@ -21,7 +21,7 @@ afterAll(async () => {
   await session?.dispose();
 });
 
-function newCore(options: { earlyFirstTokens?: boolean } = {}): EngineCore {
+function newCore(options: { earlyFirstTokens?: EarlyFirstTokens } = {}): EngineCore {
   return new EngineCore(session, model, {
     ...options,
     maxBatchSize: 4,
@@ -101,6 +101,16 @@ describe('EngineCore', () => {
     // Without a listener, the same step's events all come with its output.
     const whole = await core.step();
     expect([1, 2, 3].map((key) => tokensOf(whole.events, key))).toEqual([1, 1, 1]);
+  });
+
+  it("with earlyFirstTokens 'after-prefills', hands over the step's first tokens together once its last prefill ends, before the decode", async () => {
+    const { handed, events } = await stepWithNewcomers(newCore({ earlyFirstTokens: 'after-prefills' }));
+    expect(handed.map((batch) => batch.map(([key, event]) => `${key}:${event.type}`))).toEqual([
+      ['2:scheduled', '3:scheduled'],
+      ['2:text-delta', '3:text-delta'],
+    ]);
+    // Their second tokens come with the step's output, from its decode.
+    expect([1, 2, 3].map((key) => tokensOf(events, key))).toEqual([1, 1, 1]);
   });
 
   it('without earlyFirstTokens, hands over only the scheduled events before the first prefill and every token with the step', async () => {
