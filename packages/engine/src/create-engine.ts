@@ -65,21 +65,16 @@ function checkOptions(options: EngineOptions): void {
   if (options.kvPreallocate !== undefined && typeof options.kvPreallocate !== 'boolean') {
     throw new EngineError('invalid_request', `EngineOptions.kvPreallocate must be a boolean, got ${String(options.kvPreallocate)}.`);
   }
-  if (
-    options.earlyFirstTokens !== undefined &&
-    typeof options.earlyFirstTokens !== 'boolean' &&
-    options.earlyFirstTokens !== 'after-prefills'
-  ) {
-    throw new EngineError(
-      'invalid_request',
-      `EngineOptions.earlyFirstTokens must be true, false or 'after-prefills', got ${String(options.earlyFirstTokens)}.`,
-    );
-  }
-  if (options.intraOpSpinning !== undefined && typeof options.intraOpSpinning !== 'boolean' && options.intraOpSpinning !== 'during-run') {
-    throw new EngineError(
-      'invalid_request',
-      `EngineOptions.intraOpSpinning must be true, false or 'during-run', got ${String(options.intraOpSpinning)}.`,
-    );
+  // Options that take a boolean or one named mode.
+  const modes = [
+    ['earlyFirstTokens', 'after-prefills'],
+    ['intraOpSpinning', 'during-run'],
+  ] as const;
+  for (const [field, mode] of modes) {
+    const value = options[field];
+    if (value !== undefined && typeof value !== 'boolean' && value !== mode) {
+      throw new EngineError('invalid_request', `EngineOptions.${field} must be true, false or '${mode}', got ${String(value)}.`);
+    }
   }
   const provider = options.executionProvider ?? 'cpu';
   if (!['cpu', 'cuda', 'webgpu'].includes(provider)) {
