@@ -4,9 +4,11 @@
  * same weights when one is given.
  *
  * Both servers get the same requests from the same client code (`POST /v1/completions`, token-id
- * prompts of 8–26 tokens, greedy, `ignore_eos`, streamed), workload by workload, round by round, the
- * side that goes first alternating, each measured workload after one unmeasured 4-token request to
- * the same side (a settle). Before that, a parity check: how many of 12 text prompts each
+ * prompts of 8–26 tokens, greedy, `ignore_eos`, streamed), workload by workload, round by round,
+ * each measured workload after one unmeasured 4-token request to the same side (a settle); the
+ * sides' order changes from round to round so that over
+ * `sideOrderRounds` rounds each side runs in each position, and right after each other side, equally
+ * often (`side-order.ts`). Before that, a parity check: how many of 12 text prompts each
  * server tokenizes to the same ids, and completes greedily (128 tokens, stopping at EOS, whole
  * answers) with the same text.
  *
@@ -45,6 +47,7 @@ import { median, percentile, round } from '../gateway/stats.js';
 import { engineOptions, loadWorkerConfig } from '../../apps/worker/dist/config.js';
 import { startLlamaServer, type PeerServer } from './llama-server.js';
 import { ownCpu, processCpu } from './process-cpu.js';
+import { sideOrder, sideOrderRounds } from './side-order.js';
 import { streamCompletion, type StreamedCompletion } from './stream-client.js';
 
 const root = fileURLToPath(new URL('../..', import.meta.url));
@@ -404,14 +407,18 @@ async function main(): Promise<void> {
       log(`parity: ${JSON.stringify(parity)}`);
     }
 
+    const balancedAfter = sideOrderRounds(sides.length);
+    if (rounds % balancedAfter !== 0)
+      log(
+        `side order: ${rounds} rounds do not balance ${sides.length} sides' positions and predecessors (a multiple of ${balancedAfter} does)`,
+      );
     // Warm-up: one short burst per side (first requests, allocator, JIT).
     for (const side of sides) await runWorkload(side, { name: 'warm-up', streams: slots, tokens: 16 }, -1);
 
     const results = new Map<string, RoundResult[]>();
     for (let r = 0; r < rounds; r++) {
       for (const workload of workloads) {
-        const order = r % 2 === 0 ? sides : [...sides].reverse();
-        for (const side of order) {
+        for (const side of sideOrder(sides, r)) {
           // Settle: one short request, not measured, before each measured workload, both sides alike.
           // What a server does once after a burst is then not counted in the next workload: after the
           // 32-stream workloads llama-server answered the next lone request 137–874 ms late (stop 41).
@@ -600,7 +607,7 @@ async function write(report: Record<string, unknown> & { parity: Parity | undefi
       ? ''
       : `Parity first: of ${parity.prompts} text prompts, each server's tokenizer gave the same ids for ${parity.sameIds}, and whole greedy completions (128 tokens, stopping at EOS) had the same text and finish reason for ${parity.sameText}.`,
     '',
-    `Each workload: N streams submitted at once by one client process (\`fetch\`, \`POST /v1/completions\`, token-id prompts of 8–26 tokens, greedy, \`ignore_eos\`, streamed; a one-stream workload sends ${oneStreamRequests} requests one after another in each round); ${rounds} rounds, workloads in turn, the side that goes first alternating by round, each measured workload after one unmeasured 4-token request to the same side (a settle: what a server does once after a burst is not counted in the next workload). tok/s: all completion tokens ÷ first request sent → last stream ended, median over rounds (nearest rank: of two rounds, the lower); TTFT (request sent → first text chunk read) and ITL (gaps between a stream's text chunks) over every stream of every round.`,
+    `Each workload: N streams submitted at once by one client process (\`fetch\`, \`POST /v1/completions\`, token-id prompts of 8–26 tokens, greedy, \`ignore_eos\`, streamed; a one-stream workload sends ${oneStreamRequests} requests one after another in each round); ${rounds} rounds, workloads in turn, the sides' order changing by round (a Williams design: over 2 rounds for two sides, 6 for three, 4 for four, each side runs in each position, and right after each other side, equally often), each measured workload after one unmeasured 4-token request to the same side (a settle: what a server does once after a burst is not counted in the next workload). tok/s: all completion tokens ÷ first request sent → last stream ended, median over rounds (nearest rank: of two rounds, the lower); TTFT (request sent → first text chunk read) and ITL (gaps between a stream's text chunks) over every stream of every round.`,
     '',
     table,
     '',
