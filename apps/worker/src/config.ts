@@ -2,7 +2,7 @@ import { randomBytes } from 'node:crypto';
 import { hostname } from 'node:os';
 import { z } from 'zod';
 import type { EarlyFirstTokens, EngineOptions, IntraOpSpinning } from '@sluice/engine';
-import { DEFAULT_PREFIX, envInput, envInt as int, envMs as ms } from '@sluice/protocol';
+import { DEFAULT_PREFIX, envFlag, envInput, envInt as int, envMs as ms } from '@sluice/protocol';
 
 /** Every setting of the worker, read from the environment once at start (errors name the variable). */
 export const workerEnvSchema = z.object({
@@ -38,10 +38,7 @@ export const workerEnvSchema = z.object({
    * they also spin after a call (measured through the whole stack: docs/engine.md "Spinning").
    * @defaultValue during-run
    */
-  INTRA_OP_SPINNING: z
-    .enum(['true', 'false', '1', '0', 'during-run'])
-    .default('during-run')
-    .transform((v) => (v === 'during-run' ? v : v === 'true' || v === '1')),
+  INTRA_OP_SPINNING: envFlag('during-run').default('during-run'),
   /**
    * How a continuation (a migrated stream) feeds the tokens already generated: `replay` one decode
    * step each (the next logits are the original run's bit for bit; one step per token), `prefill`
@@ -60,20 +57,14 @@ export const workerEnvSchema = z.object({
    * the first burst does not fault its cache in during its steps. Holds that memory from the start
    * (set MAX_CACHED_TOKENS to what the machine can hold). @defaultValue false
    */
-  KV_PREALLOCATE: z
-    .enum(['true', 'false', '1', '0'])
-    .default('false')
-    .transform((v) => v === 'true' || v === '1'),
+  KV_PREALLOCATE: envFlag().default(false),
   /**
    * A prompt's first token leaves as its own prefill call ends (true); when its step's last prefill
    * call ends, before the decode (`after-prefills`); or with the rest of its step's output, its second
    * token included (false). Later: a burst's early first tokens; shorter: its streams' first gaps.
    * @defaultValue true
    */
-  EARLY_FIRST_TOKENS: z
-    .enum(['true', 'false', '1', '0', 'after-prefills'])
-    .default('true')
-    .transform((v) => (v === 'after-prefills' ? v : v === 'true' || v === '1')),
+  EARLY_FIRST_TOKENS: envFlag('after-prefills').default(true),
   /** Jobs taken from the queue at once. @defaultValue MAX_BATCH_SIZE */
   WORKER_CONCURRENCY: int(1).optional(),
   /** This worker's id in the registry. @defaultValue host-pid-random */
@@ -104,10 +95,7 @@ export const workerEnvSchema = z.object({
   /** Listen address of that endpoint: loopback unless set (e.g. 0.0.0.0 for a Prometheus on another host). @defaultValue 127.0.0.1 */
   METRICS_HOST: z.string().min(1).default('127.0.0.1'),
   /** `/healthz` shows the id of the latest cancelled request (tests only: ids never leave the worker otherwise). @defaultValue false */
-  HEALTH_REQUEST_IDS: z
-    .enum(['true', 'false', '1', '0'])
-    .default('false')
-    .transform((v) => v === 'true' || v === '1'),
+  HEALTH_REQUEST_IDS: envFlag().default(false),
   /** pino log level. @defaultValue info */
   LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
 });

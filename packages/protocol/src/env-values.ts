@@ -27,3 +27,12 @@ export const envInt = (min: number, max = Number.MAX_SAFE_INTEGER, tooLarge = `m
 /** A duration in milliseconds: an integer from `min` to MAX_TIMER_MS. */
 export const envMs = (min: number) =>
   envInt(min, MAX_TIMER_MS, `must be at most ${MAX_TIMER_MS} (ms, about 24.8 days: Node's longest timer)`);
+
+/**
+ * A switch: `true` / `1` or `false` / `0`, or one of `modes` (kept as its name). Values outside them
+ * are refused with the list.
+ */
+export const envFlag = <const M extends string[]>(...modes: M) =>
+  z
+    .enum(['true', 'false', '1', '0', ...modes])
+    .transform((v): boolean | M[number] => (v === 'true' || v === '1' ? true : v === 'false' || v === '0' ? false : v));

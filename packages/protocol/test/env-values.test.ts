@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { z } from 'zod';
-import { envInput, envInt, envMs, MAX_TIMER_MS } from '../src/index.js';
+import { envFlag, envInput, envInt, envMs, MAX_TIMER_MS } from '../src/index.js';
 
 /** The first issue's message of parsing `value` with `schema`, or the parsed number. */
 function read(schema: z.ZodType<number>, value: string): number | string {
@@ -42,5 +42,25 @@ describe('a millisecond environment variable', () => {
 describe('the set variables of an environment', () => {
   it('leaves out empty and blank values, and keeps the others as they are', () => {
     expect(envInput({ A: '', B: '  ', C: '\t\n', D: ' 1 ', E: 'x', F: undefined })).toEqual({ D: ' 1 ', E: 'x' });
+  });
+});
+
+describe('a switch environment variable', () => {
+  it('reads true / 1 and false / 0, and keeps a named mode as its name', () => {
+    const flag = envFlag('during-run');
+    expect(['true', '1', 'false', '0', 'during-run'].map((value) => flag.parse(value))).toEqual([true, true, false, false, 'during-run']);
+    expect(envFlag().parse('0')).toBe(false);
+  });
+
+  it('refuses anything else, listing what it takes', () => {
+    const parsed = envFlag('after-prefills').safeParse('yes');
+    expect(parsed.success).toBe(false);
+    for (const option of ['true', 'false', '1', '0', 'after-prefills']) expect(parsed.error?.issues[0]?.message).toContain(`"${option}"`);
+    expect(envFlag().safeParse('during-run').success).toBe(false);
+  });
+
+  it('takes its default as the value it reads to', () => {
+    expect(envFlag().default(false).parse(undefined)).toBe(false);
+    expect(envFlag('during-run').default('during-run').parse(undefined)).toBe('during-run');
   });
 });
