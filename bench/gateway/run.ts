@@ -8,7 +8,7 @@
  *    a bare `node:http` server (the HTTP round trip alone, for scale).
  *
  * Writes bench-results/gateway.json and the gateway section of docs/benchmarks.md.
- * Env: BENCH_ROUNDS (SSE round pairs, default 8), BENCH_LATENCY_ROUNDS (5 per model), BENCH_STREAMS (1000), BENCH_EVENTS (150 per stream per round,
+ * Env: BENCH_ROUNDS (SSE round pairs, default 8), BENCH_LATENCY_ROUNDS (6 per model: the three sides' order balances over 6), BENCH_STREAMS (1000), BENCH_EVENTS (150 per stream per round,
  * measured), BENCH_WARMUP_EVENTS (150 per stream before them, measured apart as the cold window; 0 = none),
  * BENCH_STEP_MS (SSE producer step interval, default 40: 25 steps/s, a decode rate; 0 = unpaced).
  */
@@ -28,6 +28,7 @@ import {
   type TtftBreakdown,
 } from './latency.js';
 import { gcPausesSince, type GcPauses, type StackGcPauses } from './gc-pauses.js';
+import { sideOrder } from '../serve/side-order.js';
 import { measureRound, PINNED, type ThroughputRound } from './sse-throughput.js';
 import { median, round } from './stats.js';
 
@@ -37,7 +38,7 @@ const events = Number(process.env.BENCH_EVENTS ?? 150);
 const warmupEvents = Number(process.env.BENCH_WARMUP_EVENTS ?? 150);
 const rounds = Number(process.env.BENCH_ROUNDS ?? 8);
 const stepMs = Number(process.env.BENCH_STEP_MS ?? 40);
-const latencyRounds = Number(process.env.BENCH_LATENCY_ROUNDS ?? 5);
+const latencyRounds = Number(process.env.BENCH_LATENCY_ROUNDS ?? 6);
 const log = (message: string) => process.stderr.write(`[bench:gateway] ${message}\n`);
 
 async function sse() {
@@ -124,10 +125,15 @@ async function latency(workload: LatencyWorkload, latencyRounds: number) {
     await new Promise((resolve) => setTimeout(resolve, 200));
     deployment.clearTimings();
     const gcBefore = await deployment.gcPauses();
+    // The three sides in a balanced order (each in each position, and right after each other, equally
+    // often over 6 rounds); until stop 46 the gateway always ran right after the engine in process.
+    const sides = [
+      () => engine.run(local),
+      () => throughGateway(deployment.url, workload, remote),
+      () => throughGateway(bare.url, workload, floor),
+    ];
     for (let i = 0; i < latencyRounds; i++) {
-      await engine.run(local);
-      await throughGateway(deployment.url, workload, remote);
-      await throughGateway(bare.url, workload, floor);
+      for (const side of sideOrder(sides, i)) await side();
       log(`latency round ${i + 1}/${latencyRounds} done`);
     }
     await new Promise((resolve) => setTimeout(resolve, 200));
@@ -202,7 +208,7 @@ function markdown(result: Awaited<ReturnType<typeof collect>>): string {
       '',
       gcLine(l.gcPauses, l.gateway),
       '',
-      `Workload: ${l.workload.concurrency} concurrent completions (starts ${l.workload.staggerMs} ms apart), ${l.workload.maxTokens} tokens each (greedy, ignore_eos), built-in \`${l.workload.preset}\` model, MAX_BATCH_SIZE=${l.workload.maxBatchSize}, INTRA_OP_THREADS=${l.workload.intraOpThreads}; ${l.rounds} measured rounds per side after a warm-up, samples pooled (${l.gateway.requests} requests, ${l.gateway.itlSamples} ITL samples through the gateway). Times in ms, measured where the caller sees text (non-empty delta / content chunk).`,
+      `Workload: ${l.workload.concurrency} concurrent completions (starts ${l.workload.staggerMs} ms apart), ${l.workload.maxTokens} tokens each (greedy, ignore_eos), built-in \`${l.workload.preset}\` model, MAX_BATCH_SIZE=${l.workload.maxBatchSize}, INTRA_OP_THREADS=${l.workload.intraOpThreads}; ${l.rounds} measured rounds per side after a warm-up, the three sides (engine in process, through the gateway, bare server) in a balanced order (each in each position, and right after each other, equally often over 6 rounds), samples pooled (${l.gateway.requests} requests, ${l.gateway.itlSamples} ITL samples through the gateway). Times in ms, measured where the caller sees text (non-empty delta / content chunk).`,
     ].join('\n');
   return [
     '<!-- gateway-bench:start (written by `npm run bench:gateway`) -->',
