@@ -39,8 +39,8 @@ export interface EngineCoreOptions extends SchedulerLimits {
   kvPreallocate?: boolean;
   /** See {@link EngineOptions.maxPrefillBatch}. */
   maxPrefillBatch: number;
-  /** See {@link EngineOptions.earlyFirstTokens}. @defaultValue true */
-  earlyFirstTokens?: EarlyFirstTokens;
+  /** See {@link EngineOptions.earlyFirstTokens}. */
+  earlyFirstTokens: EarlyFirstTokens;
 }
 
 /**
@@ -170,7 +170,7 @@ export class EngineCore {
     const handOver = (): void => {
       if (early !== undefined && this.#events.length > 0) early(this.#takeEvents());
     };
-    const firstTokens = this.#limits.earlyFirstTokens ?? true;
+    const firstTokens = this.#limits.earlyFirstTokens;
     // Prompts first, then the decode with the prompts just prefilled in it: a newcomer's first token
     // leaves when its own prefill ends (within the step in progress when it came, plus that prefill),
     // and its second with this step's decode. A running row's tokens are as far apart either way: the

@@ -69,6 +69,7 @@ describe.each(ATTENTION_FORMS)('the %s attention form', (form: AttentionForm) =>
         kvGrowth,
         kvPreallocate,
         maxPrefillBatch: 1,
+        earlyFirstTokens: true,
       });
       const cases = [
         { prompt: 5, maxTokens: 5 * KV_BLOCK + 10 },

@@ -23,6 +23,7 @@ afterAll(async () => {
 
 function newCore(options: { earlyFirstTokens?: EarlyFirstTokens } = {}): EngineCore {
   return new EngineCore(session, model, {
+    earlyFirstTokens: true,
     ...options,
     maxBatchSize: 4,
     maxStepTokens: 64,
@@ -141,6 +142,7 @@ describe('EngineCore', () => {
           continuationMode: 'replay',
           kvGrowth: 'spread',
           maxPrefillBatch: 1,
+          earlyFirstTokens: true,
         });
         const tokens: number[][] = [[], [], [], [], []];
         const lengths = [30, 7, 90, 12, 70];
