@@ -24,7 +24,12 @@ describe('when the client leaves while its request is admitted', () => {
     cluster = await Cluster.start();
     // A long TTL: the worker stays frozen (SIGSTOP) while a test acts.
     worker = await cluster.worker({ WORKER_TTL_MS: '60000' });
-    gateway = await cluster.gateway({ AUTH: 'keys' });
+    // The gateway renews its alive key (a SET) every max(1 s, REGISTRY_POLL_MS) on the connection that
+    // runs the admission script: a renewal paused ahead of the script holds the script back in that
+    // connection, and the test waited for an EVALSHA Redis never got (CI, stop 46; a 1.5 s sleep after
+    // the pause makes it every time). A poll this long renews once, at start; the worker registered
+    // before the gateway's first read of the registry.
+    gateway = await cluster.gateway({ AUTH: 'keys', REGISTRY_POLL_MS: '600000' });
     redis = cluster.redis.client();
   });
 

@@ -266,7 +266,12 @@ describe('a draining gateway behind nginx', () => {
   let draining: GatewayProcess;
   let other: GatewayProcess;
   let nginx: NginxServer;
-  const open: AbortController[] = [];
+  /**
+   * The open streams. Their responses are held too: undici cancels the body of a Response that is
+   * garbage collected, which closed a stream mid-test (the draining gateway, its last stream gone,
+   * exited before the test looked).
+   */
+  const open: Array<{ controller: AbortController; response: Response }> = [];
 
   /** A streaming chat request: its 200 comes at once (HEADERS_WAIT_MS=0), its answer never (the worker is frozen). */
   const stream = (url: string, signal: AbortSignal, requestId?: string) =>
@@ -290,7 +295,7 @@ describe('a draining gateway behind nginx', () => {
   }, 120_000);
 
   afterAll(async () => {
-    for (const controller of open) controller.abort();
+    for (const { controller } of open) controller.abort();
     worker?.process.signal('SIGCONT');
     await nginx?.close();
     await cluster?.stop();
@@ -301,8 +306,9 @@ describe('a draining gateway behind nginx', () => {
     // Streams open on both gateways, through nginx: the one that stops has work to drain.
     for (let i = 0; i < STREAMS; i++) {
       const controller = new AbortController();
-      open.push(controller);
-      expect((await stream(nginx.url, controller.signal)).status).toBe(200);
+      const response = await stream(nginx.url, controller.signal);
+      open.push({ controller, response });
+      expect(response.status).toBe(200);
     }
     await waitFor('streams open on both gateways', async () =>
       (await activeStreams(draining)) >= 1 && (await activeStreams(other)) >= 1 ? true : undefined,
@@ -323,8 +329,8 @@ describe('a draining gateway behind nginx', () => {
     const statuses: number[] = [];
     for (const id of ids) {
       const controller = new AbortController();
-      open.push(controller);
       const response = await stream(nginx.url, controller.signal, id);
+      open.push({ controller, response });
       statuses.push(response.status);
       if (response.status !== 200) await response.text();
     }
@@ -333,7 +339,7 @@ describe('a draining gateway behind nginx', () => {
 
     // nginx logs a request once it ends: every one was served by the other gateway, some after the
     // draining one refused it.
-    for (const controller of open.splice(STREAMS)) controller.abort();
+    for (const { controller } of open.splice(STREAMS)) controller.abort();
     const drainingAddress = new URL(draining.url).host;
     const otherAddress = new URL(other.url).host;
     const tries = await waitFor('every POST in the access log', async () => {
