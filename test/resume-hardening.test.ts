@@ -285,8 +285,7 @@ describe('resume and cancel, hardened: redis-server, 2 gateways, 2 workers', () 
       await freeze(workers);
       let resumed: Response | undefined;
       try {
-        const controller = new AbortController();
-        const res = await post(a.url, '/v1/chat/completions', chatBody(maxTokens), controller.signal);
+        const res = await post(a.url, '/v1/chat/completions', chatBody(maxTokens));
         expect(res.status).toBe(200);
         const streamId = res.headers.get('x-stream-id')!;
         const jobId = jobOf(streamId);
@@ -300,7 +299,9 @@ describe('resume and cancel, hardened: redis-server, 2 gateways, 2 workers', () 
         );
         // The first connection closes: without a grace, A cancels the work of the sessions it holds.
         const leftBefore = await metric(a, 'sluice_gateway_disconnects_total', { stage: 'queued' });
-        controller.abort();
+        // Cancelling its unread body closes it, and holds \`res\` until here: undici closes the unread
+        // body of a Response once it is garbage collected.
+        await res.body!.cancel();
         await waitFor('gateway A to see its client leave', async () =>
           (await metric(a, 'sluice_gateway_disconnects_total', { stage: 'queued' })) > leftBefore ? true : undefined,
         );
