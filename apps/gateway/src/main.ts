@@ -1,6 +1,6 @@
 import { pino } from 'pino';
 import { createGatewayMetrics } from '@sluice/metrics';
-import { redactRedisUrl } from '@sluice/protocol';
+import { redactRedisUrl, stopOnSignals } from '@sluice/protocol';
 import { AccessConfigError } from './auth/access-config-error.js';
 import { ConfigError, loadGatewayConfig } from './config.js';
 import { ListenError, RedisConnectError, startGateway } from './gateway.js';
@@ -40,24 +40,7 @@ async function main(): Promise<void> {
     logger.fatal({ err: error }, `gateway failed to start (REDIS_URL=${redactRedisUrl(config.redisUrl)})`);
     process.exit(1);
   }
-  let stopping = false;
-  const stop = (signal: string) => {
-    if (stopping) {
-      logger.warn({ signal }, 'second signal: exiting now');
-      process.exit(1);
-    }
-    stopping = true;
-    logger.info({ signal }, 'shutting down');
-    gateway.drain().then(
-      () => process.exit(0),
-      (error: unknown) => {
-        logger.error({ err: error }, 'drain failed');
-        process.exit(1);
-      },
-    );
-  };
-  process.on('SIGTERM', () => stop('SIGTERM'));
-  process.on('SIGINT', () => stop('SIGINT'));
+  stopOnSignals(logger, () => gateway.drain());
 }
 
 await main();

@@ -2,7 +2,7 @@ import { pino } from 'pino';
 import { createEngine, EngineError } from '@sluice/engine';
 import { createWorkerMetrics } from '@sluice/metrics';
 import { ensureBuiltinModel, loadModelDir, readPromptFiles } from '@sluice/model';
-import { redactRedisUrl } from '@sluice/protocol';
+import { redactRedisUrl, stopOnSignals } from '@sluice/protocol';
 import { ConfigError, describeEngineSettings, engineOptions, loadWorkerConfig } from './config.js';
 import { StartupError, startupStep } from './startup-error.js';
 import { startWorker } from './worker.js';
@@ -64,24 +64,7 @@ async function main(): Promise<void> {
     process.stderr.write(`${failure.message}\n`);
     process.exit(1);
   }
-  let stopping = false;
-  const stop = (signal: string) => {
-    if (stopping) {
-      logger.warn({ signal }, 'second signal: exiting now');
-      process.exit(1);
-    }
-    stopping = true;
-    logger.info({ signal }, 'shutting down');
-    worker.drain().then(
-      () => process.exit(0),
-      (error: unknown) => {
-        logger.error({ err: error }, 'drain failed');
-        process.exit(1);
-      },
-    );
-  };
-  process.on('SIGTERM', () => stop('SIGTERM'));
-  process.on('SIGINT', () => stop('SIGINT'));
+  stopOnSignals(logger, () => worker.drain());
 }
 
 await main();

@@ -12,3 +12,4 @@ export * from './model-card.js';
 export * from './redact-redis-url.js';
 export * from './connect-redis.js';
 export * from './env-values.js';
+export * from './stop-on-signals.js';
