@@ -299,7 +299,7 @@ describe('resume and cancel, hardened: redis-server, 2 gateways, 2 workers', () 
         );
         // The first connection closes: without a grace, A cancels the work of the sessions it holds.
         const leftBefore = await metric(a, 'sluice_gateway_disconnects_total', { stage: 'queued' });
-        // Cancelling its unread body closes it, and holds \`res\` until here: undici closes the unread
+        // Cancelling its unread body closes it, and holds `res` until here: undici closes the unread
         // body of a Response once it is garbage collected.
         await res.body!.cancel();
         await waitFor('gateway A to see its client leave', async () =>
