@@ -7,7 +7,8 @@
  *    engine called in process (alternating rounds, samples pooled), and the same client's TTFT against
  *    a bare `node:http` server (the HTTP round trip alone, for scale).
  *
- * Writes bench-results/gateway.json and the gateway section of docs/benchmarks.md.
+ * Writes bench-results/gateway.json and the gateway section of docs/benchmarks.md (`BENCH_WRITE_DOCS=0`:
+ * prints only, for a second run that must not replace the figures of record).
  * Env: BENCH_ROUNDS (SSE round pairs, default 8), BENCH_LATENCY_ROUNDS (6 per model: the three sides' order balances over 6), BENCH_STREAMS (1000), BENCH_EVENTS (150 per stream per round,
  * measured), BENCH_WARMUP_EVENTS (150 per stream before them, measured apart as the cold window; 0 = none),
  * BENCH_STEP_MS (SSE producer step interval, default 40: 25 steps/s, a decode rate; 0 = unpaced).
@@ -39,6 +40,7 @@ const warmupEvents = Number(process.env.BENCH_WARMUP_EVENTS ?? 150);
 const rounds = Number(process.env.BENCH_ROUNDS ?? 8);
 const stepMs = Number(process.env.BENCH_STEP_MS ?? 40);
 const latencyRounds = Number(process.env.BENCH_LATENCY_ROUNDS ?? 6);
+const writeDocs = process.env.BENCH_WRITE_DOCS !== '0';
 const log = (message: string) => process.stderr.write(`[bench:gateway] ${message}\n`);
 
 async function sse() {
@@ -266,12 +268,14 @@ async function collect() {
 }
 
 const result = await collect();
-await mkdir(`${root}bench-results`, { recursive: true });
-await writeFile(`${root}bench-results/gateway.json`, `${JSON.stringify(result, null, 2)}\n`);
-const docPath = `${root}docs/benchmarks.md`;
 const section = markdown(result);
-let doc = await readFile(docPath, 'utf8').catch(() => '# Benchmarks\n');
-const pattern = /<!-- gateway-bench:start[\s\S]*?<!-- gateway-bench:end -->/;
-doc = pattern.test(doc) ? doc.replace(pattern, section) : `${doc.trimEnd()}\n\n${section}\n`;
-await writeFile(docPath, doc);
+if (writeDocs) {
+  await mkdir(`${root}bench-results`, { recursive: true });
+  await writeFile(`${root}bench-results/gateway.json`, `${JSON.stringify(result, null, 2)}\n`);
+  const docPath = `${root}docs/benchmarks.md`;
+  let doc = await readFile(docPath, 'utf8').catch(() => '# Benchmarks\n');
+  const pattern = /<!-- gateway-bench:start[\s\S]*?<!-- gateway-bench:end -->/;
+  doc = pattern.test(doc) ? doc.replace(pattern, section) : `${doc.trimEnd()}\n\n${section}\n`;
+  await writeFile(docPath, doc);
+}
 process.stdout.write(`${section}\n`);
