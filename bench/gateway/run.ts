@@ -13,7 +13,7 @@
  * measured), BENCH_WARMUP_EVENTS (150 per stream before them, measured apart as the cold window; 0 = none),
  * BENCH_STEP_MS (SSE producer step interval, default 40: 25 steps/s, a decode rate; 0 = unpaced).
  */
-import { mkdir, readFile, writeFile } from 'node:fs/promises';
+import { mkdir, writeFile } from 'node:fs/promises';
 import { arch, cpus, platform, release, totalmem } from 'node:os';
 import { fileURLToPath } from 'node:url';
 import {
@@ -30,6 +30,7 @@ import {
 } from './latency.js';
 import { gcPausesSince, type GcPauses, type StackGcPauses } from './gc-pauses.js';
 import { sideOrder } from '../serve/side-order.js';
+import { writeSection } from '../../packages/engine/bench/docs-section.js';
 import { measureRound, PINNED, type ThroughputRound } from './sse-throughput.js';
 import { median, round } from './stats.js';
 
@@ -213,7 +214,6 @@ function markdown(result: Awaited<ReturnType<typeof collect>>): string {
       `Workload: ${l.workload.concurrency} concurrent completions (starts ${l.workload.staggerMs} ms apart), ${l.workload.maxTokens} tokens each (greedy, ignore_eos), built-in \`${l.workload.preset}\` model, MAX_BATCH_SIZE=${l.workload.maxBatchSize}, INTRA_OP_THREADS=${l.workload.intraOpThreads}; ${l.rounds} measured rounds per side after a warm-up, the three sides (engine in process, through the gateway, bare server) in a balanced order (each in each position, and right after each other, equally often over 6 rounds), samples pooled (${l.gateway.requests} requests, ${l.gateway.itlSamples} ITL samples through the gateway). Times in ms, measured where the caller sees text (non-empty delta / content chunk).`,
     ].join('\n');
   return [
-    '<!-- gateway-bench:start (written by `npm run bench:gateway`) -->',
     '## Gateway',
     '',
     `Measured ${result.date} on ${result.machine.cpuModel} (${result.machine.cpus} cores, ${result.machine.memoryGiB} GiB), Node ${result.machine.node}, ${result.machine.os}. Shared machine: medians of alternating rounds, ratios taken side by side in one run.`,
@@ -245,7 +245,6 @@ function markdown(result: Awaited<ReturnType<typeof collect>>): string {
     lat(result.latency.tiny),
     '',
     'Raw figures: `bench-results/gateway.json`.',
-    '<!-- gateway-bench:end -->',
   ].join('\n');
 }
 
@@ -272,10 +271,6 @@ const section = markdown(result);
 if (writeDocs) {
   await mkdir(`${root}bench-results`, { recursive: true });
   await writeFile(`${root}bench-results/gateway.json`, `${JSON.stringify(result, null, 2)}\n`);
-  const docPath = `${root}docs/benchmarks.md`;
-  let doc = await readFile(docPath, 'utf8').catch(() => '# Benchmarks\n');
-  const pattern = /<!-- gateway-bench:start[\s\S]*?<!-- gateway-bench:end -->/;
-  doc = pattern.test(doc) ? doc.replace(pattern, section) : `${doc.trimEnd()}\n\n${section}\n`;
-  await writeFile(docPath, doc);
+  await writeSection(`${root}docs/benchmarks.md`, section, 'gateway-bench');
 }
 process.stdout.write(`${section}\n`);
