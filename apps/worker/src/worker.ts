@@ -114,9 +114,12 @@ export async function startWorker(
     },
   });
 
+  // LOG_LEVEL=trace: a line per step (what it ran, how long it took), to read a latency spike step by step.
+  const traceSteps = logger.isLevelEnabled('trace');
   engine.onStep((stats) => {
     lastStep = stats;
     steps++;
+    if (traceSteps) logger.trace(stats, 'step');
     metrics?.observeStep(stats);
     if (stats.eventLoopLagMs !== undefined) metrics?.setEngineEventLoopLag(stats.eventLoopLagMs);
   });
