@@ -7,9 +7,9 @@ import { checkChunkSequence, postRaw } from './support/sse.js';
  * LOG_LEVEL=trace: the worker logs each engine step (what it ran, how long it took), so that a latency
  * spike can be read step by step; at the default level it logs none.
  */
-const isFinished = (line: Record<string, unknown>) => line.msg === 'request finished';
-
 describe.skipIf(FAKE_ENGINE)('worker step trace', () => {
+  const isFinished = (line: Record<string, unknown>) => line.msg === 'request finished';
+
   /** One streamed completion on a fresh stack; the worker's log lines once `until` holds for them. */
   async function complete(
     env: Record<string, string>,
