@@ -114,8 +114,12 @@ async function main(port: MessagePort, { options }: EngineThreadData): Promise<v
     drain();
     if (closing) break;
     if (core.idle) {
+      // Its timer would wake an idle thread 100 times a second for nothing to measure.
+      loopDelay.disable();
       await new Promise<void>((resolve) => (wake = resolve));
       wake = undefined;
+      loopDelay.reset();
+      loopDelay.enable();
       continue;
     }
     try {
