@@ -1,3 +1,5 @@
+import { readdirSync, readFileSync } from 'node:fs';
+import { setTimeout as sleep } from 'node:timers/promises';
 import { ensureBuiltinModel } from '@sluice/model';
 import { describe, expect, it } from 'vitest';
 import { createEngine, type StepStats } from '../src/index.js';
@@ -25,6 +27,29 @@ describe('the engine thread', () => {
       expect(longest).toBeGreaterThan(100);
       expect(Math.max(...gaps)).toBeLessThan(longest / 4);
       expect(ticks.length).toBeGreaterThan(longest / 5 / 4);
+    } finally {
+      await engine.close();
+    }
+  });
+
+  it.runIf(process.platform === 'linux')('sleeps while the engine is idle: nothing of its own wakes it', async () => {
+    // This process's threads, and how often each was woken (voluntary context switches), from /proc.
+    const threads = () => readdirSync('/proc/self/task');
+    const wakeUps = (id: string) =>
+      Number(/voluntary_ctxt_switches:\s+(\d+)/.exec(readFileSync(`/proc/self/task/${id}/status`, 'utf8'))?.[1]);
+    const before = new Set(threads());
+    const engine = await createEngine({ modelDir: await ensureBuiltinModel('tiny'), intraOpThreads: 1 });
+    try {
+      await collect(engine.generate({ id: 'once', promptTokenIds: [3, 4, 5], sampling: { maxTokens: 4, temperature: 0 } }));
+      // The engine thread and whatever it started (onnxruntime's, libuv's): all idle now.
+      const started = threads().filter((id) => !before.has(id));
+      expect(started.length).toBeGreaterThan(0);
+      await sleep(200);
+      const from = started.map(wakeUps);
+      await sleep(1_000);
+      const woken = started.map((id, i) => wakeUps(id) - from[i]!);
+      // Its event-loop monitor's 10 ms timer, left on, woke the engine thread ~100 times a second.
+      expect(Math.max(...woken)).toBeLessThan(20);
     } finally {
       await engine.close();
     }
