@@ -62,6 +62,7 @@ export const workerEnvSchema = z.object({
    * A prompt's first token leaves as its own prefill call ends (true); when its step's last prefill
    * call ends, before the decode (`after-prefills`); or with the rest of its step's output, its second
    * token included (false). Later: a burst's early first tokens; shorter: its streams' first gaps.
+   * The two later modes also take in the prompts that arrive while the step prefills (a burst).
    * @defaultValue true
    */
   EARLY_FIRST_TOKENS: envFlag('after-prefills').default(true),

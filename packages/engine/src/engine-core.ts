@@ -7,7 +7,7 @@ import { packInputs, packLaneInputs, type RowInput } from './pack-inputs.js';
 import { exactLengthLanes, planLanes } from './plan-lanes.js';
 import { RequestGroup, type Sequence } from './request-group.js';
 import type { ResolvedRequest } from './resolve-request.js';
-import { Scheduler, type PrefillChunk, type SchedulerLimits } from './scheduler.js';
+import { Scheduler, type PrefillChunk, type SchedulerLimits, type StepPlan } from './scheduler.js';
 import { PositionedRandom } from './seeded-random.js';
 import { TokenSampler, type SampledToken } from './token-sampler.js';
 import type {
@@ -158,10 +158,8 @@ export class EngineCore {
     this.#aborts.clear();
 
     const plan = this.#scheduler.plan();
-    for (const group of plan.admitted) {
-      group.scheduledAt = startedAt;
-      this.#events.push([group.key, { type: 'scheduled' }]);
-    }
+    this.#scheduled(plan.admitted, startedAt);
+    const prefillChunks = [...plan.prefill];
     let modelMs = 0;
     let generationTokens = 0;
     let promptTokens = 0;
@@ -175,7 +173,7 @@ export class EngineCore {
     // leaves when its own prefill ends (within the step in progress when it came, plus that prefill),
     // and its second with this step's decode. A running row's tokens are as far apart either way: the
     // step's prefills sit between two of them, before or after its decode call.
-    for (const call of this.#prefillCalls(plan.prefill)) {
+    for (const call of this.#stepCalls(plan, prefillChunks)) {
       const chunks = call.filter((chunk) => !chunk.group.finished);
       if (chunks.length === 0) continue;
       prefillCalls++;
@@ -217,13 +215,13 @@ export class EngineCore {
       return false;
     });
 
-    const ranModel = decodeRows > 0 || plan.prefill.length > 0;
+    const ranModel = decodeRows > 0 || prefillChunks.length > 0;
     const output: StepOutput = { events: this.#takeEvents() };
     if (ranModel || output.events.length > 0) {
       output.stats = {
         // A step that only ended aborted requests ran no model: it reports batchSize 0 as 'decode'.
-        phase: decodeRows === 0 && plan.prefill.length > 0 ? 'prefill' : plan.prefill.length === 0 ? 'decode' : 'mixed',
-        batchSize: decodeRows + plan.prefill.length - joinedGroups,
+        phase: decodeRows === 0 && prefillChunks.length > 0 ? 'prefill' : prefillChunks.length === 0 ? 'decode' : 'mixed',
+        batchSize: decodeRows + prefillChunks.length - joinedGroups,
         stepTokens: decodeRows + promptTokens,
         stepMs: now() - startedAt,
         modelMs,
@@ -240,6 +238,46 @@ export class EngineCore {
       };
     }
     return output;
+  }
+
+  /** Groups admitted to the batch at `at`: each one's `scheduled` event. */
+  #scheduled(groups: readonly RequestGroup[], at: number): void {
+    for (const group of groups) {
+      group.scheduledAt = at;
+      this.#events.push([group.key, { type: 'scheduled' }]);
+    }
+  }
+
+  /**
+   * The step's prefill calls: its plan's, then, in a step that holds its first tokens back
+   * (`earlyFirstTokens` not true), the prompts that arrived while they ran, planned anew after each
+   * round of calls (up to one more step budget of prompt tokens in all) as long as the rows whose
+   * first token it holds outnumber the rows that were decoding when it began. A burst that reaches
+   * the engine over several steps (one request at a time through the gateway and the queue) is then
+   * prefilled in one, its first tokens leave together and its rows decode together from then on, as
+   * if it had come at once; without it the burst's first rows take their first tokens, then wait
+   * through the late arrivals' prefills in the next step, an inter-token gap of the whole prefill.
+   * A newcomer joining a batch that is decoding is never held for others (docs/engine.md, "A step").
+   * Each round is planned when the previous one's calls are done (a generator: the caller awaits each
+   * call before asking for the next). `chunks` collects every chunk planned.
+   */
+  *#stepCalls(plan: StepPlan<RequestGroup>, chunks: Array<PrefillChunk<RequestGroup>>): Generator<Array<PrefillChunk<RequestGroup>>> {
+    let round = plan.prefill;
+    let budget = this.#limits.earlyFirstTokens === true ? 0 : this.#limits.maxStepTokens;
+    let heldRows = 0;
+    for (;;) {
+      for (const call of this.#prefillCalls(round)) {
+        yield call;
+        for (const { group, start, length } of call) if (!group.finished && start + length === group.promptLength) heldRows += group.rows;
+      }
+      if (budget <= 0 || heldRows <= plan.decodeRows || this.#scheduler.waiting.length === 0) return;
+      const more = this.#scheduler.plan(budget);
+      if (more.prefill.length === 0) return;
+      this.#scheduled(more.admitted, now());
+      for (const chunk of more.prefill) budget -= chunk.length;
+      chunks.push(...more.prefill);
+      round = more.prefill;
+    }
   }
 
   /** One decode token for every row of a lane: new slices written into its LaneKv, or (fallback) its present tensors become its next past. */

@@ -79,7 +79,8 @@ export class Scheduler<G extends SchedulableGroup> {
     if (!remove(this.#waiting, group) && !remove(this.#prefilling, group)) remove(this.#running, group);
   }
 
-  plan(): StepPlan<G> {
+  /** @param promptBudget the most prompt tokens this plan may take (the step's budget minus its decode rows at most) */
+  plan(promptBudget = Number.POSITIVE_INFINITY): StepPlan<G> {
     const { maxBatchSize, maxStepTokens, maxCachedTokens } = this.#limits;
     // A prefilling group holds a row: at most maxBatchSize − 1 rows decode beside it, so a piece of
     // this length always fits the oldest prefilling prompt's step. Below MIN_FIXED_PIECE (a step budget
@@ -90,7 +91,7 @@ export class Scheduler<G extends SchedulableGroup> {
       piece >= MIN_FIXED_PIECE ? nextPiece(remaining, piece) : chunkLength(remaining, budget, maxStepTokens);
     let decodeRows = 0;
     for (const group of this.#running) decodeRows += group.rows;
-    let budget = maxStepTokens - decodeRows;
+    let budget = Math.min(maxStepTokens - decodeRows, promptBudget);
     const prefill: Array<PrefillChunk<G>> = [];
     for (const group of this.#prefilling) {
       const length = cut(group.promptLength - group.prefilled, budget);

@@ -95,7 +95,11 @@ export interface EngineOptions {
    * comes at the same time in all three: true moves a burst's early first tokens forward, and the
    * wait for the step's remaining prefill calls into their stream's first inter-token gap;
    * `'after-prefills'` keeps that wait in the time to first token, so the first gap is one decode
-   * call; false keeps the decode call in it too (docs/engine.md, "A step").
+   * call; false keeps the decode call in it too. A step that holds its first tokens back (not true)
+   * also prefills the prompts that arrive while its prefill calls run, while the rows it holds
+   * outnumber those that were decoding (up to one more step budget of prompt tokens): a burst that
+   * reaches the engine over several steps leaves together, as if it had come at once (docs/engine.md,
+   * "A step").
    * @defaultValue true
    */
   earlyFirstTokens?: EarlyFirstTokens;

@@ -114,6 +114,52 @@ describe('EngineCore', () => {
     expect([1, 2, 3].map((key) => tokensOf(events, key))).toEqual([1, 1, 1]);
   });
 
+  /**
+   * `decoding` requests decode while `arriving` were added before the step and one more (key 9)
+   * arrives during it, as its first prefill call begins.
+   */
+  async function stepWithLateArrival(core: EngineCore, decoding: number[], arriving: number[]) {
+    for (const key of decoding) core.add(key, request(`r${key}`), performance.timeOrigin + performance.now());
+    await core.step();
+    for (const key of arriving) core.add(key, request(`r${key}`), performance.timeOrigin + performance.now());
+    const handed: string[][] = [];
+    const { events, stats } = await core.step((early) => {
+      if (handed.length === 0) core.add(9, request('late'), performance.timeOrigin + performance.now());
+      handed.push(early.map(([key, event]) => `${key}:${event.type}`));
+    });
+    return { handed, events, stats };
+  }
+
+  it('with first tokens held, prefills a prompt that arrives during the step too while the held rows outnumber the decoding ones', async () => {
+    const { handed, events, stats } = await stepWithLateArrival(newCore({ earlyFirstTokens: 'after-prefills' }), [1], [2, 3]);
+    // The late prompt is planned once the step's own prefills are done, and its first token leaves with theirs.
+    expect(handed).toEqual([
+      ['2:scheduled', '3:scheduled'],
+      ['2:text-delta', '3:text-delta', '9:scheduled', '9:text-delta'],
+    ]);
+    expect(stats).toMatchObject({ phase: 'mixed', prefillCalls: 3, batchSize: 4 });
+    expect(stats?.promptTokens).toBe(['r2', 'r3', 'late'].reduce((sum, id) => sum + request(id).promptTokenIds.length, 0));
+    // All four decode in the step: the late one takes its second token with the others.
+    expect([1, 2, 3, 9].map((key) => tokensOf(events, key))).toEqual([1, 1, 1, 1]);
+
+    // Without an early listener (earlyFirstTokens false) the same, every token with the step's output.
+    const held = await stepWithLateArrival(newCore({ earlyFirstTokens: false }), [1], [2, 3]);
+    expect(held.handed).toEqual([['2:scheduled', '3:scheduled']]);
+    expect([1, 2, 3, 9].map((key) => tokensOf(held.events, key))).toEqual([1, 2, 2, 2]);
+  });
+
+  it('leaves a prompt that arrives during the step to the next one when the decoding rows are as many as the held ones, or first tokens leave early', async () => {
+    const outnumbered = await stepWithLateArrival(newCore({ earlyFirstTokens: 'after-prefills' }), [1, 2], [3]);
+    expect(outnumbered.handed).toEqual([['3:scheduled'], ['3:text-delta']]);
+    expect(outnumbered.stats).toMatchObject({ prefillCalls: 1, batchSize: 3 });
+    expect(tokensOf(outnumbered.events, 9)).toBe(0);
+
+    const early = await stepWithLateArrival(newCore(), [1], [2, 3]);
+    expect(early.handed).toEqual([['2:scheduled', '3:scheduled'], ['2:text-delta'], ['3:text-delta']]);
+    expect(early.stats).toMatchObject({ prefillCalls: 2, batchSize: 3 });
+    expect(tokensOf(early.events, 9)).toBe(0);
+  });
+
   it('without earlyFirstTokens, hands over only the scheduled events before the first prefill and every token with the step', async () => {
     const { handed, events } = await stepWithNewcomers(newCore({ earlyFirstTokens: false }));
     expect(handed.map((batch) => batch.map(([key, event]) => `${key}:${event.type}`))).toEqual([['2:scheduled', '3:scheduled']]);

@@ -122,6 +122,16 @@ describe('Scheduler', () => {
     expect(scheduler.running).toEqual([prompt]);
   });
 
+  it('takes at most a given prompt budget, below what the step leaves', () => {
+    const scheduler = new Scheduler<Group>(limits);
+    const [a, b, c] = [new Group('a', 5, 4), new Group('b', 5, 4), new Group('c', 5, 4)];
+    for (const group of [a, b, c]) scheduler.enqueue(group);
+    const plan = scheduler.plan(12);
+    expect(plan.admitted.map((g) => g.name)).toEqual(['a', 'b']);
+    expect(plan.prefill.reduce((sum, chunk) => sum + chunk.length, 0)).toBe(10);
+    expect(scheduler.plan(0).prefill).toEqual([]);
+  });
+
   it('starts a newcomer at the next step even when others are mid-generation', () => {
     const scheduler = new Scheduler<Group>(limits);
     const first = new Group('first', 4, 100);
