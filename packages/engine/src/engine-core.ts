@@ -159,7 +159,8 @@ export class EngineCore {
 
     const plan = this.#scheduler.plan();
     this.#scheduled(plan.admitted, startedAt);
-    const prefillChunks = [...plan.prefill];
+    // Prompt chunks the step takes: its plan's, and those a step holding its first tokens takes in.
+    const planned = { chunks: plan.prefill.length };
     let modelMs = 0;
     let generationTokens = 0;
     let promptTokens = 0;
@@ -173,7 +174,7 @@ export class EngineCore {
     // leaves when its own prefill ends (within the step in progress when it came, plus that prefill),
     // and its second with this step's decode. A running row's tokens are as far apart either way: the
     // step's prefills sit between two of them, before or after its decode call.
-    for (const call of this.#stepCalls(plan, prefillChunks)) {
+    for (const call of this.#stepCalls(plan, planned)) {
       const chunks = call.filter((chunk) => !chunk.group.finished);
       if (chunks.length === 0) continue;
       prefillCalls++;
@@ -215,13 +216,13 @@ export class EngineCore {
       return false;
     });
 
-    const ranModel = decodeRows > 0 || prefillChunks.length > 0;
+    const ranModel = decodeRows > 0 || planned.chunks > 0;
     const output: StepOutput = { events: this.#takeEvents() };
     if (ranModel || output.events.length > 0) {
       output.stats = {
         // A step that only ended aborted requests ran no model: it reports batchSize 0 as 'decode'.
-        phase: decodeRows === 0 && prefillChunks.length > 0 ? 'prefill' : prefillChunks.length === 0 ? 'decode' : 'mixed',
-        batchSize: decodeRows + prefillChunks.length - joinedGroups,
+        phase: decodeRows === 0 && planned.chunks > 0 ? 'prefill' : planned.chunks === 0 ? 'decode' : 'mixed',
+        batchSize: decodeRows + planned.chunks - joinedGroups,
         stepTokens: decodeRows + promptTokens,
         stepMs: now() - startedAt,
         modelMs,
@@ -259,11 +260,15 @@ export class EngineCore {
    * through the late arrivals' prefills in the next step, an inter-token gap of the whole prefill.
    * A newcomer joining a batch that is decoding is never held for others (docs/engine.md, "A step").
    * Each round is planned when the previous one's calls are done (a generator: the caller awaits each
-   * call before asking for the next). `chunks` collects every chunk planned.
+   * call before asking for the next). `planned.chunks` counts the chunks planned anew.
    */
-  *#stepCalls(plan: StepPlan<RequestGroup>, chunks: Array<PrefillChunk<RequestGroup>>): Generator<Array<PrefillChunk<RequestGroup>>> {
+  *#stepCalls(plan: StepPlan<RequestGroup>, planned: { chunks: number }): Generator<Array<PrefillChunk<RequestGroup>>> {
+    if (this.#limits.earlyFirstTokens === true) {
+      yield* this.#prefillCalls(plan.prefill);
+      return;
+    }
     let round = plan.prefill;
-    let budget = this.#limits.earlyFirstTokens === true ? 0 : this.#limits.maxStepTokens;
+    let budget = this.#limits.maxStepTokens;
     let heldRows = 0;
     for (;;) {
       for (const call of this.#prefillCalls(round)) {
@@ -275,7 +280,7 @@ export class EngineCore {
       if (more.prefill.length === 0) return;
       this.#scheduled(more.admitted, now());
       for (const chunk of more.prefill) budget -= chunk.length;
-      chunks.push(...more.prefill);
+      planned.chunks += more.prefill.length;
       round = more.prefill;
     }
   }
