@@ -283,4 +283,30 @@ describe('the official openai client on the newer endpoints and request features
         logprobs.top_logprobs!.forEach((top, i) => expect(Math.max(...Object.values(top))).toBeCloseTo(logprobs.token_logprobs![i]!, 5));
     }
   });
+
+  it("takes logit_bias: -100 makes the greedy first token give way, +100 makes one token fill the answer, logprobs the raw model's", async () => {
+    const ask = (logitBias?: Record<string, number>) =>
+      client.completions.create({
+        model: MODEL,
+        prompt: 'The sea',
+        max_tokens: 4,
+        temperature: 0,
+        logprobs: 0,
+        ...(logitBias === undefined ? {} : { logit_bias: logitBias }),
+      });
+    const first = (await ask()).choices[0]!.logprobs!.tokens![0]!;
+    const tokenized = await fetch(`${gateway.url}/tokenize`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ model: MODEL, prompt: first }),
+    });
+    const ids = ((await tokenized.json()) as { tokens: number[] }).tokens;
+    expect(ids.length).toBeGreaterThan(0);
+    const banned = await ask(Object.fromEntries(ids.map((id) => [String(id), -100])));
+    expect(banned.choices[0]!.logprobs!.tokens![0]).not.toBe(first);
+    const forced = (await ask({ [String(ids.at(-1))]: 100 })).choices[0]!.logprobs!;
+    expect(forced.tokens).toEqual([first, first, first, first]);
+    // The model's own logprobs: a token it would not pick by itself keeps its low probability.
+    for (const logprob of forced.token_logprobs!) expect(logprob).toBeLessThan(0);
+  });
 });

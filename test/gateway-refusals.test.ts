@@ -60,7 +60,8 @@ describe('refusals before any SSE byte', () => {
           [{ messages: [{ role: 'wizard', content: 'hi' }] }, 'messages[0].role'],
           [{ stop: 7 }, 'stop'],
           [{ top_logprobs: 2 }, 'top_logprobs'],
-          [{ logit_bias: { '1': 5 } }, 'logit_bias'],
+          [{ logit_bias: { '1': 101 } }, 'logit_bias.1'],
+          [{ logit_bias: { '999999': 5 } }, 'logit_bias'],
         ];
         for (const [extra, param] of badFields) {
           const { status, error } = await refused('/v1/chat/completions', chat({ stream, ...extra }));

@@ -58,6 +58,13 @@ export function checkPrompt(
       });
     }
   }
+  const badBias = request.sampling.logitBias?.find(([id]) => id >= tokenizer.vocabSize);
+  if (badBias !== undefined) {
+    throw new GatewayError('invalid_request', {
+      message: `logit_bias: token ids must be in [0, ${tokenizer.vocabSize}), got ${badBias[0]}.`,
+      param: 'logit_bias',
+    });
+  }
   if (ids.length >= maxContext) {
     throw tooLong(
       `This model's maximum context length is ${maxContext} tokens. However, your prompt is ${ids.length} tokens long.`,

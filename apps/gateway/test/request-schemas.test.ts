@@ -120,6 +120,17 @@ describe('completion requests', () => {
     expect(refusal(() => parseCompletionRequest({ model: 'm', prompt: 'a', suffix: 'x' })).param).toBe('suffix');
   });
 
+  it('takes logit_bias as [tokenId, bias] pairs, and names a key that is no token id or a bias outside [-100, 100]', () => {
+    expect(parseCompletionRequest({ model: 'm', prompt: 'a', logit_bias: { '7': -100, '30': 2.5 } }).sampling.logitBias).toEqual([
+      [7, -100],
+      [30, 2.5],
+    ]);
+    expect(parseCompletionRequest({ model: 'm', prompt: 'a', logit_bias: {} }).sampling.logitBias).toBeUndefined();
+    expect(refusal(() => parseCompletionRequest({ model: 'm', prompt: 'a', logit_bias: { x: 1 } })).param).toBe('logit_bias.x');
+    expect(refusal(() => parseCompletionRequest({ model: 'm', prompt: 'a', logit_bias: { '-1': 1 } })).param).toBe('logit_bias.-1');
+    expect(refusal(() => parseCompletionRequest({ model: 'm', prompt: 'a', logit_bias: { '1': 101 } })).param).toBe('logit_bias.1');
+  });
+
   it('turns logprobs: k into the sampled logprob plus k alternatives', () => {
     expect(parseCompletionRequest({ model: 'm', prompt: 'a', logprobs: 3 }).sampling).toMatchObject({ logprobs: true, topLogprobs: 3 });
   });
@@ -133,7 +144,6 @@ describe('fields the gateway does not support', () => {
     ['tool_choice', { tool_choice: 'auto' }],
     ['parallel_tool_calls', { parallel_tool_calls: false }],
     ['response_format.type', { response_format: { type: 'json_object' } }],
-    ['logit_bias', { logit_bias: { '1': 5 } }],
     ['audio', { audio: { voice: 'alloy', format: 'mp3' } }],
     ['modalities', { modalities: ['text', 'audio'] }],
     ['guided_json', { guided_json: { type: 'object' } }],

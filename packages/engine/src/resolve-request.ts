@@ -24,6 +24,9 @@ export interface RequestLimits {
 /** The most alternatives per position a request may ask for (OpenAI's limit). */
 export const MAX_TOP_LOGPROBS = 20;
 
+/** The largest logit bias either way (OpenAI's range). */
+export const MAX_LOGIT_BIAS = 100;
+
 /**
  * Checks a request and fills in defaults. Throws `invalid_request` naming the field, or
  * `context_length_exceeded` with the numbers when the request could never be scheduled.
@@ -56,6 +59,7 @@ export function resolveRequest(request: GenerateRequest, limits: RequestLimits):
     stop: s.stop ?? [],
     stopTokenIds: s.stopTokenIds ?? [],
     ignoreEos: s.ignoreEos ?? false,
+    logitBias: s.logitBias ?? [],
     n: s.n ?? 1,
   };
   if (!Number.isInteger(sampling.maxTokens) || sampling.maxTokens < 1) fail('maxTokens', 'must be an integer ≥ 1');
@@ -82,6 +86,19 @@ export function resolveRequest(request: GenerateRequest, limits: RequestLimits):
     sampling.stopTokenIds.some((id) => !Number.isInteger(id) || id < 0 || id >= limits.vocabSize)
   ) {
     fail('stopTokenIds', `must hold integers in [0, ${limits.vocabSize})`);
+  }
+  if (
+    !Array.isArray(sampling.logitBias) ||
+    sampling.logitBias.some(
+      (pair) =>
+        !Array.isArray(pair) ||
+        !Number.isInteger(pair[0]) ||
+        pair[0] < 0 ||
+        pair[0] >= limits.vocabSize ||
+        !(Number.isFinite(pair[1]) && pair[1] >= -MAX_LOGIT_BIAS && pair[1] <= MAX_LOGIT_BIAS),
+    )
+  ) {
+    fail('logitBias', `must hold [tokenId, bias] pairs, token ids in [0, ${limits.vocabSize}), biases in [-100, 100]`);
   }
   if (!Number.isInteger(sampling.n) || sampling.n < 1 || sampling.n > limits.maxBatchSize) {
     fail('n', `must be an integer in [1, ${limits.maxBatchSize}] (the engine's max batch size)`);

@@ -22,17 +22,18 @@ let ordered = new Int32Array(0);
  * own: its row, its output token counts, its generator; so its choice does not depend on the
  * other sequences of the batch.
  *
- * Order (vLLM's): repetition penalty (prompt + output tokens), frequency and presence penalties
- * (output tokens), then greedy argmax, or temperature → min_p → top_k → top_p → draw.
- * Logprobs are those of the raw model distribution (before penalties and temperature), as vLLM
- * reports them by default.
+ * Order (vLLM's): logit bias, repetition penalty (prompt + output tokens), frequency and presence
+ * penalties (output tokens), then greedy argmax, or temperature → min_p → top_k → top_p → draw.
+ * Logprobs are those of the raw model distribution (before bias, penalties and temperature), as
+ * vLLM reports them by default.
  */
 export class TokenSampler {
   readonly #params: ResolvedSampling;
   readonly #promptTokens: ReadonlySet<number>;
   readonly #random: Pick<PositionedRandom, 'next'>;
   readonly #outputCounts = new Map<number, number>();
-  readonly #penalized: boolean;
+  /** A bias or a penalty changes the logits: they are copied before sampling. */
+  readonly #adjusted: boolean;
 
   /**
    * @param promptTokens distinct prompt token ids (shared by siblings; only read)
@@ -41,7 +42,8 @@ export class TokenSampler {
     this.#params = params;
     this.#promptTokens = promptTokens;
     this.#random = random;
-    this.#penalized = params.repetitionPenalty !== 1 || params.frequencyPenalty !== 0 || params.presencePenalty !== 0;
+    this.#adjusted =
+      params.logitBias.length > 0 || params.repetitionPenalty !== 1 || params.frequencyPenalty !== 0 || params.presencePenalty !== 0;
   }
 
   /**
@@ -56,8 +58,8 @@ export class TokenSampler {
     const row = logits.subarray(offset, offset + vocabSize);
     const p = this.#params;
     let source: Float32Array = row;
-    if (this.#penalized) {
-      source = this.#penalize(row);
+    if (this.#adjusted) {
+      source = this.#adjust(row);
     }
     const tokenId = p.temperature < GREEDY_TEMPERATURE ? argmax(source) : this.#draw(source);
     this.#outputCounts.set(tokenId, (this.#outputCounts.get(tokenId) ?? 0) + 1);
@@ -71,11 +73,12 @@ export class TokenSampler {
     return sampled;
   }
 
-  #penalize(row: Float32Array): Float32Array {
+  #adjust(row: Float32Array): Float32Array {
     if (scores.length < row.length) scores = new Float32Array(row.length);
     const out = scores.subarray(0, row.length);
     out.set(row);
-    const { repetitionPenalty, frequencyPenalty, presencePenalty } = this.#params;
+    const { logitBias, repetitionPenalty, frequencyPenalty, presencePenalty } = this.#params;
+    for (const [id, bias] of logitBias) out[id] = out[id]! + bias;
     if (repetitionPenalty !== 1) {
       const apply = (id: number): void => {
         const value = out[id]!;

@@ -136,6 +136,12 @@ export interface SamplingParams {
   stop?: string[];
   stopTokenIds?: number[];
   ignoreEos?: boolean;
+  /**
+   * `[tokenId, bias]` pairs added to the model's logits before penalties and sampling (OpenAI's
+   * `logit_bias`, vLLM's order): −100 all but bans a token, 100 all but forces it. Logprobs stay the
+   * raw model's. @defaultValue []
+   */
+  logitBias?: ReadonlyArray<readonly [tokenId: number, bias: number]>;
   /** Sibling sequences sharing the prompt's prefill. @defaultValue 1 */
   n?: number;
 }

@@ -52,6 +52,10 @@ describe('resolveRequest', () => {
     [{ stop: [''] }, 'stop'],
     [{ stopTokenIds: [100] }, 'stopTokenIds'],
     [{ seed: 1.5 }, 'seed'],
+    [{ logitBias: [[100, 1]] }, 'logitBias'],
+    [{ logitBias: [[1, 101]] }, 'logitBias'],
+    [{ logitBias: [[1, Number.NaN]] }, 'logitBias'],
+    [{ logitBias: [[1.5, 1]] }, 'logitBias'],
   ])('rejects %j as invalid_request naming %s', (sampling, field) => {
     const error = errorOf(() => resolve(sampling));
     expect(error.code).toBe('invalid_request');

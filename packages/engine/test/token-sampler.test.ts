@@ -18,6 +18,7 @@ const defaults: ResolvedSampling = {
   stop: [],
   stopTokenIds: [],
   ignoreEos: false,
+  logitBias: [],
   n: 1,
 };
 
@@ -141,6 +142,20 @@ describe('TokenSampler', () => {
     expect(s.sample(Float32Array.from([4, 3, 1.9]), 0, 3).tokenId).toBe(0);
     const negative = sampler({ temperature: 0, repetitionPenalty: 2 }, [0]);
     expect(negative.sample(Float32Array.from([-1, -1.5]), 0, 2).tokenId).toBe(1);
+  });
+
+  it('adds the logit bias before the penalties, and reports the raw logprobs', () => {
+    const row = Float32Array.from([Math.log(0.6), Math.log(0.3), Math.log(0.1)]);
+    // -100 all but bans the argmax; +100 makes the least likely token win, greedy or drawn.
+    expect(sampler({ temperature: 0, logitBias: [[0, -100]] }).sample(row, 0, 3).tokenId).toBe(1);
+    expect(histogram([...row], { logitBias: [[2, 100]] }, 200)).toEqual([0, 0, 200]);
+    const biased = sampler({ temperature: 0, logprobs: true, logitBias: [[0, -100]] }).sample(row, 0, 3);
+    expect(biased.logprob).toBeCloseTo(Math.log(0.3), 5);
+    // The bias comes first: token 0 (in the prompt) at 4 - 1 = 3, then halved by the repetition penalty to 1.5.
+    expect(
+      sampler({ temperature: 0, repetitionPenalty: 2, logitBias: [[0, -1]] }, [0]).sample(Float32Array.from([4, 1.6]), 0, 2).tokenId,
+    ).toBe(1);
+    expect(row[0]).toBeCloseTo(Math.log(0.6), 6); // the model's row is left as it was
   });
 
   it('subtracts frequency × count + presence for output tokens only', () => {

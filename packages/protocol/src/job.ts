@@ -37,6 +37,8 @@ export const jobSamplingSchema = z.object({
   topLogprobs: z.number().int().min(0).max(20).optional(),
   stop: z.array(z.string()).optional(),
   ignoreEos: z.boolean().optional(),
+  /** `[tokenId, bias]` pairs (OpenAI's `logit_bias`), biases in [-100, 100]. */
+  logitBias: z.array(z.tuple([z.number().int().min(0), z.number().min(-100).max(100)])).optional(),
   n: z.number().int().positive().optional(),
 });
 export type JobSampling = z.infer<typeof jobSamplingSchema>;

@@ -98,10 +98,17 @@ const commonFields = {
       'from any gateway with `GET /v1/{chat/completions|completions}/{id}?stream=true` and `Last-Event-ID`. ' +
       "Capped by the gateway's MAX_RESUME_GRACE_MS; default RESUME_GRACE_MS.",
   }),
-  // Accepted no-ops: they do not change the answer.
-  logit_bias: opt(z.record(z.string(), z.number()).refine((bias) => Object.keys(bias).length === 0, 'logit_bias is not supported')).meta({
-    description: 'Not supported: only an empty object is accepted.',
+  logit_bias: opt(
+    z.record(
+      z.string().regex(/^(0|[1-9]\d*)$/, 'logit_bias: keys must be token ids (non-negative integers)'),
+      z.number().min(-100).max(100),
+    ),
+  ).meta({
+    description:
+      'Token id → bias in [-100, 100], added to the logits before penalties and sampling: -100 all but bans a token, 100 all but forces it. ' +
+      "Logprobs stay the model's own.",
   }),
+  // Accepted no-ops: they do not change the answer.
   service_tier: opt(z.enum(['auto', 'default'])).meta({ description: 'Accepted for compatibility; there is one tier.' }),
   store: opt(z.literal(false, 'store is not supported')).meta({ description: 'Not supported: only false is accepted.' }),
 };
@@ -283,6 +290,8 @@ function commonSampling(body: z.infer<typeof chatRequestSchema> | z.infer<typeof
   if (body.frequency_penalty !== undefined) sampling.frequencyPenalty = body.frequency_penalty;
   if (body.repetition_penalty !== undefined) sampling.repetitionPenalty = body.repetition_penalty;
   if (body.ignore_eos !== undefined) sampling.ignoreEos = body.ignore_eos;
+  const bias = Object.entries(body.logit_bias ?? {});
+  if (bias.length > 0) sampling.logitBias = bias.map(([id, value]) => [Number(id), value]);
   return sampling;
 }
 
