@@ -30,13 +30,19 @@
  * - `SLUICE_ENV='{"NAME":"value"}'`: settings over the Sluice worker's defaults (e.g. `INTRA_OP_THREADS`).
  * - `SLUICE_B_ENV='{"NAME":"value"}'`: also a second Sluice stack whose worker gets these settings
  *   over the first's, in the same rounds: an A/B of worker settings.
+ * - `BENCH_BAN_EOS=0`: Sluice's workload requests without a −100 `logit_bias` on the model's EOS ids. By
+ *   default they carry one, because the two servers' `ignore_eos` differ: llama-server bans every
+ *   end-of-generation token (a −∞ logit bias), Sluice (vLLM's meaning) samples it and goes on, and an
+ *   EOS it samples has no text — a greedy stream of this model can open with 15–19 of them, which the
+ *   client sees as a late first token and long gaps. With the ban both servers generate the same kind of
+ *   tokens.
  */
 import { mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { cpus, loadavg, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { createEngine, type Engine } from '@sluice/engine';
-import { ensureBuiltinModel, writeTinyModelGguf } from '@sluice/model';
+import { ensureBuiltinModel, loadModelDir, writeTinyModelGguf } from '@sluice/model';
 import { TINY_MODEL_PRESETS } from '../../packages/model/src/tiny-model/presets.js';
 import { writeSection } from '../../packages/engine/bench/docs-section.js';
 import { ONE_STREAM_REQUESTS, runStreams, type PeerWorkload, type WorkloadResult } from '../../packages/engine/bench/peer-workloads.js';
@@ -76,6 +82,7 @@ const writeDocs = process.env.BENCH_WRITE_DOCS !== '0';
 const sluiceEnv = JSON.parse(process.env.SLUICE_ENV ?? '{}') as Record<string, string>;
 /** Also run the engine alone in this process (`BENCH_IN_PROCESS=1`): the reference for what the stack adds. */
 const inProcess = process.env.BENCH_IN_PROCESS === '1';
+const banEos = process.env.BENCH_BAN_EOS !== '0';
 /** A second Sluice stack whose worker gets these env settings over the first's: an A/B of worker settings in one run. */
 const sluiceBEnv = process.env.SLUICE_B_ENV === undefined ? undefined : (JSON.parse(process.env.SLUICE_B_ENV) as Record<string, string>);
 /** Rows of the worker's batch and slots of the peer: at least 32, as issue 12 measured. */
@@ -172,14 +179,14 @@ function httpStream(url: string, extra: Record<string, unknown>): Side['stream']
  * The engine alone, in this process (its own engine thread, as the worker runs it): what the stack
  * adds is the difference. Timed like a client: when each non-empty text delta reaches this thread.
  */
-function engineStream(engine: Engine): Side['stream'] {
+function engineStream(engine: Engine, logitBias: Array<[number, number]>): Side['stream'] {
   let next = 0;
   return async (promptTokenIds, tokens) => {
     const result: StreamedCompletion = { sentAt: performance.now(), textAt: [], text: '', finishReason: null };
     const events = engine.generate({
       id: `bench-serve-${next++}`,
       promptTokenIds,
-      sampling: { maxTokens: tokens, temperature: 0, ignoreEos: true },
+      sampling: { maxTokens: tokens, temperature: 0, ignoreEos: true, logitBias },
     });
     for await (const event of events) {
       if (event.type === 'text-delta' && event.text !== '') {
@@ -255,6 +262,8 @@ async function parityCheck(sluice: Side, peer: Side): Promise<Parity> {
 type Summary = Pick<WorkloadResult, 'tokensPerSecond' | 'tokensPerSecondRounds' | 'ttftP50Ms' | 'ttftP99Ms' | 'itlP50Ms' | 'itlP99Ms'> & {
   /** Median over rounds of CPU µs per token, by part of the stack. */
   cpuUsPerToken: Record<string, number>;
+  /** The slowest first token of each round (ms): which rounds set the pooled TTFT p99. */
+  ttftMaxRoundsMs: number[];
   /** Request sent → second text chunk, over every stream of every round (ms). */
   secondP50Ms: number;
   secondP99Ms: number;
@@ -276,6 +285,7 @@ function summarize(results: RoundResult[]): Summary {
     tokensPerSecondRounds: results.map((r) => round(r.tokensPerSecond, 1)),
     ttftP50Ms: round(percentile(ttft, 50), 1),
     ttftP99Ms: round(percentile(ttft, 99), 1),
+    ttftMaxRoundsMs: results.map((r) => round(Math.max(...r.ttftMs), 1)),
     itlP50Ms: round(percentile(itl, 50), 1),
     itlP99Ms: round(percentile(itl, 99), 1),
     secondP50Ms: round(percentile(second, 50), 1),
@@ -308,7 +318,12 @@ function workerEnv(modelDir: string, env: Record<string, string>): Record<string
  * engine (batch of `slots`, KV cache reserved at start as the peer reserves its context, the
  * worker's default threads), plus `env` over that.
  */
-async function startSluice(name: Side['name'], modelDir: string, env: Record<string, string>): Promise<{ side: Side; cluster: Cluster }> {
+async function startSluice(
+  name: Side['name'],
+  modelDir: string,
+  env: Record<string, string>,
+  streamExtra: Record<string, unknown>,
+): Promise<{ side: Side; cluster: Cluster }> {
   const cluster = await Cluster.start();
   try {
     const worker = await cluster.worker(workerEnv(modelDir, env));
@@ -318,7 +333,7 @@ async function startSluice(name: Side['name'], modelDir: string, env: Record<str
       name,
       url: gateway.url,
       extra: {},
-      stream: httpStream(gateway.url, {}),
+      stream: httpStream(gateway.url, streamExtra),
       cpu: () => {
         const w = processCpu(worker.process.pid);
         return {
@@ -344,16 +359,24 @@ async function startSluice(name: Side['name'], modelDir: string, env: Record<str
 async function main(): Promise<void> {
   const loadBefore = loadavg()[0]!;
   const modelDir = await ensureBuiltinModel(preset);
+  // What llama-server's ignore_eos does (see BENCH_BAN_EOS above), asked of Sluice with logit_bias.
+  const eosBias: Array<[number, number]> = banEos ? (await loadModelDir(modelDir)).generation.eosTokenIds.map((id) => [id, -100]) : [];
+  const streamExtra = eosBias.length === 0 ? {} : { logit_bias: Object.fromEntries(eosBias.map(([id, bias]) => [String(id), bias])) };
+  log(
+    eosBias.length === 0
+      ? "Sluice's workload requests: ignore_eos (EOS sampled, no text)"
+      : `Sluice's workload requests: ignore_eos + logit_bias ${JSON.stringify(streamExtra)} (llama-server's ignore_eos bans EOS)`,
+  );
   const clusters: Cluster[] = [];
   let engine: Engine | undefined;
   let peer: PeerServer | undefined;
   let scratch: string | undefined;
   try {
-    const sluice = await startSluice('sluice', modelDir, sluiceEnv);
+    const sluice = await startSluice('sluice', modelDir, sluiceEnv, streamExtra);
     clusters.push(sluice.cluster);
     const sides: Side[] = [sluice.side];
     if (sluiceBEnv !== undefined) {
-      const b = await startSluice('sluice-b', modelDir, sluiceBEnv);
+      const b = await startSluice('sluice-b', modelDir, sluiceBEnv, streamExtra);
       clusters.push(b.cluster);
       sides.push(b.side);
       log(`sluice-b: the worker with ${JSON.stringify(sluiceBEnv)}`);
@@ -372,7 +395,7 @@ async function main(): Promise<void> {
         name: 'engine',
         url: '',
         extra: {},
-        stream: engineStream(engine),
+        stream: engineStream(engine, eosBias),
         cpu: () => ({ 'engine thread + its host (the bench process)': ownCpu() }),
         decodeSteps: async () => ({ ...decode }),
       });
@@ -575,6 +598,10 @@ function renderTable(summaries: Record<string, Record<string, Summary>>, sides: 
       bySide(({ itlTail }) => `${itlTail.inRampUp} of ${itlTail.gaps}`) +
       '.',
     '',
+    'The slowest first token of each round, ms (the TTFT p99 pools every round: a slow round sets it): ' +
+      bySide(({ ttftMaxRoundsMs }) => ttftMaxRoundsMs.join(' / ')) +
+      '.',
+    '',
     "Request sent → second text chunk read, p50 / p99 ms (every stream of every round): a side that sends a burst's first tokens as each prefill call ends counts " +
       "the wait for the step's other prefills in its first ITL gap, one that sends them when the step ends counts it in TTFT; the second token's time holds it either way: " +
       bySide(({ secondP50Ms, secondP99Ms }) => `${secondP50Ms} / ${secondP99Ms}`) +
@@ -607,7 +634,7 @@ async function write(report: Record<string, unknown> & { parity: Parity | undefi
       ? ''
       : `Parity first: of ${parity.prompts} text prompts, each server's tokenizer gave the same ids for ${parity.sameIds}, and whole greedy completions (128 tokens, stopping at EOS) had the same text and finish reason for ${parity.sameText}.`,
     '',
-    `Each workload: N streams submitted at once by one client process (\`fetch\`, \`POST /v1/completions\`, token-id prompts of 8–26 tokens, greedy, \`ignore_eos\`, streamed; a one-stream workload sends ${oneStreamRequests} requests one after another in each round); ${rounds} rounds, workloads in turn, the sides' order changing by round (a Williams design: over 2 rounds for two sides, 6 for three, 4 for four, each side runs in each position, and right after each other side, equally often), each measured workload after one unmeasured 4-token request to the same side (a settle: what a server does once after a burst is not counted in the next workload). tok/s: all completion tokens ÷ first request sent → last stream ended, median over rounds (nearest rank: of two rounds, the lower); TTFT (request sent → first text chunk read) and ITL (gaps between a stream's text chunks) over every stream of every round.`,
+    `Each workload: N streams submitted at once by one client process (\`fetch\`, \`POST /v1/completions\`, token-id prompts of 8–26 tokens, greedy, \`ignore_eos\`${banEos ? " (Sluice's requests also with a −100 `logit_bias` on the model's EOS ids, which llama-server's `ignore_eos` bans)" : ''}, streamed; a one-stream workload sends ${oneStreamRequests} requests one after another in each round); ${rounds} rounds, workloads in turn, the sides' order changing by round (a Williams design: over 2 rounds for two sides, 6 for three, 4 for four, each side runs in each position, and right after each other side, equally often), each measured workload after one unmeasured 4-token request to the same side (a settle: what a server does once after a burst is not counted in the next workload). tok/s: all completion tokens ÷ first request sent → last stream ended, median over rounds (nearest rank: of two rounds, the lower); TTFT (request sent → first text chunk read) and ITL (gaps between a stream's text chunks) over every stream of every round.`,
     '',
     table,
     '',
