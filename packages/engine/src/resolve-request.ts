@@ -98,7 +98,10 @@ export function resolveRequest(request: GenerateRequest, limits: RequestLimits):
         !(Number.isFinite(pair[1]) && pair[1] >= -MAX_LOGIT_BIAS && pair[1] <= MAX_LOGIT_BIAS),
     )
   ) {
-    fail('logitBias', `must hold [tokenId, bias] pairs, token ids in [0, ${limits.vocabSize}), biases in [-100, 100]`);
+    fail(
+      'logitBias',
+      `must hold [tokenId, bias] pairs, token ids in [0, ${limits.vocabSize}), biases in [-${MAX_LOGIT_BIAS}, ${MAX_LOGIT_BIAS}]`,
+    );
   }
   if (!Number.isInteger(sampling.n) || sampling.n < 1 || sampling.n > limits.maxBatchSize) {
     fail('n', `must be an integer in [1, ${limits.maxBatchSize}] (the engine's max batch size)`);

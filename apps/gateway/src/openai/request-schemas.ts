@@ -98,12 +98,8 @@ const commonFields = {
       'from any gateway with `GET /v1/{chat/completions|completions}/{id}?stream=true` and `Last-Event-ID`. ' +
       "Capped by the gateway's MAX_RESUME_GRACE_MS; default RESUME_GRACE_MS.",
   }),
-  logit_bias: opt(
-    z.record(
-      z.string().regex(/^(0|[1-9]\d*)$/, 'logit_bias: keys must be token ids (non-negative integers)'),
-      z.number().min(-100).max(100),
-    ),
-  ).meta({
+  // A key that is no token id is refused as `logit_bias.<key>: Invalid key in record` (zod reports the record's issue).
+  logit_bias: opt(z.record(z.string().regex(/^(0|[1-9]\d*)$/), z.number().min(-100).max(100))).meta({
     description:
       'Token id → bias in [-100, 100], added to the logits before penalties and sampling: -100 all but bans a token, 100 all but forces it. ' +
       "Logprobs stay the model's own.",
