@@ -39,6 +39,8 @@ export class RequestSession {
   repairing = false;
   /** Highest sequence number seen live while a repair ran (or that revealed a gap). */
   seenSeq = -1;
+  /** Its route moved here from another gateway (a resume, a replay): see `SessionManager.open`. */
+  takenOver = false;
   /** When an idle session last read its log (the sweep's safety net). */
   lastRepairAt = 0;
   acceptedAt = 0;

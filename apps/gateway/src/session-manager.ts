@@ -116,6 +116,8 @@ export class SessionManager {
    *   migrates the stream as it would one opened here (its `accepted` entry is before the cursor)
    * @param options.attempt the attempt whose entries count (a resumed stream: the meta's)
    * @param options.owner the hash of the API key that made the request (see {@link endOwner})
+   * @param options.takenOver its route moved here from elsewhere (a resume, a replay): its worker may
+   *   still write to the old route for a moment, so the sweep reads its log while it waits too
    */
   open(
     requestId: string,
@@ -129,6 +131,7 @@ export class SessionManager {
       workerId?: string | undefined;
       attempt?: number;
       owner?: string | undefined;
+      takenOver?: boolean;
     } = {},
   ): RequestSession {
     const previous = this.sessions.get(requestId);
@@ -147,6 +150,7 @@ export class SessionManager {
     // (A resumed stream past its cursor: the continuations of its attempts so far are behind it.)
     session.continuedAttempt = session.attempt;
     session.owner = options.owner ?? '';
+    session.takenOver = options.takenOver ?? false;
     // '' is no worker (a cancel's synthetic `accepted`, a meta between attempts).
     if (options.workerId !== undefined && options.workerId !== '') session.workerId = options.workerId;
     this.sessions.set(requestId, session);
@@ -488,19 +492,27 @@ export class SessionManager {
         // the idle one: nothing is generated yet).
         if (now - Math.max(session.enqueuedAt, this.awakeSince) >= this.options.queueTimeoutMs)
           this.fail(session, new GatewayError('queue_timeout'), 'timeout');
+        // A stream taken over before its `accepted`: a worker that started the job just before the
+        // move, and heard of it only after, wrote its entries to the old route; an answer it finished
+        // meanwhile leaves nothing after them to reveal the gap, and it would wait out its queue
+        // timeout. (A stream opened here waits on its own route: its log is not read while it waits.)
+        else if (session.takenOver) this.repairIfQuiet(session, now);
       } else if (session.state === 'running' && now - Math.max(session.lastEventAt, this.awakeSince) >= this.options.idleTimeoutMs) {
         this.fail(session, new GatewayError('idle_timeout'), 'timeout');
-      } else if (
-        session.state === 'running' &&
-        now - session.lastEventAt >= REPAIR_IDLE_MS &&
-        now - session.lastRepairAt >= REPAIR_IDLE_MS
-      ) {
-        // A stream quiet for a while may have missed its last entries with nothing after them to
-        // reveal the gap (a message lost just as a route moved here): one cheap log read settles it.
-        session.lastRepairAt = now;
-        this.repair(session);
+      } else if (session.state === 'running') {
+        this.repairIfQuiet(session, now);
       }
     }
+  }
+
+  /**
+   * A stream quiet for a while may have missed its last entries with nothing after them to reveal the
+   * gap (a message lost just as a route moved here): one cheap log read settles it.
+   */
+  private repairIfQuiet(session: RequestSession, now: number): void {
+    if (now - session.lastEventAt < REPAIR_IDLE_MS || now - session.lastRepairAt < REPAIR_IDLE_MS) return;
+    session.lastRepairAt = now;
+    this.repair(session);
   }
 
   private remove(session: RequestSession): void {

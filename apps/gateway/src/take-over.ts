@@ -84,6 +84,7 @@ export function takeOver(
     workerId: meta.workerId,
     attempt: meta.attempt,
     owner: options.key?.hash,
+    takenOver: true,
   });
   // A client that leaves while the route moves here is answered at once; the session leaves (its
   // work cancelled, or detached with a grace) once the attach is done, so that the detach comes

@@ -31,14 +31,14 @@ function memoryLog() {
   return { log, logs, reads: () => reads, failNextRead };
 }
 
-function setup() {
+function setup(options = { queueTimeoutMs: 1_000, idleTimeoutMs: 500 }) {
   const cancels: Array<{ requestId: string; reason: CancelReason; wasQueued: boolean }> = [];
   const detached: string[] = [];
   const migrations: Array<{ requestId: string; attempt: number; lostWorkerId: string }> = [];
   let migration: MigrationResult | 'refused' = { outcome: 'exhausted' };
   const { log, logs, reads, failNextRead } = memoryLog();
   const manager = new SessionManager(
-    { queueTimeoutMs: 1_000, idleTimeoutMs: 500 },
+    options,
     {
       cancel: (session, reason, wasQueued) => cancels.push({ requestId: session.requestId, reason, wasQueued }),
       detach: (session) => detached.push(session.requestId),
@@ -217,6 +217,45 @@ describe('SessionManager', () => {
     await tick();
     expect(events.map((e) => e.type)).toEqual(['accepted', 'finish']);
     expect(manager.size).toBe(0);
+    manager.close();
+  });
+
+  it('reads the log of a stream taken over before its `accepted` once it waits quietly: its worker may have written the whole answer to the old route', async () => {
+    const { manager, events, logs, reads } = setup({ queueTimeoutMs: 60_000, idleTimeoutMs: 500 });
+    const taken = manager.open('moved', Date.now() + 120_000, (e) => events.push(e), { graceMs: 60_000, takenOver: true });
+    const fresh = manager.open('fresh', Date.now() + 120_000, () => undefined);
+    // The worker started the job before the route moved here and finished it before it heard of the
+    // move: every entry went to the old route (or nowhere, detached), none came here live.
+    logs.set('moved', [
+      { requestId: 'moved', seq: 0, type: 'accepted', workerId: 'w', promptTokens: 1 },
+      { requestId: 'moved', seq: 1, type: 'text-delta', index: 0, text: 'hi', tokens: 1 },
+      { requestId: 'moved', seq: 2, type: 'finish', usage: { promptTokens: 1, completionTokens: 1 } },
+    ]);
+    manager.sweep(taken.enqueuedAt + 999);
+    expect(reads()).toBe(0);
+    manager.sweep(taken.enqueuedAt + 1_000);
+    await tick();
+    expect(events.map((e) => e.type)).toEqual(['accepted', 'text-delta', 'finish']);
+    // A stream opened here waits on its own route: its log is not read while it waits.
+    expect(reads()).toBe(1);
+    expect(fresh.state).toBe('queued');
+    expect(manager.size).toBe(1);
+    manager.close();
+  });
+
+  it('reads the log of a taken-over stream that still waits at most once per quiet second', async () => {
+    const { manager, reads } = setup({ queueTimeoutMs: 60_000, idleTimeoutMs: 500 });
+    const taken = manager.open('moved', Date.now() + 120_000, () => undefined, { graceMs: 60_000, takenOver: true });
+    manager.sweep(taken.enqueuedAt + 1_000);
+    await tick();
+    manager.sweep(taken.enqueuedAt + 1_500);
+    await tick();
+    expect(reads()).toBe(1);
+    manager.sweep(taken.enqueuedAt + 2_000);
+    await tick();
+    expect(reads()).toBe(2);
+    // Still queued: an empty log of a known request loses nothing.
+    expect(taken.state).toBe('queued');
     manager.close();
   });
 
