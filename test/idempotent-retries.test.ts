@@ -103,6 +103,57 @@ describe('a POST retried after its gateway died, through nginx', () => {
     return { res: await reply, jobId: request.jobId, killed: request.gatewayId };
   }
 
+  // (First: the tests below each kill a gateway.)
+  it('streams the whole answer to both of two POSTs with one Idempotency-Key on two gateways, the first still connected', async () => {
+    const key = await createKey(cluster.redis.url, ['--name', 'sent-twice']);
+    const body = {
+      model: MODEL,
+      stream: true,
+      max_tokens: MAX_TOKENS,
+      temperature: 0,
+      ignore_eos: true,
+      messages: [{ role: 'user', content: 'Say it twice.' }],
+    };
+    const [first, second] = [gateways.get('gw-a')!, gateways.get('gw-b')!];
+    const post = (gateway: GatewayProcess) =>
+      fetch(`${gateway.url}/v1/chat/completions`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json', authorization: `Bearer ${key}`, 'idempotency-key': 'twice-1' },
+        body: JSON.stringify(body),
+      });
+    // The worker frozen: the request waits in the queue while the second POST takes its delivery over,
+    // and the worker then sends every entry to the second gateway.
+    await freeze([worker]);
+    let replies: [Promise<Response>, Promise<Response>];
+    let jobId: string;
+    try {
+      const firstReply = post(first);
+      ({ jobId } = await waitingRequest());
+      const secondReply = post(second);
+      await waitFor('the delivery taken over', async () =>
+        ((await redis.hget(names.metaKey(jobId), 'channel')) ?? '').startsWith(`${names.gatewayChannel('gw-b')}.`) ? true : undefined,
+      );
+      replies = [firstReply, secondReply];
+    } finally {
+      thaw([worker]);
+    }
+    // The first connection is not told of the move: it reads the answer from the log (before, it got
+    // nothing more and ended with queue_timeout).
+    const streams = await Promise.all(
+      replies.map(async (reply) => {
+        const res = await reply;
+        expect(res.status).toBe(200);
+        return checkChunkSequence(await collectSse(res.body!), 'chat', false);
+      }),
+    );
+    const logged = (await loggedAnswer(redis, jobId)).text;
+    for (const stream of streams) {
+      expect(stream.finishReason).toBe('length');
+      expect(stream.text).toBe(logged);
+    }
+    expect((await readTokenLog(redis, jobId)).filter((e) => e.type === 'accepted')).toHaveLength(1);
+  });
+
   it('answers a non-streaming request once, from the request the dead gateway admitted, and charges the key once', async () => {
     const key = await createKey(cluster.redis.url, ['--name', 'retried', '--rpm', '1']);
     const before = (await worker.health()).processed;

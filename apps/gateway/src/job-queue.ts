@@ -4,6 +4,7 @@ import type { Logger } from 'pino';
 import {
   attemptJobId,
   encodeControlMessage,
+  encodeGatewayBroadcast,
   encodeGatewayMessage,
   type GatewayEntry,
   type RequestMeta,
@@ -285,10 +286,17 @@ export class RedisJobQueue implements JobSubmitter, WorkCanceller {
   /**
    * Routes a request's live entries to this gateway (a client resumed it here). Resolves once the
    * route is recorded, so a log read started afterwards misses nothing this gateway will not get live.
+   * The worker hears of it on the control channel; a gateway still delivering it (its first connection,
+   * open) on the gateways' channel, and reads the rest from the log.
    */
   async attach(requestId: string): Promise<void> {
     await this.scripts.route(requestId, this.channel, '');
-    await this.redis.publish(this.names.controlChannel, encodeControlMessage({ type: 'route', requestId, channel: this.channel }));
+    const replies = await this.redis
+      .pipeline()
+      .publish(this.names.controlChannel, encodeControlMessage({ type: 'route', requestId, channel: this.channel }))
+      .publish(this.names.gatewaysChannel, encodeGatewayBroadcast({ type: 'route-moved', requestId, channel: this.channel }))
+      .exec();
+    for (const [error] of replies ?? []) if (error !== null) throw error;
   }
 
   async jobState(requestId: string): Promise<JobState> {

@@ -39,8 +39,11 @@ export class RequestSession {
   repairing = false;
   /** Highest sequence number seen live while a repair ran (or that revealed a gap). */
   seenSeq = -1;
-  /** Its route moved here from another gateway (a resume, a replay): see `SessionManager.open`. */
-  takenOver = false;
+  /**
+   * Its live route moved, here from another gateway (a resume, a replay) or away to another: live
+   * entries may go elsewhere, for a moment or for good, so the sweep reads its log while it waits too.
+   */
+  routeMoved = false;
   /** When an idle session last read its log (the sweep's safety net). */
   lastRepairAt = 0;
   acceptedAt = 0;

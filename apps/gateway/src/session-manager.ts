@@ -117,7 +117,7 @@ export class SessionManager {
    * @param options.attempt the attempt whose entries count (a resumed stream: the meta's)
    * @param options.owner the hash of the API key that made the request (see {@link endOwner})
    * @param options.takenOver its route moved here from elsewhere (a resume, a replay): its worker may
-   *   still write to the old route for a moment, so the sweep reads its log while it waits too
+   *   still write to the old route for a moment (see {@link RequestSession.routeMoved})
    */
   open(
     requestId: string,
@@ -150,7 +150,7 @@ export class SessionManager {
     // (A resumed stream past its cursor: the continuations of its attempts so far are behind it.)
     session.continuedAttempt = session.attempt;
     session.owner = options.owner ?? '';
-    session.takenOver = options.takenOver ?? false;
+    session.routeMoved = options.takenOver ?? false;
     // '' is no worker (a cancel's synthetic `accepted`, a meta between attempts).
     if (options.workerId !== undefined && options.workerId !== '') session.workerId = options.workerId;
     this.sessions.set(requestId, session);
@@ -232,6 +232,15 @@ export class SessionManager {
         setTimeout(() => this.repair(session), REPAIR_RETRY_MS).unref();
       },
     );
+  }
+
+  /**
+   * Another gateway took the request's delivery over (its `route-moved` broadcast): a session still
+   * open here (its first connection) reads the rest from the log.
+   */
+  routeMovedAway(requestId: string): void {
+    const session = this.sessions.get(requestId);
+    if (session !== undefined) session.routeMoved = true;
   }
 
   /** The subscriber reconnected: whatever was published meanwhile is in the logs. */
@@ -492,11 +501,12 @@ export class SessionManager {
         // the idle one: nothing is generated yet).
         if (now - Math.max(session.enqueuedAt, this.awakeSince) >= this.options.queueTimeoutMs)
           this.fail(session, new GatewayError('queue_timeout'), 'timeout');
-        // A stream taken over before its `accepted`: a worker that started the job just before the
-        // move, and heard of it only after, wrote its entries to the old route; an answer it finished
-        // meanwhile leaves nothing after them to reveal the gap, and it would wait out its queue
-        // timeout. (A stream opened here waits on its own route: its log is not read while it waits.)
-        else if (session.takenOver) this.repairIfQuiet(session, now);
+        // A stream whose route moved while it waited gets its entries elsewhere: taken over here, from a
+        // worker that started the job just before the move and heard of it only after (it wrote to the
+        // old route; an answer it finished meanwhile leaves nothing after it to reveal the gap); taken
+        // over by another gateway, all of them. Either would wait out its queue timeout. (A stream on
+        // its own route waits for live entries: its log is not read while it waits.)
+        else if (session.routeMoved) this.repairIfQuiet(session, now);
       } else if (session.state === 'running' && now - Math.max(session.lastEventAt, this.awakeSince) >= this.options.idleTimeoutMs) {
         this.fail(session, new GatewayError('idle_timeout'), 'timeout');
       } else if (session.state === 'running') {

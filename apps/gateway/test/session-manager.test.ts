@@ -243,6 +243,29 @@ describe('SessionManager', () => {
     manager.close();
   });
 
+  it('reads the log of a waiting stream another gateway took over (its route-moved broadcast): its entries all go there', async () => {
+    const { manager, events, logs, reads, open } = setup({ queueTimeoutMs: 60_000, idleTimeoutMs: 5_000 });
+    const session = open('twice');
+    manager.routeMovedAway('elsewhere');
+    manager.sweep(session.enqueuedAt + 1_000);
+    expect(reads()).toBe(0);
+    manager.routeMovedAway('twice');
+    logs.set('twice', [
+      { requestId: 'twice', seq: 0, type: 'accepted', workerId: 'w', promptTokens: 1 },
+      { requestId: 'twice', seq: 1, type: 'scheduled' },
+    ]);
+    manager.sweep(session.enqueuedAt + 1_000);
+    await tick();
+    expect(events.map((e) => e.type)).toEqual(['accepted', 'scheduled']);
+    // Running now, and quiet: the sweep goes on reading (as for any quiet running stream).
+    logs.get('twice')!.push({ requestId: 'twice', seq: 2, type: 'finish', usage: { promptTokens: 1, completionTokens: 0 } });
+    manager.sweep(session.enqueuedAt + 2_100);
+    await tick();
+    expect(events.map((e) => e.type)).toEqual(['accepted', 'scheduled', 'finish']);
+    expect(manager.size).toBe(0);
+    manager.close();
+  });
+
   it('reads the log of a taken-over stream that still waits at most once per quiet second', async () => {
     const { manager, reads } = setup({ queueTimeoutMs: 60_000, idleTimeoutMs: 500 });
     const taken = manager.open('moved', Date.now() + 120_000, () => undefined, { graceMs: 60_000, takenOver: true });

@@ -71,8 +71,20 @@ export const keyRevokedMessageSchema = z.object({
 });
 export type KeyRevokedMessage = z.infer<typeof keyRevokedMessageSchema>;
 
+/**
+ * A gateway took a request's delivery over (a resume, a replay): its live entries go to `channel` from
+ * now on. A gateway that still holds a session of it (its first connection, still open) no longer gets
+ * them live, and reads them from the log instead.
+ */
+export const routeMovedMessageSchema = z.object({
+  type: z.literal('route-moved'),
+  requestId: z.string(),
+  channel: z.string(),
+});
+export type RouteMovedMessage = z.infer<typeof routeMovedMessageSchema>;
+
 /** Published on the gateways' channel (`gatewaysChannel`), read by every gateway. */
-export const gatewayBroadcastSchema = z.discriminatedUnion('type', [keyRevokedMessageSchema]);
+export const gatewayBroadcastSchema = z.discriminatedUnion('type', [keyRevokedMessageSchema, routeMovedMessageSchema]);
 export type GatewayBroadcast = z.infer<typeof gatewayBroadcastSchema>;
 
 export function encodeGatewayBroadcast(message: GatewayBroadcast): string {
