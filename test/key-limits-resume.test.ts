@@ -164,7 +164,7 @@ describe('a key’s limits across resumes and drains', () => {
     }
   });
 
-  it('ends a resume whose attach fails with an error frame, and holds its slot no longer than the grace', async () => {
+  it('answers a resume whose attach fails 503, and holds its slot no longer than the grace', async () => {
     const key = await createKey(cluster.redis.url, ['--name', 'attach-failed', '--max-streams', '1', '--tpm', String(TPM)]);
     const [g0, g1] = gateways as [GatewayProcess, GatewayProcess];
     const graceMs = 3_000;
@@ -176,19 +176,20 @@ describe('a key’s limits across resumes and drains', () => {
       expect(tokenOwner).toBeTruthy();
       // Redis refuses PUBLISH for a moment: the attach (route script, then a publish) fails.
       await redis.call('ACL', 'SETUSER', 'default', '-publish');
-      let resumed: Collected;
+      let res: Response;
       try {
-        const res = await resume(g1, key, before);
-        expect(res.status).toBe(200);
-        resumed = await collect(res);
+        res = await resume(g1, key, before);
       } finally {
         await redis.call('ACL', 'SETUSER', 'default', '+publish');
       }
-      // It used to stay open with nothing to feed it, its slot claimed to the request's deadline (~10 min).
-      expect(resumed.errors).toMatchObject([{ code: 'store_unavailable' }]);
-      expect(resumed.done).toBe(true);
-      // The slot is held for the grace by a script the gateway runs as the stream ends (after the
-      // client has [DONE]): looked at until it is, for a few seconds (it used to stay at the deadline).
+      // The reply starts once the route moved: a failed move is an honest 503 (it was a 200 with an
+      // error frame; before that, a stream that stayed open with nothing to feed it, its slot claimed
+      // to the request's deadline, ~10 min).
+      expect(res.status).toBe(503);
+      expect(res.headers.get('retry-after')).toBeTruthy();
+      expect(await res.json()).toMatchObject({ error: { code: 'store_unavailable' } });
+      // The slot is held for the grace only (the first delivery's detach): looked at until it is, for a
+      // few seconds (it used to stay at the request's deadline).
       await waitFor(
         'the slot held for the grace only',
         async () => (((await slotLeft(key, jobId)) ?? Infinity) <= graceMs + 1_000 ? true : undefined),

@@ -63,7 +63,7 @@ export interface TakeOverOptions {
  * Moves the delivery of a request that runs (or ran) elsewhere to this gateway: a session from the
  * cursor, the request's route moved to this gateway's channel, then the log read from the cursor on
  * and live entries after it. Shared by a resume (`GET …/{id}?stream=true`) and a replay (a POST whose
- * `Idempotency-Key` names a request already admitted).
+ * `Idempotency-Key` names a request already admitted). The reply begins once the route moved.
  * @returns the session, and the attach (resolved once the route moved, or the stream failed for it)
  */
 export function takeOver(
@@ -95,7 +95,6 @@ export function takeOver(
     responder.clientClosed(meta.graceMs > 0);
     if (attached) sessions.clientLeft(session);
   });
-  responder.begin();
   const done = jobs.attach(jobId).then(
     () => {
       attached = true;
@@ -103,6 +102,11 @@ export function takeOver(
         sessions.clientLeft(session);
         return;
       }
+      // The reply starts (a stream's headers) once the route is here: a client that has them may close
+      // its older connection, whose leaving no longer stops the work (its gateway's cancel applies only
+      // while the request routes there). Begun before the attach, a client that did so at once could
+      // see the old connection's cancel win and the answer end `abort`. A failed attach is an HTTP 503.
+      responder.begin();
       // Under a key, the delivery holds the request's stream slot (max-streams) and its token
       // reservation, and its tokens count under the key: claimed only by one still open (one that
       // ended meanwhile would never give them back).
