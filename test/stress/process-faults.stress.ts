@@ -1,0 +1,92 @@
+import type { Redis } from 'ioredis';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { Cluster } from '../support/cluster.js';
+import type { GatewayProcess, WorkerProcess } from '../support/sluice.js';
+import { afterTextChunks, chatBody, notWhole, post, readReply, resume, ROUNDS, whenAllReach } from './stress-support.js';
+
+/**
+ * Process faults mid-stream, looped (`npm run stress`; not in the default suite): two workers and two
+ * gateways (tiny model), four long greedy streams a case. Each round SIGKILLs a worker (its streams
+ * migrate), kills every pub/sub connection in Redis, SIGKILLs a gateway (its clients resume on the
+ * other), freezes a worker past its registry TTL and thaws it (fenced out), and drains a worker
+ * (SIGTERM: handed over); every answer must arrive whole, token for token.
+ */
+const WORKER_ENV = { WORKER_HEARTBEAT_MS: '250', WORKER_TTL_MS: '1500', LOCK_DURATION_MS: '30000', MAX_BATCH_SIZE: '64' };
+const GATEWAY_ENV = { REGISTRY_POLL_MS: '200', IDLE_TIMEOUT_MS: '120000', HEADERS_WAIT_MS: '200' };
+const MAX_TOKENS = 1_500;
+const PROMPTS = ['alpha', 'beta', 'gamma', 'delta'];
+
+describe('process faults mid-stream, looped', () => {
+  let cluster: Cluster;
+  let redis: Redis;
+  const workers: WorkerProcess[] = [];
+  const gateways: GatewayProcess[] = [];
+
+  beforeAll(async () => {
+    cluster = await Cluster.start();
+    redis = cluster.redis.client();
+    workers.push(await cluster.worker(WORKER_ENV), await cluster.worker(WORKER_ENV));
+    gateways.push(await cluster.gateway(GATEWAY_ENV), await cluster.gateway(GATEWAY_ENV));
+  });
+
+  afterAll(async () => {
+    for (const worker of workers) worker.process.signal('SIGCONT');
+    redis?.disconnect();
+    await cluster?.stop();
+  });
+
+  it(`delivers every answer whole, ${ROUNDS} rounds`, async () => {
+    const failures: string[] = [];
+    const answers = new Map<string, string>();
+    for (const prompt of PROMPTS) answers.set(prompt, (await readReply(post(gateways[0]!, chatBody(prompt, MAX_TOKENS)).reply)).text);
+
+    /** Four streams over both gateways; `fault` runs once each had `k` text chunks; all must be whole. */
+    const streamsThrough = async (what: string, k: number, fault: () => Promise<void>) => {
+      const progress = whenAllReach(PROMPTS.length, k);
+      const runs = PROMPTS.map((prompt, i) => readReply(post(gateways[i % 2]!, chatBody(prompt, MAX_TOKENS)).reply, progress.until));
+      await progress.reached;
+      await fault();
+      (await Promise.all(runs)).forEach((got, i) => {
+        const why = notWhole(got, answers.get(PROMPTS[i]!)!);
+        if (why !== undefined) failures.push(`${what} (${PROMPTS[i]}): ${why}`);
+      });
+    };
+
+    for (let round = 0; round < ROUNDS; round++) {
+      await streamsThrough(`worker SIGKILLed, round ${round}`, 5 + round, async () => {
+        workers.shift()!.process.child.kill('SIGKILL');
+      });
+      workers.push(await cluster.worker(WORKER_ENV));
+
+      await streamsThrough(`pub/sub connections killed, round ${round}`, 3 + round, async () => {
+        await redis.call('CLIENT', 'KILL', 'TYPE', 'pubsub');
+      });
+
+      await streamsThrough(`worker frozen past its TTL, round ${round}`, 5 + round, async () => {
+        workers[0]!.process.signal('SIGSTOP');
+        await new Promise((resolve) => setTimeout(resolve, 3_000));
+        workers[0]!.process.signal('SIGCONT');
+      });
+
+      await streamsThrough(`worker drained, round ${round}`, 5 + round, async () => {
+        workers.shift()!.process.signal('SIGTERM');
+      });
+      workers.push(await cluster.worker(WORKER_ENV));
+
+      // A gateway SIGKILLed: its clients resume on the other from their cursors.
+      const victim = gateways.shift()!;
+      const firsts = PROMPTS.slice(0, 2).map((prompt) =>
+        readReply(post(victim, chatBody(prompt, MAX_TOKENS)).reply, afterTextChunks(4 + round)),
+      );
+      const before = await Promise.all(firsts);
+      victim.process.child.kill('SIGKILL');
+      for (const [i, got] of before.entries()) {
+        const rest = await readReply(resume(gateways[0]!, got.id!, got.lastEventId));
+        const why = notWhole({ ...rest, text: got.text + rest.text }, answers.get(PROMPTS[i]!)!);
+        if (why !== undefined) failures.push(`gateway SIGKILLed, round ${round} (${PROMPTS[i]}): ${why}`);
+      }
+      gateways.push(await cluster.gateway(GATEWAY_ENV));
+    }
+    expect(failures, `${failures.length} answers not whole:\n${failures.join('\n')}\n${cluster.logs()}`).toEqual([]);
+  });
+});
