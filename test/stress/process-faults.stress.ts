@@ -8,8 +8,9 @@ import { afterTextChunks, chatBody, notWhole, post, readReply, resume, ROUNDS, w
  * Process faults mid-stream, looped (`npm run stress`; not in the default suite): two workers and two
  * gateways (tiny model), four long greedy streams a case. Each round SIGKILLs a worker (its streams
  * migrate), kills every pub/sub connection in Redis, SIGKILLs a gateway (its clients resume on the
- * other), freezes a worker past its registry TTL and thaws it (fenced out), and drains a worker
- * (SIGTERM: handed over); every answer must arrive whole, token for token.
+ * other, mid-stream or while its requests wait), freezes a worker past its registry TTL and thaws it
+ * (fenced out), drains a worker (SIGTERM: handed over), and SIGKILLs the worker of clients that left
+ * within their grace (they resume elsewhere); every answer must arrive whole, token for token.
  */
 const WORKER_ENV = { WORKER_HEARTBEAT_MS: '250', WORKER_TTL_MS: '1500', LOCK_DURATION_MS: '30000', MAX_BATCH_SIZE: '64' };
 const GATEWAY_ENV = { REGISTRY_POLL_MS: '200', IDLE_TIMEOUT_MS: '120000', HEADERS_WAIT_MS: '200' };
@@ -72,6 +73,42 @@ describe('process faults mid-stream, looped', () => {
         workers.shift()!.process.signal('SIGTERM');
       });
       workers.push(await cluster.worker(WORKER_ENV));
+
+      // Clients gone (within their grace) and their worker SIGKILLed: resumed on the other gateway, at
+      // once or a moment later, they get the rest (migrated) from their cursors.
+      {
+        const leaving = PROMPTS.slice(0, 2).map((prompt) => post(gateways[0]!, chatBody(prompt, MAX_TOKENS)));
+        const before = await Promise.all(leaving.map((p) => readReply(p.reply, afterTextChunks(4 + round))));
+        for (const p of leaving) p.leave();
+        workers.shift()!.process.child.kill('SIGKILL');
+        await new Promise((resolve) => setTimeout(resolve, (round % 2) * 300));
+        for (const [i, got] of before.entries()) {
+          const rest = await readReply(resume(gateways[1]!, got.id!, got.lastEventId));
+          const why = notWhole({ ...rest, text: got.text + rest.text }, answers.get(PROMPTS[i]!)!);
+          if (why !== undefined) failures.push(`client gone and worker SIGKILLed, round ${round} (${PROMPTS[i]}): ${why}`);
+        }
+        workers.push(await cluster.worker(WORKER_ENV));
+      }
+
+      // A gateway SIGKILLed while its requests still wait (workers frozen): resumed on the other, whole.
+      {
+        for (const worker of workers) worker.process.signal('SIGSTOP');
+        const victim = gateways.shift()!;
+        let ids: string[];
+        try {
+          const replies = await Promise.all(PROMPTS.slice(0, 2).map((prompt) => post(victim, chatBody(prompt, MAX_TOKENS)).reply));
+          ids = replies.map((res) => res.headers.get('x-stream-id')!);
+          victim.process.child.kill('SIGKILL');
+          await victim.process.exited;
+        } finally {
+          for (const worker of workers) worker.process.signal('SIGCONT');
+        }
+        for (const [i, id] of ids.entries()) {
+          const why = notWhole(await readReply(resume(gateways[0]!, id)), answers.get(PROMPTS[i]!)!);
+          if (why !== undefined) failures.push(`gateway SIGKILLed while queued, round ${round} (${PROMPTS[i]}): ${why}`);
+        }
+        gateways.push(await cluster.gateway(GATEWAY_ENV));
+      }
 
       // A gateway SIGKILLed: its clients resume on the other from their cursors.
       const victim = gateways.shift()!;
