@@ -243,9 +243,17 @@ export class SessionManager {
     if (session !== undefined) session.routeMoved = true;
   }
 
-  /** The subscriber reconnected: whatever was published meanwhile is in the logs. */
+  /**
+   * The subscriber reconnected: whatever was published meanwhile is in the logs. A `route-moved` sent
+   * meanwhile is gone, so a session still waiting cannot tell whether its route moved away: it reads
+   * its log while it waits from now on, as one told so does (reconnects are rare; reads stop once it
+   * runs, where the sweep reads only quiet streams).
+   */
   repairAll(): void {
-    for (const session of [...this.sessions.values()]) this.repair(session);
+    for (const session of [...this.sessions.values()]) {
+      if (isWaiting(session)) session.routeMoved = true;
+      this.repair(session);
+    }
   }
 
   /** @param now when the entry arrived (ms since epoch) */

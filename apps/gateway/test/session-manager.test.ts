@@ -266,6 +266,21 @@ describe('SessionManager', () => {
     manager.close();
   });
 
+  it('reads the log of a waiting stream after the subscriber reconnected: a route-moved sent meanwhile is gone', async () => {
+    const { manager, events, logs, reads, open } = setup({ queueTimeoutMs: 60_000, idleTimeoutMs: 5_000 });
+    const session = open('waiting');
+    manager.repairAll();
+    await tick();
+    expect(reads()).toBe(1);
+    // Its entries went to another gateway that took it over while the subscriber was away.
+    logs.set('waiting', [{ requestId: 'waiting', seq: 0, type: 'accepted', workerId: 'w', promptTokens: 1 }]);
+    manager.sweep(session.enqueuedAt + 1_000);
+    await tick();
+    expect(events.map((e) => e.type)).toEqual(['accepted']);
+    expect(reads()).toBe(2);
+    manager.close();
+  });
+
   it('reads the log of a taken-over stream that still waits at most once per quiet second', async () => {
     const { manager, reads } = setup({ queueTimeoutMs: 60_000, idleTimeoutMs: 500 });
     const taken = manager.open('moved', Date.now() + 120_000, () => undefined, { graceMs: 60_000, takenOver: true });
