@@ -1,0 +1,58 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { Cluster } from '../support/cluster.js';
+import type { GatewayProcess, WorkerProcess } from '../support/sluice.js';
+import { chatBody, notWhole, post, readReply, ROUNDS, whenAllReach } from './stress-support.js';
+
+/**
+ * A worker lost with requests waiting inside its engine, looped (`npm run stress`; not in the default
+ * suite): two workers of two batch rows that take four jobs each (tiny model), six long greedy streams
+ * over two gateways, so that a worker holds some accepted but not yet scheduled. Once two streams are
+ * under way, one worker is SIGKILLed (even rounds: its requests migrate) or drained (odd rounds: handed
+ * over), and every answer must arrive whole, the waiting ones included.
+ *
+ * Known to fail in a few rounds (stop 53; docs/durable-streams.md "Known gap"): a worker SIGKILLed just
+ * after it took a job, before its `accepted`, leaves that request to BullMQ's stalled-job check, 30–60 s
+ * later, and its client may reach the queue timeout first. Under `yes` load: 1–2 of 60 requests per 10 rounds.
+ */
+const WORKER_ENV = {
+  WORKER_HEARTBEAT_MS: '250',
+  WORKER_TTL_MS: '1500',
+  LOCK_DURATION_MS: '30000',
+  MAX_BATCH_SIZE: '2',
+  WORKER_CONCURRENCY: '4',
+};
+const GATEWAY_ENV = { REGISTRY_POLL_MS: '200', IDLE_TIMEOUT_MS: '120000', HEADERS_WAIT_MS: '200' };
+const PROMPTS = ['one', 'two', 'three', 'four', 'five', 'six'];
+
+describe('a worker lost with requests waiting in its engine, looped', () => {
+  let cluster: Cluster;
+  const workers: WorkerProcess[] = [];
+  const gateways: GatewayProcess[] = [];
+  beforeAll(async () => {
+    cluster = await Cluster.start();
+    workers.push(await cluster.worker(WORKER_ENV), await cluster.worker(WORKER_ENV));
+    gateways.push(await cluster.gateway(GATEWAY_ENV), await cluster.gateway(GATEWAY_ENV));
+  });
+  afterAll(async () => {
+    await cluster?.stop();
+  });
+  it(`delivers every answer whole, ${ROUNDS} rounds`, async () => {
+    const failures: string[] = [];
+    const answers = new Map<string, string>();
+    for (const p of PROMPTS) answers.set(p, (await readReply(post(gateways[0]!, chatBody(p, 600)).reply)).text);
+    for (let round = 0; round < ROUNDS; round++) {
+      const progress = whenAllReach(2, 3 + round);
+      const runs = PROMPTS.map((p, i) => readReply(post(gateways[i % 2]!, chatBody(p, 600)).reply, progress.until));
+      await progress.reached;
+      const drained = round % 2 === 1;
+      if (drained) workers.shift()!.process.signal('SIGTERM');
+      else workers.shift()!.process.child.kill('SIGKILL');
+      (await Promise.all(runs)).forEach((got, i) => {
+        const why = notWhole(got, answers.get(PROMPTS[i]!)!);
+        if (why !== undefined) failures.push(`round ${round}, worker ${drained ? 'drained' : 'SIGKILLed'} (${PROMPTS[i]}): ${why}`);
+      });
+      workers.push(await cluster.worker(WORKER_ENV));
+    }
+    expect(failures, `${failures.length} answers not whole:\n${failures.join('\n')}\n${cluster.logs()}`).toEqual([]);
+  });
+});
