@@ -1,7 +1,14 @@
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { Cluster } from '../support/cluster.js';
-import type { GatewayProcess, WorkerProcess } from '../support/sluice.js';
-import { chatBody, notWhole, post, readReply, ROUNDS, whenAllReach } from './stress-support.js';
+import { describe, expect, it } from 'vitest';
+import {
+  chatBody,
+  MIGRATING_WORKER_ENV,
+  notWhole,
+  post,
+  readReply,
+  ROUNDS,
+  twoWorkersTwoGateways,
+  whenAllReach,
+} from './stress-support.js';
 
 /**
  * A worker lost with requests waiting inside its engine, looped (`npm run stress`; not in the default
@@ -14,29 +21,14 @@ import { chatBody, notWhole, post, readReply, ROUNDS, whenAllReach } from './str
  * after it took a job, before its `accepted`, leaves that request to BullMQ's stalled-job check, 30–60 s
  * later, and its client may reach the queue timeout first. Under `yes` load: 1–2 of 60 requests per 10 rounds.
  */
-const WORKER_ENV = {
-  WORKER_HEARTBEAT_MS: '250',
-  WORKER_TTL_MS: '1500',
-  LOCK_DURATION_MS: '30000',
-  MAX_BATCH_SIZE: '2',
-  WORKER_CONCURRENCY: '4',
-};
-const GATEWAY_ENV = { REGISTRY_POLL_MS: '200', IDLE_TIMEOUT_MS: '120000', HEADERS_WAIT_MS: '200' };
+const WORKER_ENV = { ...MIGRATING_WORKER_ENV, MAX_BATCH_SIZE: '2', WORKER_CONCURRENCY: '4' };
 const PROMPTS = ['one', 'two', 'three', 'four', 'five', 'six'];
 
 describe('a worker lost with requests waiting in its engine, looped', () => {
-  let cluster: Cluster;
-  const workers: WorkerProcess[] = [];
-  const gateways: GatewayProcess[] = [];
-  beforeAll(async () => {
-    cluster = await Cluster.start();
-    workers.push(await cluster.worker(WORKER_ENV), await cluster.worker(WORKER_ENV));
-    gateways.push(await cluster.gateway(GATEWAY_ENV), await cluster.gateway(GATEWAY_ENV));
-  });
-  afterAll(async () => {
-    await cluster?.stop();
-  });
+  const stack = twoWorkersTwoGateways(WORKER_ENV);
+
   it(`delivers every answer whole, ${ROUNDS} rounds`, async () => {
+    const { cluster, workers, gateways } = stack;
     const failures: string[] = [];
     const answers = new Map<string, string>();
     for (const p of PROMPTS) answers.set(p, (await readReply(post(gateways[0]!, chatBody(p, 600)).reply)).text);

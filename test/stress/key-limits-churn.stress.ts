@@ -1,8 +1,6 @@
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { createKey } from '../support/api-keys.js';
-import { Cluster } from '../support/cluster.js';
-import type { GatewayProcess, WorkerProcess } from '../support/sluice.js';
-import { chatBody, post, readReply, ROUNDS } from './stress-support.js';
+import { chatBody, oneWorkerTwoGateways, post, readReply, ROUNDS } from './stress-support.js';
 
 /**
  * A `--max-streams` key under churn, looped (`npm run stress`; not in the default suite): two gateways
@@ -15,30 +13,16 @@ import { chatBody, post, readReply, ROUNDS } from './stress-support.js';
 const MAX_STREAMS = 3;
 
 describe('a max-streams key under churn, looped', () => {
-  let cluster: Cluster;
-  let worker: WorkerProcess;
-  const gateways: GatewayProcess[] = [];
-
-  beforeAll(async () => {
-    cluster = await Cluster.start();
-    worker = await cluster.worker({ WORKER_TTL_MS: '30000' });
-    const env = { AUTH: 'keys', HEADERS_WAIT_MS: '100' };
-    gateways.push(...(await Promise.all([cluster.gateway(env), cluster.gateway(env)])));
-  });
-
-  afterAll(async () => {
-    worker?.process.signal('SIGCONT');
-    await cluster?.stop();
-  });
+  const stack = oneWorkerTwoGateways({ AUTH: 'keys', HEADERS_WAIT_MS: '100' });
 
   it(`admits exactly the key's streams, ${ROUNDS} rounds`, async () => {
+    const { cluster, gateways } = stack;
     const key = await createKey(cluster.redis.url, ['--name', 'churn', '--max-streams', String(MAX_STREAMS)]);
     const auth = { authorization: `Bearer ${key}` };
     const failures: string[] = [];
     /** Sends 3 × MAX_STREAMS streams at once with the worker frozen; how many were admitted, and their handles. */
-    const burst = async (round: number, graceMs: number) => {
-      worker.process.signal('SIGSTOP');
-      try {
+    const burst = (round: number, graceMs: number) =>
+      stack.withWorkerFrozen(true, async () => {
         const sent = Array.from({ length: 3 * MAX_STREAMS }, (_, i) =>
           post(gateways[i % 2]!, chatBody(`churn ${round} ${i}`, 200, { resume_grace_ms: graceMs }), auth),
         );
@@ -50,10 +34,7 @@ describe('a max-streams key under churn, looped', () => {
         }
         for (const r of replies) if (r.status !== 200) await r.text();
         return admitted.map((s) => ({ ...s, res: replies[sent.indexOf(s)]! }));
-      } finally {
-        worker.process.signal('SIGCONT');
-      }
-    };
+      });
     for (let round = 0; round < ROUNDS; round++) {
       // Odd rounds: streams with a resume grace, whose clients that leave resume on the other gateway.
       const grace = round % 2 === 1;

@@ -1,8 +1,17 @@
-import type { Redis } from 'ioredis';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { Cluster } from '../support/cluster.js';
-import type { GatewayProcess, WorkerProcess } from '../support/sluice.js';
-import { afterTextChunks, chatBody, notWhole, post, readReply, resume, ROUNDS, whenAllReach } from './stress-support.js';
+import { describe, expect, it } from 'vitest';
+import {
+  afterTextChunks,
+  chatBody,
+  MIGRATING_GATEWAY_ENV,
+  MIGRATING_WORKER_ENV,
+  notWhole,
+  post,
+  readReply,
+  resume,
+  ROUNDS,
+  twoWorkersTwoGateways,
+  whenAllReach,
+} from './stress-support.js';
 
 /**
  * Process faults mid-stream, looped (`npm run stress`; not in the default suite): two workers and two
@@ -12,31 +21,16 @@ import { afterTextChunks, chatBody, notWhole, post, readReply, resume, ROUNDS, w
  * (fenced out), drains a worker (SIGTERM: handed over), and SIGKILLs the worker of clients that left
  * within their grace (they resume elsewhere); every answer must arrive whole, token for token.
  */
-const WORKER_ENV = { WORKER_HEARTBEAT_MS: '250', WORKER_TTL_MS: '1500', LOCK_DURATION_MS: '30000', MAX_BATCH_SIZE: '64' };
-const GATEWAY_ENV = { REGISTRY_POLL_MS: '200', IDLE_TIMEOUT_MS: '120000', HEADERS_WAIT_MS: '200' };
+const WORKER_ENV = { ...MIGRATING_WORKER_ENV, MAX_BATCH_SIZE: '64' };
 const MAX_TOKENS = 1_500;
 const PROMPTS = ['alpha', 'beta', 'gamma', 'delta'];
 
 describe('process faults mid-stream, looped', () => {
-  let cluster: Cluster;
-  let redis: Redis;
-  const workers: WorkerProcess[] = [];
-  const gateways: GatewayProcess[] = [];
-
-  beforeAll(async () => {
-    cluster = await Cluster.start();
-    redis = cluster.redis.client();
-    workers.push(await cluster.worker(WORKER_ENV), await cluster.worker(WORKER_ENV));
-    gateways.push(await cluster.gateway(GATEWAY_ENV), await cluster.gateway(GATEWAY_ENV));
-  });
-
-  afterAll(async () => {
-    for (const worker of workers) worker.process.signal('SIGCONT');
-    redis?.disconnect();
-    await cluster?.stop();
-  });
+  const stack = twoWorkersTwoGateways(WORKER_ENV);
 
   it(`delivers every answer whole, ${ROUNDS} rounds`, async () => {
+    const { cluster, workers, gateways } = stack;
+    const redis = cluster.redis.client();
     const failures: string[] = [];
     const answers = new Map<string, string>();
     for (const prompt of PROMPTS) answers.set(prompt, (await readReply(post(gateways[0]!, chatBody(prompt, MAX_TOKENS)).reply)).text);
@@ -107,7 +101,7 @@ describe('process faults mid-stream, looped', () => {
           const why = notWhole(await readReply(resume(gateways[0]!, id)), answers.get(PROMPTS[i]!)!);
           if (why !== undefined) failures.push(`gateway SIGKILLed while queued, round ${round} (${PROMPTS[i]}): ${why}`);
         }
-        gateways.push(await cluster.gateway(GATEWAY_ENV));
+        gateways.push(await cluster.gateway(MIGRATING_GATEWAY_ENV));
       }
 
       // A gateway SIGKILLed: its clients resume on the other from their cursors.
@@ -122,8 +116,9 @@ describe('process faults mid-stream, looped', () => {
         const why = notWhole({ ...rest, text: got.text + rest.text }, answers.get(PROMPTS[i]!)!);
         if (why !== undefined) failures.push(`gateway SIGKILLed, round ${round} (${PROMPTS[i]}): ${why}`);
       }
-      gateways.push(await cluster.gateway(GATEWAY_ENV));
+      gateways.push(await cluster.gateway(MIGRATING_GATEWAY_ENV));
     }
+    redis.disconnect();
     expect(failures, `${failures.length} answers not whole:\n${failures.join('\n')}\n${cluster.logs()}`).toEqual([]);
   });
 });

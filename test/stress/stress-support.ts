@@ -1,5 +1,6 @@
-import { MODEL } from '../support/cluster.js';
-import type { GatewayProcess } from '../support/sluice.js';
+import { afterAll, beforeAll } from 'vitest';
+import { Cluster, MODEL } from '../support/cluster.js';
+import type { GatewayProcess, WorkerProcess } from '../support/sluice.js';
 import { empty, read, type Collected } from '../support/sse.js';
 
 /**
@@ -89,4 +90,71 @@ export function whenAllReach(count: number, k: number): { reached: Promise<void>
       return false;
     },
   };
+}
+
+/** Workers and gateways that notice a lost worker within about two seconds (as test/worker-migration.test.ts). */
+export const MIGRATING_WORKER_ENV = { WORKER_HEARTBEAT_MS: '250', WORKER_TTL_MS: '1500', LOCK_DURATION_MS: '30000' };
+export const MIGRATING_GATEWAY_ENV = { REGISTRY_POLL_MS: '200', IDLE_TIMEOUT_MS: '120000', HEADERS_WAIT_MS: '200' };
+
+/** What {@link oneWorkerTwoGateways} starts; set once its `beforeAll` ran. */
+export interface OneWorkerTwoGateways {
+  cluster: Cluster;
+  worker: WorkerProcess;
+  gateways: GatewayProcess[];
+  /** Runs `body` with the worker frozen (SIGSTOP) when `frozen`, and thaws it after. */
+  withWorkerFrozen: <T>(frozen: boolean, body: () => Promise<T>) => Promise<T>;
+}
+
+/**
+ * Inside a `describe`: redis-server, one worker (tiny model, a long registry TTL: it is frozen with
+ * SIGSTOP) and two gateways with `gatewayEnv`, started before its tests and stopped after them.
+ */
+export function oneWorkerTwoGateways(gatewayEnv: Record<string, string>): OneWorkerTwoGateways {
+  const stack = {
+    gateways: [] as GatewayProcess[],
+    withWorkerFrozen: async <T>(frozen: boolean, body: () => Promise<T>): Promise<T> => {
+      if (frozen) stack.worker.process.signal('SIGSTOP');
+      try {
+        return await body();
+      } finally {
+        if (frozen) stack.worker.process.signal('SIGCONT');
+      }
+    },
+  } as OneWorkerTwoGateways;
+  beforeAll(async () => {
+    stack.cluster = await Cluster.start();
+    stack.worker = await stack.cluster.worker({ WORKER_TTL_MS: '30000' });
+    stack.gateways.push(...(await Promise.all([stack.cluster.gateway(gatewayEnv), stack.cluster.gateway(gatewayEnv)])));
+  });
+  afterAll(async () => {
+    stack.worker?.process.signal('SIGCONT');
+    await stack.cluster?.stop();
+  });
+  return stack;
+}
+
+/**
+ * Inside a `describe`: redis-server, two workers with `workerEnv` and two gateways that notice a lost
+ * worker within about two seconds; a test replaces the workers and gateways it kills in these lists.
+ */
+export function twoWorkersTwoGateways(workerEnv: Record<string, string>): {
+  cluster: Cluster;
+  workers: WorkerProcess[];
+  gateways: GatewayProcess[];
+} {
+  const stack = { workers: [] as WorkerProcess[], gateways: [] as GatewayProcess[] } as {
+    cluster: Cluster;
+    workers: WorkerProcess[];
+    gateways: GatewayProcess[];
+  };
+  beforeAll(async () => {
+    stack.cluster = await Cluster.start();
+    stack.workers.push(await stack.cluster.worker(workerEnv), await stack.cluster.worker(workerEnv));
+    stack.gateways.push(await stack.cluster.gateway(MIGRATING_GATEWAY_ENV), await stack.cluster.gateway(MIGRATING_GATEWAY_ENV));
+  });
+  afterAll(async () => {
+    for (const worker of stack.workers) worker.process.signal('SIGCONT');
+    await stack.cluster?.stop();
+  });
+  return stack;
 }

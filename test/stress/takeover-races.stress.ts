@@ -1,7 +1,5 @@
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { Cluster } from '../support/cluster.js';
-import type { GatewayProcess, WorkerProcess } from '../support/sluice.js';
-import { afterTextChunks, chatBody, notWhole, post, readReply, resume, ROUNDS } from './stress-support.js';
+import { describe, expect, it } from 'vitest';
+import { afterTextChunks, chatBody, notWhole, oneWorkerTwoGateways, post, readReply, resume, ROUNDS } from './stress-support.js';
 
 /**
  * Races between deliveries of one request, looped (`npm run stress`; not in the default suite): two
@@ -12,33 +10,10 @@ import { afterTextChunks, chatBody, notWhole, post, readReply, resume, ROUNDS } 
  * won (681f557).
  */
 describe('takeover races, looped', () => {
-  let cluster: Cluster;
-  let worker: WorkerProcess;
-  const gateways: GatewayProcess[] = [];
-
-  beforeAll(async () => {
-    cluster = await Cluster.start();
-    worker = await cluster.worker({ WORKER_TTL_MS: '30000' });
-    const env = { HEADERS_WAIT_MS: '200', QUEUE_TIMEOUT_MS: '5000', IDLE_TIMEOUT_MS: '5000' };
-    gateways.push(...(await Promise.all([cluster.gateway(env), cluster.gateway(env)])));
-  });
-
-  afterAll(async () => {
-    worker?.process.signal('SIGCONT');
-    await cluster?.stop();
-  });
-
-  /** Runs `body` with the worker frozen (SIGSTOP) when `frozen`. */
-  async function withWorker<T>(frozen: boolean, body: () => Promise<T>): Promise<T> {
-    if (frozen) worker.process.signal('SIGSTOP');
-    try {
-      return await body();
-    } finally {
-      if (frozen) worker.process.signal('SIGCONT');
-    }
-  }
+  const stack = oneWorkerTwoGateways({ HEADERS_WAIT_MS: '200', QUEUE_TIMEOUT_MS: '5000', IDLE_TIMEOUT_MS: '5000' });
 
   it(`delivers every answer whole, ${ROUNDS} rounds`, async () => {
+    const { gateways, withWorkerFrozen } = stack;
     const failures: string[] = [];
     const answers = new Map<string, string>();
     const answer = async (content: string) => {
@@ -62,7 +37,7 @@ describe('takeover races, looped', () => {
       check(`resume mid-stream, round ${round}`, { ...rest, text: before.text + rest.text }, expected);
 
       // The worker frozen, the client gone before anything came, resumed elsewhere as the worker wakes.
-      const id = await withWorker(true, async () => {
+      const id = await withWorkerFrozen(true, async () => {
         const gone = post(here, chatBody(content, 60));
         const res = await gone.reply;
         gone.leave();
@@ -73,7 +48,7 @@ describe('takeover races, looped', () => {
       // Two POSTs with one Idempotency-Key on two gateways at once: the later takes the delivery over, the
       // earlier reads on from the log; one of them may be refused 409 (the other's claim, no meta yet).
       const key = `stress-${round}-${Math.random()}`;
-      const [a, b] = await withWorker(round % 2 === 1, async () => {
+      const [a, b] = await withWorkerFrozen(round % 2 === 1, async () => {
         const a = post(here, chatBody(content, 60), { 'idempotency-key': key });
         await new Promise((resolve) => setTimeout(resolve, round % 4));
         const b = post(there, chatBody(content, 60), { 'idempotency-key': key });
@@ -91,7 +66,7 @@ describe('takeover races, looped', () => {
       // Two resumes racing on two gateways while the first connection still reads: the resumes get the
       // whole answer; the first connection too, unless the resume on its own gateway superseded it.
       const open = post(here, chatBody(content, 60));
-      const [res, resumes] = await withWorker(round % 2 === 1, async () => {
+      const [res, resumes] = await withWorkerFrozen(round % 2 === 1, async () => {
         const res = await open.reply;
         const streamId = res.headers.get('x-stream-id')!;
         return [res, [resume(there, streamId), resume(here, streamId)]] as const;
