@@ -17,9 +17,10 @@ import {
  * under way, one worker is SIGKILLed (even rounds: its requests migrate) or drained (odd rounds: handed
  * over), and every answer must arrive whole, the waiting ones included.
  *
- * Known to fail in a few rounds (stop 53; docs/durable-streams.md "Known gap"): a worker SIGKILLed just
- * after it took a job, before its `accepted`, leaves that request to BullMQ's stalled-job check, 30–60 s
- * later, and its client may reach the queue timeout first. Under `yes` load: 1–2 of 60 requests per 10 rounds.
+ * It found a gap (stop 53, fixed stop 54; docs/durable-streams.md "A worker lost between taking a job and
+ * accepting it"): a worker SIGKILLed just after it took a job, before its `accepted`, left that request to
+ * BullMQ's stalled-job check, 30–60 s later, and its client could reach the queue timeout first (under
+ * `yes` load 1–2 of 60 requests per 10 rounds).
  */
 const WORKER_ENV = { ...MIGRATING_WORKER_ENV, MAX_BATCH_SIZE: '2', WORKER_CONCURRENCY: '4' };
 const PROMPTS = ['one', 'two', 'three', 'four', 'five', 'six'];

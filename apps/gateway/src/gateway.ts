@@ -172,20 +172,18 @@ export async function startGateway(config: GatewayConfig, logger: Logger, option
   const aliveTimer = setInterval(() => void keepAlive(), Math.floor(aliveTtlMs / 3));
   aliveTimer.unref();
   const tokenizers = new TokenizerCache(redis, names, logger);
-  let lastLive: ReadonlySet<string> = new Set();
-  const registry: WorkerRegistry = new WorkerRegistry(redis, names, config.registryPollMs, logger, (live, takenAt) => {
+  const registry: WorkerRegistry = new WorkerRegistry(redis, names, config.registryPollMs, logger, (live, takenAt, lost) => {
     sessions.failLostWorkers(live, takenAt);
     void revocation?.check();
-    const lost = new Set([...lastLive].filter((id) => !live.has(id)));
-    lastLive = live;
-    if (lost.size > 0) {
+    if (lost.length > 0) {
+      const lostIds = lost.map((record) => record.workerId);
       jobs
-        .migrateDetached(lost, (requestId) => sessions.has(requestId))
+        .recoverLost(lost, (requestId) => sessions.has(requestId))
         .then(
           (moved) => {
-            if (moved > 0) logger.warn({ lost: [...lost], moved }, 'moved detached requests of lost workers');
+            if (moved > 0) logger.warn({ lost: lostIds, moved }, 'moved requests of lost workers');
           },
-          (error: unknown) => logger.warn({ err: error }, 'moving detached requests of lost workers failed'),
+          (error: unknown) => logger.warn({ err: error, lost: lostIds }, 'moving requests of lost workers failed'),
         );
     }
     // A model card is loaded when first named, not by the first request that needs it.

@@ -21,6 +21,7 @@ import {
   type GenerateJob,
   type RedisNames,
   type StreamFormat,
+  type WorkerRecord,
 } from '@sluice/protocol';
 import type { RequestSession } from './request-session.js';
 import type { WorkCanceller } from './session-manager.js';
@@ -229,27 +230,47 @@ export class RedisJobQueue implements JobSubmitter, WorkCanceller {
   }
 
   /**
-   * Moves the detached requests of lost workers (their client left within its resume grace, so no
-   * gateway holds a session to migrate them): found among BullMQ's active jobs, whose meta names a
-   * lost worker and no channel. Every gateway that sees the loss tries; the fenced move lets one win.
-   * They stay detached, and keep generating into their log for a client that resumes.
+   * Moves the requests of lost workers that no session of this gateway moves (see
+   * `SessionManager.failLostWorkers`), found among BullMQ's active jobs:
+   * - detached ones (their client left within its resume grace, so no gateway holds a session to
+   *   migrate them), whose meta names a lost worker: they stay detached, and keep generating into their
+   *   log for a client that resumes;
+   * - ones a lost worker took and had not accepted (the meta names no worker for the job's attempt, and
+   *   the job's lock is the lost worker's): no gateway knows their worker, and BullMQ would hand them on
+   *   only once the lock lapsed and a stalled-job check ran (30–60 s). They keep their route: a session
+   *   waiting for them (here or on another gateway) gets the new attempt's entries as a worker writes them.
+   * Every gateway that sees the loss tries; the fenced move lets one win (a worker that merely looked
+   * dead finds its attempt fenced out of the log, and a BullMQ retry of the old job is superseded).
    * @returns how many this gateway moved
    */
-  async migrateDetached(lostWorkerIds: ReadonlySet<string>, hasSession: (requestId: string) => boolean): Promise<number> {
-    const jobs = (await this.queue.getActive())
-      .map((job) => job.data as GenerateJob)
-      .filter((job) => job?.requestId !== undefined && !hasSession(job.requestId));
+  async recoverLost(lost: readonly WorkerRecord[], hasSession: (requestId: string) => boolean): Promise<number> {
+    const lostIds = new Set(lost.map((record) => record.workerId));
+    const byLockPrefix = new Map(
+      lost.flatMap((record) => (record.queueWorkerId === undefined ? [] : [[`${record.queueWorkerId}:`, record]])),
+    );
+    const jobs = (await this.queue.getActive()).flatMap((job) => {
+      const data = job.data as GenerateJob | undefined;
+      return data?.requestId === undefined || job.id === undefined ? [] : [{ jobId: job.id, data }];
+    });
     if (jobs.length === 0) return 0;
     const reads = this.redis.pipeline();
-    for (const job of jobs) reads.hgetall(this.names.metaKey(job.requestId));
-    const metas = (await reads.exec()) ?? [];
+    for (const { jobId, data } of jobs) reads.hgetall(this.names.metaKey(data.requestId)).get(`${this.queue.toKey(jobId)}:lock`);
+    const replies = (await reads.exec()) ?? [];
     let moved = 0;
-    for (const [i, job] of jobs.entries()) {
-      const meta = decodeRequestMeta((metas[i]?.[1] as Record<string, string> | undefined) ?? {});
-      const attempt = job.continuation?.attempt ?? 1;
-      if (meta === undefined || meta.channel !== '' || meta.attempt !== attempt) continue;
-      if (meta.workerId === undefined || !lostWorkerIds.has(meta.workerId)) continue;
-      const result = await this.migrate(job.requestId, attempt, meta.workerId, '');
+    for (const [i, { data }] of jobs.entries()) {
+      const meta = decodeRequestMeta((replies[2 * i]?.[1] as Record<string, string> | undefined) ?? {});
+      const lock = replies[2 * i + 1]?.[1];
+      const attempt = data.continuation?.attempt ?? 1;
+      if (meta === undefined || meta.attempt !== attempt) continue;
+      let from: string | undefined;
+      if (meta.workerId !== undefined) {
+        if (lostIds.has(meta.workerId) && meta.channel === '' && !hasSession(data.requestId)) from = meta.workerId;
+      } else if (typeof lock === 'string') {
+        from = [...byLockPrefix].find(([prefix]) => lock.startsWith(prefix))?.[1].workerId;
+      }
+      if (from === undefined) continue;
+      // '' leaves the route as the meta has it when the move is made (attached anywhere, or detached).
+      const result = await this.migrate(data.requestId, attempt, from, '');
       if (result.outcome === 'migrated') moved++;
     }
     return moved;
@@ -259,7 +280,7 @@ export class RedisJobQueue implements JobSubmitter, WorkCanceller {
    * The API key `owner` was revoked: stops its detached requests, running or waiting (their client left
    * within a resume grace, so no gateway holds a session to end them, and nobody may resume them now:
    * they would run on unseen until their grace ran out). Found among BullMQ's jobs by their meta, as
-   * {@link migrateDetached} finds those of lost workers, and cancelled as `POST .../{id}/cancel` does.
+   * {@link recoverLost} finds those of lost workers, and cancelled as `POST .../{id}/cancel` does.
    * Every gateway told of the revoke tries; a second cancel changes nothing.
    * @returns how many it stopped
    */

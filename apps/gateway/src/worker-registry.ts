@@ -43,8 +43,11 @@ export class WorkerRegistry implements ModelCatalog {
     private readonly names: RedisNames,
     private readonly pollMs: number,
     private readonly logger: Logger,
-    /** Called after each successful read with the live worker ids and when the read started. */
-    private readonly onSnapshot: (liveWorkerIds: ReadonlySet<string>, takenAt: number) => void,
+    /**
+     * Called after each successful read with the live worker ids, when the read started, and the
+     * records (as last read) of the workers the previous read listed and this one does not: lost.
+     */
+    private readonly onSnapshot: (liveWorkerIds: ReadonlySet<string>, takenAt: number, lost: readonly WorkerRecord[]) => void,
   ) {}
 
   /** Workers that take new jobs: a draining worker still finishes its streams but counts no more. */
@@ -107,10 +110,11 @@ export class WorkerRegistry implements ModelCatalog {
         if (model.modelCard === undefined && record.modelCard !== undefined) model.modelCard = record.modelCard;
       }
     }
+    const lost = [...this.workers.values()].filter((record) => !workers.has(record.workerId));
     this.workers = workers;
     this.servingCount = serving.length;
     this.byModel = byModel;
-    this.onSnapshot(new Set(workers.keys()), takenAt);
+    this.onSnapshot(new Set(workers.keys()), takenAt, lost);
     if (ids.length > workers.size) {
       await this.redis.zremrangebyscore(this.names.workersIndexKey, '-inf', String(takenAt - INDEX_GC_MS));
     }

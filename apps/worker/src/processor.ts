@@ -376,10 +376,13 @@ export class JobProcessor {
     }
 
     const accepted = { type: 'accepted' as const, workerId: this.deps.workerId, promptTokens: promptTokenIds.length };
-    if (job.continuation !== undefined) {
-      if (meta === undefined) return this.skip(logger, 'log lost');
-      const log = readLog(replies[2]?.[1] as Array<[string, string[]]> | undefined, sampling.n ?? 1);
-      if (log.ended) return this.skip(logger, 'already ended');
+    if (job.continuation !== undefined && meta === undefined) return this.skip(logger, 'log lost');
+    const log =
+      job.continuation === undefined ? undefined : readLog(replies[2]?.[1] as Array<[string, string[]]> | undefined, sampling.n ?? 1);
+    if (log?.ended === true) return this.skip(logger, 'already ended');
+    // A continuation of which nothing was logged (its worker was lost after it took the job, before it
+    // accepted it) starts afresh below, as a first attempt does: its client has nothing of it yet.
+    if (log !== undefined && log.lastSeq >= 0) {
       route.nextSeq = log.lastSeq + 1;
       if (!log.whole) {
         // Its cap trimmed the log's start: the tokens (and seed) sent before are not all there to go
@@ -429,7 +432,9 @@ export class JobProcessor {
       return { parts: open.length, priorTokens };
     }
 
-    // A first attempt was submitted early (above); any other (a BullMQ retry) is submitted now.
+    // (A first attempt's refusal went out above.)
+    if (refusal !== undefined) return this.reject(route, refusal, logger);
+    // A first attempt was submitted early (above); any other (a BullMQ retry, a continuation of nothing) is submitted now.
     const refused = early ? submitError : submitFromStart();
     if (refused !== undefined) {
       if (isEngineError(refused)) return this.reject(route, toWireError(refused.code, refused.message), logger);

@@ -124,6 +124,26 @@ export async function startWorker(
     if (stats.eventLoopLagMs !== undefined) metrics?.setEngineEventLoopLag(stats.eventLoopLagMs);
   });
   let draining = false;
+  // Made first, run only once registered (`autorun: false`): its id, the prefix of every lock it takes,
+  // is in the registry record before it holds a job, so that whoever sees this worker lost can find
+  // the jobs it took and had not accepted yet (`RedisJobQueue.recoverLost`).
+  const worker = new Worker(
+    GENERATE_QUEUE,
+    async (job: Job, _token?: string, signal?: AbortSignal) => processor.process(job.data, job.attemptsStarted, signal),
+    {
+      connection: bullConnection,
+      prefix: names.bullPrefix,
+      concurrency: config.concurrency,
+      lockDuration: config.lockDurationMs,
+      stalledInterval: config.lockDurationMs,
+      maxStalledCount: 1,
+      runRetryDelay: FETCH_RETRY_MS,
+      removeOnComplete: { count: 0 },
+      removeOnFail: { count: 0 },
+      autorun: false,
+    },
+  );
+  worker.on('error', (err: Error) => logger.warn({ err: err.message }, 'bullmq worker error'));
   const heartbeat = new RegistryHeartbeat(
     redis,
     names,
@@ -137,6 +157,7 @@ export async function startWorker(
       maxCachedTokens: engine.info.maxCachedTokens,
       running: processor.counters.running,
       draining,
+      queueWorkerId: worker.id,
     }),
     logger,
     deps.modelCard,
@@ -180,22 +201,8 @@ export async function startWorker(
   redis.on('ready', () => {
     if (!draining) heartbeat.beat().catch((error: unknown) => logger.warn({ err: error }, 'registry heartbeat failed'));
   });
-  const worker = new Worker(
-    GENERATE_QUEUE,
-    async (job: Job, _token?: string, signal?: AbortSignal) => processor.process(job.data, job.attemptsStarted, signal),
-    {
-      connection: bullConnection,
-      prefix: names.bullPrefix,
-      concurrency: config.concurrency,
-      lockDuration: config.lockDurationMs,
-      stalledInterval: config.lockDurationMs,
-      maxStalledCount: 1,
-      runRetryDelay: FETCH_RETRY_MS,
-      removeOnComplete: { count: 0 },
-      removeOnFail: { count: 0 },
-    },
-  );
-  worker.on('error', (err: Error) => logger.warn({ err: err.message }, 'bullmq worker error'));
+  // Resolves once the worker closed (a drain); its failures are reported as its 'error' events are.
+  worker.run().catch((err: Error) => logger.error({ err: err.message }, 'bullmq worker stopped'));
   await worker.waitUntilReady();
   logger.info(
     {

@@ -455,6 +455,51 @@ describe('a first attempt starts in the engine while its checks are out', () => 
     await h.close();
   });
 
+  it('starts afresh a continuation of which nothing was logged (its worker was lost before it accepted): a whole request, an accepted that is not `continued`', async () => {
+    const h = await harness();
+    const live = await listen('gw-cont-empty');
+    const j = job('gw-cont-empty', { sampling: { maxTokens: 8, n: 2 }, continuation: { attempt: 2 } });
+    await writeMeta(j, { attempt: '2' });
+    const done = h.processor.process(j, 1);
+    await h.accepted(1);
+    // One engine request with both choices, from the prompt: no per-choice continuation parts.
+    expect(h.submitted.map((s) => [s.request.id, s.request.sampling.n, s.request.continuation])).toEqual([[j.requestId, 2, undefined]]);
+    const seed = h.submitted[0]!.request.sampling.seed;
+    expect(seed).toEqual(expect.any(Number));
+    await h.step([
+      [j.requestId, { type: 'text-delta', index: 0, tokenIds: [10], text: 'a' }],
+      [j.requestId, { type: 'text-end', index: 0, finishReason: 'length' }],
+      [j.requestId, { type: 'text-end', index: 1, finishReason: 'length' }],
+      [j.requestId, finish(1)],
+    ]);
+    await done;
+    const log = await logOf(j.requestId);
+    expect(log[0]).toEqual({ requestId: j.requestId, seq: 0, type: 'accepted', workerId: 'w1', promptTokens: 3, seed, attempt: 2 });
+    expect(log.map((e) => [e.seq, e.type])).toEqual([
+      [0, 'accepted'],
+      [1, 'text-delta'],
+      [2, 'text-end'],
+      [3, 'text-end'],
+      [4, 'finish'],
+    ]);
+    await waitFor('live messages', () => (live.messages.flat().length === 5 ? true : undefined));
+    await live.close();
+    await h.close();
+  });
+
+  it('rejects a continuation of which nothing was logged that does not fit its context, as a first attempt', async () => {
+    const h = await harness();
+    const j = job('gw-cont-empty-long', { sampling: { maxTokens: 200 }, continuation: { attempt: 2 } });
+    await writeMeta(j, { attempt: '2' });
+    await h.processor.process(j, 1);
+    await h.router.drained();
+    expect(h.submitted).toEqual([]);
+    expect(await logOf(j.requestId)).toMatchObject([
+      { seq: 0, attempt: 2, type: 'rejected', error: { code: 'context_length_exceeded', param: 'max_tokens' } },
+    ]);
+    await h.close();
+  });
+
   it('rejects a continuation that does not fit its context after the entries already in its log', async () => {
     const h = await harness();
     // The lost worker held a larger context: 200 completion tokens do not fit this one's 100.

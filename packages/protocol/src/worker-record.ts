@@ -20,6 +20,11 @@ export const workerRecordSchema = z.object({
   modelCard: z.string().optional(),
   /** Set once the worker got SIGTERM: it takes no new jobs. */
   draining: z.boolean(),
+  /**
+   * Its BullMQ worker's id: the lock of every job it holds is `<queueWorkerId>:<n>`. A gateway that
+   * sees this worker lost finds the jobs it took and had not accepted yet by their locks.
+   */
+  queueWorkerId: z.string().optional(),
 });
 export type WorkerRecord = z.infer<typeof workerRecordSchema>;
 

@@ -1,0 +1,123 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { fileURLToPath } from 'node:url';
+import { Redis } from 'ioredis';
+import { GENERATE_QUEUE, redisNames } from '@sluice/protocol';
+import { Cluster } from './support/cluster.js';
+import { startProcess, waitFor, type ManagedProcess } from './support/processes.js';
+import type { GatewayProcess, WorkerProcess } from './support/sluice.js';
+import { readTokenLog } from './support/token-log.js';
+import { chatBody, MIGRATING_GATEWAY_ENV, MIGRATING_WORKER_ENV, notWhole, post, readReply, resume } from './stress/stress-support.js';
+
+/**
+ * A worker that dies after BullMQ gave it a job and before it accepted it (the job active, locked by
+ * the dead worker; nothing in the request's log; no gateway knows which worker had it): the request
+ * moves on as soon as a gateway sees the worker lost (its registry key expired), instead of when the
+ * dead worker's BullMQ lock lapses and a stalled-job check runs (30–60 s; past the queue timeout, the
+ * client got `queue_timeout`). Real redis-server, BullMQ, gateways and workers (tiny model); the dying
+ * worker is `support/job-taker.ts` (a process that takes one job off the real queue as a worker does
+ * and never accepts it), SIGKILLed.
+ */
+
+const TAKER = fileURLToPath(new URL('./support/job-taker.ts', import.meta.url));
+const names = redisNames();
+
+describe('a worker lost between taking a job and accepting it', () => {
+  let cluster: Cluster;
+  let gateways: GatewayProcess[];
+  let worker: WorkerProcess;
+  let redis: Redis;
+
+  beforeAll(async () => {
+    cluster = await Cluster.start();
+    worker = await cluster.worker(MIGRATING_WORKER_ENV);
+    gateways = [await cluster.gateway(MIGRATING_GATEWAY_ENV), await cluster.gateway(MIGRATING_GATEWAY_ENV)];
+    redis = new Redis(cluster.redis.url);
+  });
+  afterAll(async () => {
+    redis?.disconnect();
+    await cluster?.stop();
+  });
+
+  const answerOf = async (content: string) => {
+    const got = await readReply(post(gateways[0]!, chatBody(content, 24)).reply);
+    expect(got.errors).toEqual([]);
+    return got.text;
+  };
+
+  /**
+   * Leaves the job taker as the only consumer of the queue: it registers (copying the live worker's
+   * record), then the live worker stops (SIGTERM, drained). Resolves its process and BullMQ worker id.
+   */
+  const onlyTheTaker = async (takerId: string) => {
+    const taker = startProcess('job-taker', process.execPath, ['--import', 'tsx', TAKER], {
+      REDIS_URL: cluster.redis.url,
+      TAKER_ID: takerId,
+      WORKER_TTL_MS: MIGRATING_WORKER_ENV.WORKER_TTL_MS,
+    });
+    const queueWorkerId = await waitFor(`${takerId} registered`, async () => /registered (\S+)/.exec(taker.output())?.[1], 20_000);
+    await worker.process.stop();
+    return { taker, queueWorkerId };
+  };
+  const tookJob = (taker: ManagedProcess) => waitFor('the taker took the job', async () => /took (\S+)/.exec(taker.output())?.[1], 20_000);
+  const lockOf = (jobId: string) => redis.get(`${names.bullPrefix}:${GENERATE_QUEUE}:${jobId}:lock`);
+
+  /** The log of a request moved once before its first entry: one attempt, 2, accepted at seq 0, not as a continuation. */
+  const expectMovedBeforeAnything = async (jobId: string) => {
+    expect(await redis.hget(names.metaKey(jobId), 'attempt')).toBe('2');
+    const log = await readTokenLog(redis, jobId);
+    const accepted = log.filter((entry) => entry.type === 'accepted');
+    expect(accepted).toHaveLength(1);
+    expect(accepted[0]).toMatchObject({ seq: 0, attempt: 2 });
+    expect(accepted[0]).not.toHaveProperty('continued', true);
+    expect(new Set(log.map((entry) => entry.attempt))).toEqual(new Set([2]));
+  };
+
+  it('streams the whole answer to the client waiting for it, long before the dead worker\u2019s lock lapses', async () => {
+    const prompt = 'Tell me about the lighthouse keeper.';
+    const expected = await answerOf(prompt);
+    const { taker, queueWorkerId } = await onlyTheTaker('taker-a');
+    const { reply } = post(gateways[0]!, chatBody(prompt, 24));
+    const jobId = await tookJob(taker);
+    taker.signal('SIGKILL');
+    await taker.exited;
+    worker = await cluster.worker(MIGRATING_WORKER_ENV);
+
+    const got = await readReply(reply);
+    expect(notWhole(got, expected), cluster.logs()).toBeUndefined();
+    // Moved by a gateway: the first job is still active, locked by the dead worker (BullMQ would hand
+    // it on only once that lock lapsed, LOCK_DURATION_MS = 30 s after the take).
+    expect(await lockOf(jobId)).toMatch(new RegExp(`^${queueWorkerId}:`));
+    await expectMovedBeforeAnything(jobId);
+  }, 90_000);
+
+  it('moves a request whose client left within its grace; the client resumes the whole answer on another gateway', async () => {
+    const prompt = 'Tell me about the night ferry.';
+    const expected = await answerOf(prompt);
+    const { taker, queueWorkerId } = await onlyTheTaker('taker-b');
+    const first = post(gateways[0]!, chatBody(prompt, 24));
+    const streamId = (await first.reply).headers.get('x-stream-id')!;
+    const jobId = await tookJob(taker);
+    first.leave();
+    await waitFor(
+      'the request detached',
+      async () => ((await redis.hget(names.metaKey(jobId), 'channel')) === '' ? true : undefined),
+      10_000,
+    );
+    taker.signal('SIGKILL');
+    await taker.exited;
+    worker = await cluster.worker(MIGRATING_WORKER_ENV);
+
+    // No gateway holds a session of it: a gateway that saw the taker lost moved it, detached still,
+    // and the new worker generated the answer into its log for the client to resume.
+    await waitFor(
+      'the answer in the log',
+      async () => ((await readTokenLog(redis, jobId)).some((e) => e.type === 'finish') ? true : undefined),
+      30_000,
+    );
+    expect(await redis.hget(names.metaKey(jobId), 'channel')).toBe('');
+    const got = await readReply(resume(gateways[1]!, streamId));
+    expect(notWhole(got, expected), cluster.logs()).toBeUndefined();
+    expect(await lockOf(jobId)).toMatch(new RegExp(`^${queueWorkerId}:`));
+    await expectMovedBeforeAnything(jobId);
+  }, 90_000);
+});
