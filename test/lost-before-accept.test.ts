@@ -90,6 +90,31 @@ describe('a worker lost between taking a job and accepting it', () => {
     await expectMovedBeforeAnything(jobId);
   }, 90_000);
 
+  it('fences out a worker that only looked dead (frozen past its TTL): what it writes once thawed reaches neither the log nor the client', async () => {
+    const prompt = 'Tell me about the old mill.';
+    const expected = await answerOf(prompt);
+    const { taker } = await onlyTheTaker('taker-c');
+    const { reply } = post(gateways[0]!, chatBody(prompt, 24));
+    const jobId = await tookJob(taker);
+    taker.signal('SIGSTOP');
+    await waitFor(
+      'the request moved',
+      async () => ((await redis.hget(names.metaKey(jobId), 'attempt')) === '2' ? true : undefined),
+      20_000,
+    );
+    // Thawed before any worker takes the new attempt: its `accepted` and a first token, appended
+    // (refused: fenced out) and published to the waiting client's gateway, as a worker's step writes them.
+    taker.signal('SIGCONT');
+    taker.signal('SIGUSR1');
+    expect(await waitFor('the late write', async () => /wrote (\d)/.exec(taker.output())?.[1], 10_000)).toBe('0');
+    worker = await cluster.worker(MIGRATING_WORKER_ENV);
+
+    const got = await readReply(reply);
+    taker.signal('SIGKILL');
+    expect(notWhole(got, expected), cluster.logs()).toBeUndefined();
+    await expectMovedBeforeAnything(jobId);
+  }, 90_000);
+
   it('moves a request whose client left within its grace; the client resumes the whole answer on another gateway', async () => {
     const prompt = 'Tell me about the night ferry.';
     const expected = await answerOf(prompt);

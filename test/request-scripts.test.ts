@@ -1,6 +1,7 @@
 import { Redis } from 'ioredis';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startRedis, type RedisServer } from './support/redis-server.js';
+import { waitFor } from './support/processes.js';
 import { decodeRequestMeta, encodeRequestMeta, redisNames, RequestScripts } from '@sluice/protocol';
 
 let server: RedisServer;
@@ -69,6 +70,23 @@ describe('request scripts on a real Redis', () => {
       await expect(scripts.migrate('resumed', 1, 'w-lost', 3, '', 'gateway')).resolves.toEqual([1, 2]);
       expect(await meta('resumed')).toMatchObject({ attempt: 2, channel: 'gw-b' });
       expect((await meta('resumed'))?.detachedAt).toBeUndefined();
+    });
+
+    it('publishes its announcement in the same step when it moves the request, and only then', async () => {
+      const subscriber = new Redis(server.url);
+      const heard: string[] = [];
+      subscriber.on('message', (_channel: string, message: string) => heard.push(message));
+      await subscriber.subscribe('m:gateways');
+      const announce = { channel: 'm:gateways', message: 'moved-to-2' };
+      await create('told', 'gw-a');
+      await expect(scripts.migrate('told', 1, 'w-lost', 3, '', 'gateway', Date.now(), announce)).resolves.toEqual([1, 2]);
+      // Moved already (attempt 2 now): no second announcement.
+      await expect(scripts.migrate('told', 1, 'w-lost', 3, '', 'gateway', Date.now(), announce)).resolves.toEqual([0, 2]);
+      // Published after the move, by anyone: heard after the announcement.
+      await redis.publish('m:gateways', 'later');
+      await waitFor('two messages', () => (heard.length === 2 ? true : undefined));
+      expect(heard).toEqual(['moved-to-2', 'later']);
+      await subscriber.quit();
     });
 
     it("takes a worker's detach (only it may know the gateway is gone) but never its stale route", async () => {

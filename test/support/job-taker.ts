@@ -6,11 +6,21 @@
  * few milliseconds in the real worker, which no signal can be timed to hit).
  * Run with `node --import tsx test/support/job-taker.ts`. Env: REDIS_URL, TAKER_ID, WORKER_TTL_MS
  * (default 1500), LOCK_DURATION_MS (default 30000). Prints `registered <queue worker id>`, then
- * `took <job id>`.
+ * `took <job id>`; SIGUSR1 then makes it write as a worker that only looked dead would (below).
  */
 import { Worker } from 'bullmq';
 import { Redis } from 'ioredis';
-import { decodeWorkerRecord, encodeWorkerRecord, GENERATE_QUEUE, redisNames } from '@sluice/protocol';
+import {
+  decodeWorkerRecord,
+  encodeEntry,
+  encodeWorkerRecord,
+  GENERATE_QUEUE,
+  liveGatewayMessage,
+  redisNames,
+  RequestScripts,
+  type GatewayEntry,
+  type GenerateJob,
+} from '@sluice/protocol';
 
 const names = redisNames();
 const takerId = process.env.TAKER_ID ?? 'job-taker';
@@ -49,3 +59,33 @@ console.log(`registered ${worker.id}`);
 let job = await worker.getNextJob(`${worker.id}:0`);
 while (job === undefined) job = await worker.getNextJob(`${worker.id}:0`);
 console.log(`took ${job.id}`);
+
+// SIGUSR1: write what a worker that only looked dead writes once it runs again — its `accepted` and a
+// first token for the job's attempt, appended to the log and published to the request's route in one
+// pipeline, as the worker's step router does. Prints `wrote <appended: 1, or 0 when fenced out>`.
+const data = job.data as GenerateJob;
+const scripts = new RequestScripts(redis, names);
+process.on('SIGUSR1', () => {
+  const attempt = data.continuation?.attempt ?? 1;
+  const entries: GatewayEntry[] = [
+    { requestId: data.requestId, seq: 0, type: 'accepted', workerId: takerId, promptTokens: 1, attempt },
+    { requestId: data.requestId, seq: 1, type: 'text-delta', index: 0, text: ' LATE', tokens: 1, tokenIds: [7], attempt },
+  ];
+  void (async () => {
+    const channel = (await redis.hget(names.metaKey(data.requestId), 'channel')) ?? '';
+    const pipeline = redis.pipeline();
+    const encoded = entries.map(encodeEntry);
+    const pairs = entries.flatMap((entry, i) => [String(entry.seq), encoded[i]!.logged]);
+    scripts.appendLog(pipeline, { requestId: data.requestId, attempt, maxEntries: 1000, ttlMs: 60_000, workerId: takerId, pairs });
+    if (channel !== '')
+      pipeline.publish(
+        channel,
+        liveGatewayMessage(
+          takerId,
+          encoded.map((e) => e.live),
+        ),
+      );
+    const replies = await pipeline.exec();
+    console.log(`wrote ${String(replies?.[0]?.[1])}`);
+  })();
+});

@@ -134,6 +134,7 @@ export async function startGateway(config: GatewayConfig, logger: Logger, option
       message: (message) => sessions.dispatch(message),
       broadcast: (message) => {
         if (message.type === 'key-revoked') revocation?.revoked(message.keyHash);
+        else if (message.type === 'attempt-moved') sessions.attemptMoved(message.requestId, message.attempt);
         else if (message.channel !== channel) sessions.routeMovedAway(message.requestId);
       },
       // A subscriber that reconnected missed what was published meanwhile: the token logs have the

@@ -212,9 +212,34 @@ export class RedisJobQueue implements JobSubmitter, WorkCanceller {
    * The request's worker was lost: fence its attempt out of the log and enqueue a continuation (at
    * the front of the queue) that goes on from the token ids in the log. Exactly one caller wins.
    */
-  /** @param channel where its live entries go next: this gateway's, or '' to keep a detached request detached */
-  async migrate(requestId: string, attempt: number, lostWorkerId: string, channel = this.channel): Promise<MigrationResult> {
-    const [code, current] = await this.scripts.migrate(requestId, attempt, lostWorkerId, this.maxMigrations, channel, 'gateway');
+  /**
+   * @param channel where its live entries go next: this gateway's, or '' to keep the route as it is
+   * @param announce tell every gateway of the new attempt as it is made (`attempt-moved`): a move no
+   *   session of the request asked for
+   */
+  async migrate(
+    requestId: string,
+    attempt: number,
+    lostWorkerId: string,
+    channel = this.channel,
+    announce = false,
+  ): Promise<MigrationResult> {
+    const announcement = announce
+      ? {
+          channel: this.names.gatewaysChannel,
+          message: encodeGatewayBroadcast({ type: 'attempt-moved', requestId, attempt: attempt + 1 }),
+        }
+      : undefined;
+    const [code, current] = await this.scripts.migrate(
+      requestId,
+      attempt,
+      lostWorkerId,
+      this.maxMigrations,
+      channel,
+      'gateway',
+      Date.now(),
+      announcement,
+    );
     if (code === 0) return { outcome: 'moved', attempt: current };
     if (code !== 1) return { outcome: code === 2 ? 'exhausted' : 'gone' };
     // The lost attempt's job is still in BullMQ (active, its lock held by the dead worker): its data
@@ -239,8 +264,10 @@ export class RedisJobQueue implements JobSubmitter, WorkCanceller {
    *   the job's lock is the lost worker's): no gateway knows their worker, and BullMQ would hand them on
    *   only once the lock lapsed and a stalled-job check ran (30–60 s). They keep their route: a session
    *   waiting for them (here or on another gateway) gets the new attempt's entries as a worker writes them.
-   * Every gateway that sees the loss tries; the fenced move lets one win (a worker that merely looked
-   * dead finds its attempt fenced out of the log, and a BullMQ retry of the old job is superseded).
+   * Every gateway that sees the loss tries; the fenced move lets one win. A worker that merely looked
+   * dead finds its attempt fenced out of the log, and what it still publishes live is dropped by a
+   * session of the request, told of the new attempt by the move (`attempt-moved`); a BullMQ retry of the
+   * old job is superseded.
    * @returns how many this gateway moved
    */
   async recoverLost(lost: readonly WorkerRecord[], hasSession: (requestId: string) => boolean): Promise<number> {
@@ -270,7 +297,7 @@ export class RedisJobQueue implements JobSubmitter, WorkCanceller {
       }
       if (from === undefined) continue;
       // '' leaves the route as the meta has it when the move is made (attached anywhere, or detached).
-      const result = await this.migrate(data.requestId, attempt, from, '');
+      const result = await this.migrate(data.requestId, attempt, from, '', true);
       if (result.outcome === 'migrated') moved++;
     }
     return moved;

@@ -244,6 +244,16 @@ export class SessionManager {
   }
 
   /**
+   * A gateway moved the request to `attempt` without a session asking (its worker was lost before it
+   * accepted it): live entries of older attempts are dropped from now on, as after this gateway's own
+   * move — a worker that only looked dead may still publish some, and they are in no log.
+   */
+  attemptMoved(requestId: string, attempt: number): void {
+    const session = this.sessions.get(requestId);
+    if (session !== undefined && attempt > session.attempt) session.attempt = attempt;
+  }
+
+  /**
    * The subscriber reconnected: whatever was published meanwhile is in the logs. A `route-moved` sent
    * meanwhile is gone, so a session still waiting cannot tell whether its route moved away: it reads
    * its log while it waits from now on, as one told so does (reconnects are rare; reads stop once it

@@ -325,6 +325,28 @@ describe('SessionManager', () => {
     manager.close();
   });
 
+  it('fences out live entries of an attempt another gateway moved on before its worker accepted (attempt-moved)', () => {
+    const { manager, events, open } = setup();
+    open('waiting');
+    manager.attemptMoved('waiting', 2);
+    // The old worker only looked dead: what it publishes after the move is in no log.
+    manager.dispatch({ workerId: 'old', entries: [{ requestId: 'waiting', seq: 0, type: 'accepted', workerId: 'old', promptTokens: 1 }] });
+    manager.dispatch({
+      workerId: 'new',
+      entries: [{ requestId: 'waiting', seq: 0, attempt: 2, type: 'accepted', workerId: 'new', promptTokens: 1 }],
+    });
+    expect(events).toMatchObject([{ type: 'accepted', workerId: 'new' }]);
+    // An older announcement (or one of a request not held here) changes nothing.
+    manager.attemptMoved('waiting', 1);
+    manager.attemptMoved('elsewhere', 5);
+    manager.dispatch({
+      workerId: 'new',
+      entries: [{ requestId: 'waiting', seq: 1, attempt: 2, type: 'text-delta', index: 0, text: 'a', tokens: 1 }],
+    });
+    expect(events.map((e) => e.type)).toEqual(['accepted', 'text-delta']);
+    manager.close();
+  });
+
   it('lets a request with a resume grace outlive its client instead of cancelling it', () => {
     const { manager, cancels, detached, open } = setup();
     manager.clientLeft(open('graced', Date.now() + 60_000, 5_000));

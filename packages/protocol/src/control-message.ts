@@ -83,8 +83,25 @@ export const routeMovedMessageSchema = z.object({
 });
 export type RouteMovedMessage = z.infer<typeof routeMovedMessageSchema>;
 
+/**
+ * A gateway moved a request to a new attempt that no session of it asked for (its worker was lost
+ * before it accepted the request: `RedisJobQueue.recoverLost`). Published by the move itself
+ * (`MIGRATE_SCRIPT`), so it reaches a gateway ahead of anything the old attempt's worker (one that only
+ * looked dead) still publishes: a session of the request drops live entries of older attempts from now on.
+ */
+export const attemptMovedMessageSchema = z.object({
+  type: z.literal('attempt-moved'),
+  requestId: z.string(),
+  attempt: z.number().int().positive(),
+});
+export type AttemptMovedMessage = z.infer<typeof attemptMovedMessageSchema>;
+
 /** Published on the gateways' channel (`gatewaysChannel`), read by every gateway. */
-export const gatewayBroadcastSchema = z.discriminatedUnion('type', [keyRevokedMessageSchema, routeMovedMessageSchema]);
+export const gatewayBroadcastSchema = z.discriminatedUnion('type', [
+  keyRevokedMessageSchema,
+  routeMovedMessageSchema,
+  attemptMovedMessageSchema,
+]);
 export type GatewayBroadcast = z.infer<typeof gatewayBroadcastSchema>;
 
 export function encodeGatewayBroadcast(message: GatewayBroadcast): string {

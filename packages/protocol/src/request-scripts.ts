@@ -109,7 +109,7 @@ export class RequestScripts {
   /**
    * Moves the request to a new attempt ({@link MIGRATE_SCRIPT}), fencing out `attempt`, the one of
    * worker `from`; at most `bound` attempts; live entries go to `channel` ('' keeps it detached), as
-   * `mover` may route them (see the script).
+   * `mover` may route them (see the script). `announce` is published in the same step when it moves.
    */
   migrate(
     requestId: string,
@@ -119,8 +119,10 @@ export class RequestScripts {
     channel: string,
     mover: 'gateway' | 'worker',
     now = Date.now(),
+    announce?: { channel: string; message: string },
   ): Promise<MigrateReply> {
-    return this.#redis.migrateRequest(this.names.metaKey(requestId), attempt, from, bound, channel, now, mover);
+    const published = announce === undefined ? [] : [announce.channel, announce.message];
+    return this.#redis.migrateRequest(this.names.metaKey(requestId), attempt, from, bound, channel, now, mover, ...published);
   }
 
   /**

@@ -98,7 +98,9 @@ return 1
  * Moves a request to a new attempt because its worker was lost (or hands it over while draining):
  * fences the old attempt out of the log, and routes its live entries. KEYS: meta. ARGV: the attempt the
  * caller saw, the lost worker's id, max migrations, the channel, now (ms, for a detach only the worker
- * knew of), and who moves it (ARGV[6]):
+ * knew of), who moves it (ARGV[6], below), and optionally a channel and a message published when the
+ * move is made (ARGV[7], ARGV[8]; '' publishes nothing): in the same step, so that it reaches a
+ * subscriber ahead of anything published after the move. Who moves it:
  * - a gateway (`gateway`): its own channel (its session's client reads it there) or '' (a detached
  *   request it found); a route another gateway took since it read the meta (a resume there) stays — a
  *   stale session's move used to take the stream from the gateway its client reads, and a detached
@@ -135,6 +137,7 @@ elseif ARGV[4] == '' then
 else
   redis.call('HSET', KEYS[1], 'attempt', attempt + 1, 'workerId', '', 'channel', ARGV[4], 'detachedAt', '')
 end
+if ARGV[7] and ARGV[7] ~= '' then redis.call('PUBLISH', ARGV[7], ARGV[8]) end
 return {1, attempt + 1}
 `;
 
