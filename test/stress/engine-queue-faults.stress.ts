@@ -1,4 +1,5 @@
 import { describe, expect, it } from 'vitest';
+import { sleep } from '../support/processes.js';
 import {
   chatBody,
   MIGRATING_WORKER_ENV,
@@ -14,8 +15,9 @@ import {
  * A worker lost with requests waiting inside its engine, looped (`npm run stress`; not in the default
  * suite): two workers of two batch rows that take four jobs each (tiny model), six long greedy streams
  * over two gateways, so that a worker holds some accepted but not yet scheduled. Once two streams are
- * under way, one worker is SIGKILLed (even rounds: its requests migrate) or drained (odd rounds: handed
- * over), and every answer must arrive whole, the waiting ones included.
+ * under way, one worker is SIGKILLed (its requests migrate), drained (handed over) or frozen past its
+ * registry TTL and thawed (its requests move; it is fenced out), in turn, and every answer must arrive
+ * whole, the waiting ones included.
  *
  * It found a gap (stop 53, fixed stop 54; docs/durable-streams.md "A worker lost between taking a job and
  * accepting it"): a worker SIGKILLed just after it took a job, before its `accepted`, left that request to
@@ -37,14 +39,21 @@ describe('a worker lost with requests waiting in its engine, looped', () => {
       const progress = whenAllReach(2, 3 + round);
       const runs = PROMPTS.map((p, i) => readReply(post(gateways[i % 2]!, chatBody(p, 600)).reply, progress.until));
       await progress.reached;
-      const drained = round % 2 === 1;
-      if (drained) workers.shift()!.process.signal('SIGTERM');
-      else workers.shift()!.process.child.kill('SIGKILL');
+      const fault = (['SIGKILLed', 'drained', 'frozen'] as const)[round % 3]!;
+      const worker = workers.shift()!;
+      if (fault === 'drained') worker.process.signal('SIGTERM');
+      else if (fault === 'SIGKILLed') worker.process.child.kill('SIGKILL');
+      else {
+        // Past its registry TTL (1.5 s): its requests move, accepted or not; thawed, it is fenced out.
+        worker.process.signal('SIGSTOP');
+        await sleep(3_000);
+        worker.process.signal('SIGCONT');
+      }
       (await Promise.all(runs)).forEach((got, i) => {
         const why = notWhole(got, answers.get(PROMPTS[i]!)!);
-        if (why !== undefined) failures.push(`round ${round}, worker ${drained ? 'drained' : 'SIGKILLed'} (${PROMPTS[i]}): ${why}`);
+        if (why !== undefined) failures.push(`round ${round}, worker ${fault} (${PROMPTS[i]}): ${why}`);
       });
-      workers.push(await cluster.worker(WORKER_ENV));
+      workers.push(fault === 'frozen' ? worker : await cluster.worker(WORKER_ENV));
     }
     expect(failures, `${failures.length} answers not whole:\n${failures.join('\n')}\n${cluster.logs()}`).toEqual([]);
   });
