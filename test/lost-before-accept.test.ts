@@ -1,9 +1,9 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { fileURLToPath } from 'node:url';
 import { Redis } from 'ioredis';
-import { GENERATE_QUEUE, redisNames } from '@sluice/protocol';
+import { redisNames } from '@sluice/protocol';
 import { Cluster } from './support/cluster.js';
-import { startProcess, waitFor, type ManagedProcess } from './support/processes.js';
+import { jobLock, startJobTaker } from './support/job-taker-process.js';
+import { waitFor } from './support/processes.js';
 import type { GatewayProcess, WorkerProcess } from './support/sluice.js';
 import { readTokenLog } from './support/token-log.js';
 import { chatBody, MIGRATING_GATEWAY_ENV, MIGRATING_WORKER_ENV, notWhole, post, readReply, resume } from './stress/stress-support.js';
@@ -18,7 +18,6 @@ import { chatBody, MIGRATING_GATEWAY_ENV, MIGRATING_WORKER_ENV, notWhole, post, 
  * and never accepts it), SIGKILLed.
  */
 
-const TAKER = fileURLToPath(new URL('./support/job-taker.ts', import.meta.url));
 const names = redisNames();
 
 describe('a worker lost between taking a job and accepting it', () => {
@@ -49,17 +48,11 @@ describe('a worker lost between taking a job and accepting it', () => {
    * record), then the live worker stops (SIGTERM, drained). Resolves its process and BullMQ worker id.
    */
   const onlyTheTaker = async (takerId: string) => {
-    const taker = startProcess('job-taker', process.execPath, ['--import', 'tsx', TAKER], {
-      REDIS_URL: cluster.redis.url,
-      TAKER_ID: takerId,
-      WORKER_TTL_MS: MIGRATING_WORKER_ENV.WORKER_TTL_MS,
-    });
-    const queueWorkerId = await waitFor(`${takerId} registered`, async () => /registered (\S+)/.exec(taker.output())?.[1], 20_000);
+    const taker = await startJobTaker(cluster.redis.url, takerId, MIGRATING_WORKER_ENV.WORKER_TTL_MS);
     await worker.process.stop();
-    return { taker, queueWorkerId };
+    return taker;
   };
-  const tookJob = (taker: ManagedProcess) => waitFor('the taker took the job', async () => /took (\S+)/.exec(taker.output())?.[1], 20_000);
-  const lockOf = (jobId: string) => redis.get(`${names.bullPrefix}:${GENERATE_QUEUE}:${jobId}:lock`);
+  const lockOf = (jobId: string) => jobLock(redis, jobId);
 
   /** The log of a request moved once before its first entry: one attempt, 2, accepted at seq 0, not as a continuation. */
   const expectMovedBeforeAnything = async (jobId: string) => {
@@ -75,28 +68,28 @@ describe('a worker lost between taking a job and accepting it', () => {
   it('streams the whole answer to the client waiting for it, long before the dead worker\u2019s lock lapses', async () => {
     const prompt = 'Tell me about the lighthouse keeper.';
     const expected = await answerOf(prompt);
-    const { taker, queueWorkerId } = await onlyTheTaker('taker-a');
+    const taker = await onlyTheTaker('taker-a');
     const { reply } = post(gateways[0]!, chatBody(prompt, 24));
-    const jobId = await tookJob(taker);
-    taker.signal('SIGKILL');
-    await taker.exited;
+    const jobId = await taker.took();
+    taker.process.signal('SIGKILL');
+    await taker.process.exited;
     worker = await cluster.worker(MIGRATING_WORKER_ENV);
 
     const got = await readReply(reply);
     expect(notWhole(got, expected), cluster.logs()).toBeUndefined();
     // Moved by a gateway: the first job is still active, locked by the dead worker (BullMQ would hand
     // it on only once that lock lapsed, LOCK_DURATION_MS = 30 s after the take).
-    expect(await lockOf(jobId)).toMatch(new RegExp(`^${queueWorkerId}:`));
+    expect(await lockOf(jobId)).toMatch(new RegExp(`^${taker.queueWorkerId}:`));
     await expectMovedBeforeAnything(jobId);
   }, 90_000);
 
   it('fences out a worker that only looked dead (frozen past its TTL): what it writes once thawed reaches neither the log nor the client', async () => {
     const prompt = 'Tell me about the old mill.';
     const expected = await answerOf(prompt);
-    const { taker } = await onlyTheTaker('taker-c');
+    const taker = await onlyTheTaker('taker-c');
     const { reply } = post(gateways[0]!, chatBody(prompt, 24));
-    const jobId = await tookJob(taker);
-    taker.signal('SIGSTOP');
+    const jobId = await taker.took();
+    taker.process.signal('SIGSTOP');
     await waitFor(
       'the request moved',
       async () => ((await redis.hget(names.metaKey(jobId), 'attempt')) === '2' ? true : undefined),
@@ -104,13 +97,13 @@ describe('a worker lost between taking a job and accepting it', () => {
     );
     // Thawed before any worker takes the new attempt: its `accepted` and a first token, appended
     // (refused: fenced out) and published to the waiting client's gateway, as a worker's step writes them.
-    taker.signal('SIGCONT');
-    taker.signal('SIGUSR1');
-    expect(await waitFor('the late write', async () => /wrote (\d)/.exec(taker.output())?.[1], 10_000)).toBe('0');
+    taker.process.signal('SIGCONT');
+    taker.process.signal('SIGUSR1');
+    expect(await waitFor('the late write', async () => /wrote (\d)/.exec(taker.process.output())?.[1], 10_000)).toBe('0');
     worker = await cluster.worker(MIGRATING_WORKER_ENV);
 
     const got = await readReply(reply);
-    taker.signal('SIGKILL');
+    taker.process.signal('SIGKILL');
     expect(notWhole(got, expected), cluster.logs()).toBeUndefined();
     await expectMovedBeforeAnything(jobId);
   }, 90_000);
@@ -118,18 +111,18 @@ describe('a worker lost between taking a job and accepting it', () => {
   it('moves a request whose client left within its grace; the client resumes the whole answer on another gateway', async () => {
     const prompt = 'Tell me about the night ferry.';
     const expected = await answerOf(prompt);
-    const { taker, queueWorkerId } = await onlyTheTaker('taker-b');
+    const taker = await onlyTheTaker('taker-b');
     const first = post(gateways[0]!, chatBody(prompt, 24));
     const streamId = (await first.reply).headers.get('x-stream-id')!;
-    const jobId = await tookJob(taker);
+    const jobId = await taker.took();
     first.leave();
     await waitFor(
       'the request detached',
       async () => ((await redis.hget(names.metaKey(jobId), 'channel')) === '' ? true : undefined),
       10_000,
     );
-    taker.signal('SIGKILL');
-    await taker.exited;
+    taker.process.signal('SIGKILL');
+    await taker.process.exited;
     worker = await cluster.worker(MIGRATING_WORKER_ENV);
 
     // No gateway holds a session of it: a gateway that saw the taker lost moved it, detached still,
@@ -142,7 +135,7 @@ describe('a worker lost between taking a job and accepting it', () => {
     expect(await redis.hget(names.metaKey(jobId), 'channel')).toBe('');
     const got = await readReply(resume(gateways[1]!, streamId));
     expect(notWhole(got, expected), cluster.logs()).toBeUndefined();
-    expect(await lockOf(jobId)).toMatch(new RegExp(`^${queueWorkerId}:`));
+    expect(await lockOf(jobId)).toMatch(new RegExp(`^${taker.queueWorkerId}:`));
     await expectMovedBeforeAnything(jobId);
   }, 90_000);
 });

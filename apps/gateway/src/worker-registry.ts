@@ -45,7 +45,9 @@ export class WorkerRegistry implements ModelCatalog {
     private readonly logger: Logger,
     /**
      * Called after each successful read with the live worker ids, when the read started, and the
-     * records (as last read) of the workers the previous read listed and this one does not: lost.
+     * records (as last read) of the workers the previous read listed and this one does not, or lists
+     * as started anew (another process under the same id): lost. A replaced id is not live in that
+     * read's ids, so that the streams its old process accepted move.
      */
     private readonly onSnapshot: (liveWorkerIds: ReadonlySet<string>, takenAt: number, lost: readonly WorkerRecord[]) => void,
   ) {}
@@ -110,11 +112,16 @@ export class WorkerRegistry implements ModelCatalog {
         if (model.modelCard === undefined && record.modelCard !== undefined) model.modelCard = record.modelCard;
       }
     }
-    const lost = [...this.workers.values()].filter((record) => !workers.has(record.workerId));
+    // Lost: a worker whose record expired, and one whose id came back under another process (a record
+    // that started anew: it died, and a worker with the same WORKER_ID registered within its TTL, so its
+    // id never went missing). The new process is live from the next read on; what the old one held moves.
+    const lost = [...this.workers.values()].filter((record) => workers.get(record.workerId)?.startedAt !== record.startedAt);
+    const live = new Set(workers.keys());
+    for (const record of lost) live.delete(record.workerId);
     this.workers = workers;
     this.servingCount = serving.length;
     this.byModel = byModel;
-    this.onSnapshot(new Set(workers.keys()), takenAt, lost);
+    this.onSnapshot(live, takenAt, lost);
     if (ids.length > workers.size) {
       await this.redis.zremrangebyscore(this.names.workersIndexKey, '-inf', String(takenAt - INDEX_GC_MS));
     }
