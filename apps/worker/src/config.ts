@@ -68,7 +68,7 @@ export const workerEnvSchema = z.object({
   EARLY_FIRST_TOKENS: envFlag('after-prefills').default(true),
   /** Jobs taken from the queue at once. @defaultValue MAX_BATCH_SIZE */
   WORKER_CONCURRENCY: int(1).optional(),
-  /** This worker's id in the registry. @defaultValue host-pid-random */
+  /** This worker's id in the registry: one live worker per id (a second is refused at start). @defaultValue host-pid-random */
   WORKER_ID: z
     .string()
     .regex(/^[\w.-]+$/)
