@@ -54,6 +54,21 @@ describe('a worker lost between taking a job and accepting it', () => {
   };
   const lockOf = (jobId: string) => jobLock(redis, jobId);
 
+  /** A request the taker took whose client then left within its grace (detached): its stream id, to resume it. */
+  const takenThenLeft = async (takerId: string, prompt: string) => {
+    const taker = await onlyTheTaker(takerId);
+    const first = post(gateways[0]!, chatBody(prompt, 24));
+    const streamId = (await first.reply).headers.get('x-stream-id')!;
+    const jobId = await taker.took();
+    first.leave();
+    await waitFor(
+      'the request detached',
+      async () => ((await redis.hget(names.metaKey(jobId), 'channel')) === '' ? true : undefined),
+      10_000,
+    );
+    return { taker, streamId, jobId };
+  };
+
   /** The log of a request moved once before its first entry: one attempt, 2, accepted at seq 0, not as a continuation. */
   const expectMovedBeforeAnything = async (jobId: string) => {
     expect(await redis.hget(names.metaKey(jobId), 'attempt')).toBe('2');
@@ -111,16 +126,7 @@ describe('a worker lost between taking a job and accepting it', () => {
   it('moves a request whose client left within its grace; the client resumes the whole answer on another gateway', async () => {
     const prompt = 'Tell me about the night ferry.';
     const expected = await answerOf(prompt);
-    const taker = await onlyTheTaker('taker-b');
-    const first = post(gateways[0]!, chatBody(prompt, 24));
-    const streamId = (await first.reply).headers.get('x-stream-id')!;
-    const jobId = await taker.took();
-    first.leave();
-    await waitFor(
-      'the request detached',
-      async () => ((await redis.hget(names.metaKey(jobId), 'channel')) === '' ? true : undefined),
-      10_000,
-    );
+    const { taker, streamId, jobId } = await takenThenLeft('taker-b', prompt);
     taker.process.signal('SIGKILL');
     await taker.process.exited;
     worker = await cluster.worker(MIGRATING_WORKER_ENV);
@@ -135,6 +141,35 @@ describe('a worker lost between taking a job and accepting it', () => {
     expect(await redis.hget(names.metaKey(jobId), 'channel')).toBe('');
     const got = await readReply(resume(gateways[1]!, streamId));
     expect(notWhole(got, expected), cluster.logs()).toBeUndefined();
+    expect(await lockOf(jobId)).toMatch(new RegExp(`^${taker.queueWorkerId}:`));
+    await expectMovedBeforeAnything(jobId);
+  }, 90_000);
+
+  it('is moved by a gateway that started after the worker was gone (it never saw its record)', async () => {
+    const prompt = 'Tell me about the tide tables.';
+    const expected = await answerOf(prompt);
+    const { taker, streamId, jobId } = await takenThenLeft('taker-d', prompt);
+    // The gateways that saw the taker are frozen through its death: none of them moves the request.
+    for (const gateway of gateways) gateway.process.signal('SIGSTOP');
+    try {
+      taker.process.signal('SIGKILL');
+      await taker.process.exited;
+      await waitFor(
+        'the taker’s record gone',
+        async () => ((await redis.exists(names.workerKey('taker-d'))) === 0 ? true : undefined),
+        10_000,
+      );
+      worker = await cluster.worker(MIGRATING_WORKER_ENV);
+      const late = await cluster.gateway(MIGRATING_GATEWAY_ENV);
+      await waitFor(
+        'the answer in the log',
+        async () => ((await readTokenLog(redis, jobId)).some((e) => e.type === 'finish') ? true : undefined),
+        30_000,
+      );
+      expect(notWhole(await readReply(resume(late, streamId)), expected), cluster.logs()).toBeUndefined();
+    } finally {
+      for (const gateway of gateways) gateway.process.signal('SIGCONT');
+    }
     expect(await lockOf(jobId)).toMatch(new RegExp(`^${taker.queueWorkerId}:`));
     await expectMovedBeforeAnything(jobId);
   }, 90_000);

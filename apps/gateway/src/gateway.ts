@@ -192,6 +192,15 @@ export async function startGateway(config: GatewayConfig, logger: Logger, option
   });
   await registry.refresh();
   registry.start();
+  // Workers that were gone before this first read are in no read's lost records: found by their jobs.
+  jobs
+    .recoverOrphans((requestId) => sessions.has(requestId))
+    .then(
+      (moved) => {
+        if (moved > 0) logger.warn({ moved }, 'moved requests of workers lost before this gateway started');
+      },
+      (error: unknown) => logger.warn({ err: error }, 'moving requests of workers lost before this gateway started failed'),
+    );
   // Back from an outage: read the registry now (the poll keeps its last good read while Redis is away).
   redis.on(
     'ready',

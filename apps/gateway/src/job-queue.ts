@@ -24,6 +24,7 @@ import {
   type WorkerRecord,
 } from '@sluice/protocol';
 import type { RequestSession } from './request-session.js';
+import { readWorkerRecords } from './worker-registry.js';
 import type { WorkCanceller } from './session-manager.js';
 
 /** Hands a job to the workers, and steers it later from any gateway. */
@@ -272,9 +273,51 @@ export class RedisJobQueue implements JobSubmitter, WorkCanceller {
    */
   async recoverLost(lost: readonly WorkerRecord[], hasSession: (requestId: string) => boolean): Promise<number> {
     const lostIds = new Set(lost.map((record) => record.workerId));
-    const byLockPrefix = new Map(
-      lost.flatMap((record) => (record.queueWorkerId === undefined ? [] : [[`${record.queueWorkerId}:`, record]])),
+    const lockPrefixes = lost.flatMap((record) =>
+      record.queueWorkerId === undefined ? [] : [[`${record.queueWorkerId}:`, record.workerId] as const],
     );
+    return this.moveActive(
+      (meta, requestId) => lostIds.has(meta) && !hasSession(requestId),
+      (lock) => lockPrefixes.find(([prefix]) => lock.startsWith(prefix))?.[1],
+    );
+  }
+
+  /**
+   * At this gateway's start, {@link recoverLost} for the workers that were gone before its first registry
+   * read (it never saw their records, and may be the only gateway left that could move their requests):
+   * an active job's worker is gone when the registry, read after the job's lock and meta, names neither
+   * the worker of its meta (an accepted, detached request) nor the worker whose BullMQ id begins its
+   * lock (a request taken and not accepted). A worker registers before it takes a job, so a lock read
+   * first is accounted for by a record read after it unless its worker's record expired. While a live
+   * worker's record carries no BullMQ id (a worker from before it did), locks are not judged.
+   * @returns how many this gateway moved
+   */
+  async recoverOrphans(hasSession: (requestId: string) => boolean): Promise<number> {
+    let live: Map<string, WorkerRecord> | undefined;
+    return this.moveActive(
+      (meta, requestId) => live !== undefined && !live.has(meta) && !hasSession(requestId),
+      (lock) => {
+        const records = [...(live?.values() ?? [])];
+        if (live === undefined || records.some((record) => record.queueWorkerId === undefined)) return undefined;
+        return records.some((record) => lock.startsWith(`${record.queueWorkerId}:`)) ? undefined : lock;
+      },
+      async () => {
+        live = (await readWorkerRecords(this.redis, this.names)).workers;
+      },
+    );
+  }
+
+  /**
+   * The fenced move ({@link migrate}, announced) of BullMQ's active jobs whose worker is gone, each of
+   * its current attempt: a detached one whose meta names a worker `acceptedBy` says is gone, and one no
+   * worker accepted whose lock `takenBy` names a gone worker's (the lost worker's id, or any other
+   * string for the move: the meta names none). `afterReads` runs once the metas and locks are read.
+   */
+  private async moveActive(
+    acceptedBy: (workerId: string, requestId: string) => boolean,
+    takenBy: (lock: string) => string | undefined,
+    afterReads?: () => Promise<void>,
+  ): Promise<number> {
     const jobs = (await this.queue.getActive()).flatMap((job) => {
       const data = job.data as GenerateJob | undefined;
       return data?.requestId === undefined || job.id === undefined ? [] : [{ jobId: job.id, data }];
@@ -283,6 +326,7 @@ export class RedisJobQueue implements JobSubmitter, WorkCanceller {
     const reads = this.redis.pipeline();
     for (const { jobId, data } of jobs) reads.hgetall(this.names.metaKey(data.requestId)).get(`${this.queue.toKey(jobId)}:lock`);
     const replies = (await reads.exec()) ?? [];
+    await afterReads?.();
     let moved = 0;
     for (const [i, { data }] of jobs.entries()) {
       const meta = decodeRequestMeta((replies[2 * i]?.[1] as Record<string, string> | undefined) ?? {});
@@ -291,9 +335,9 @@ export class RedisJobQueue implements JobSubmitter, WorkCanceller {
       if (meta === undefined || meta.attempt !== attempt) continue;
       let from: string | undefined;
       if (meta.workerId !== undefined) {
-        if (lostIds.has(meta.workerId) && meta.channel === '' && !hasSession(data.requestId)) from = meta.workerId;
+        if (meta.channel === '' && acceptedBy(meta.workerId, data.requestId)) from = meta.workerId;
       } else if (typeof lock === 'string') {
-        from = [...byLockPrefix].find(([prefix]) => lock.startsWith(prefix))?.[1].workerId;
+        from = takenBy(lock);
       }
       if (from === undefined) continue;
       // '' leaves the route as the meta has it when the move is made (attached anywhere, or detached).

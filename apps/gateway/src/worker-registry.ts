@@ -23,6 +23,22 @@ export interface ModelCatalog {
   requireModel(id: string): ServedModel;
 }
 
+/**
+ * The live workers' records, by id (a member of the index whose key expired, or whose record is
+ * malformed, is left out), and how many ids the index holds.
+ */
+export async function readWorkerRecords(redis: Redis, names: RedisNames): Promise<{ indexed: number; workers: Map<string, WorkerRecord> }> {
+  const ids = await redis.zrange(names.workersIndexKey, '0', '-1');
+  const raws = ids.length === 0 ? [] : await redis.mget(ids.map((id) => names.workerKey(id)));
+  const workers = new Map<string, WorkerRecord>();
+  ids.forEach((id, i) => {
+    const raw = raws[i];
+    const record = raw === null || raw === undefined ? undefined : decodeWorkerRecord(raw);
+    if (record !== undefined) workers.set(id, record);
+  });
+  return { indexed: ids.length, workers };
+}
+
 /** Index members whose key expired this long ago are dropped from the index. */
 const INDEX_GC_MS = 60_000;
 
@@ -80,14 +96,7 @@ export class WorkerRegistry implements ModelCatalog {
   /** Reads the registry once; errors propagate (the caller decides whether they are fatal). */
   async refresh(): Promise<void> {
     const takenAt = Date.now();
-    const ids = await this.redis.zrange(this.names.workersIndexKey, '0', '-1');
-    const raws = ids.length === 0 ? [] : await this.redis.mget(ids.map((id) => this.names.workerKey(id)));
-    const workers = new Map<string, WorkerRecord>();
-    ids.forEach((id, i) => {
-      const raw = raws[i];
-      const record = raw === null || raw === undefined ? undefined : decodeWorkerRecord(raw);
-      if (record !== undefined) workers.set(id, record);
-    });
+    const { indexed, workers } = await readWorkerRecords(this.redis, this.names);
     const byModel = new Map<string, ServedModel>();
     // A draining worker is still alive (its streams go on) but serves no new request.
     const serving = [...workers.values()].filter((record) => !record.draining);
@@ -122,7 +131,7 @@ export class WorkerRegistry implements ModelCatalog {
     this.servingCount = serving.length;
     this.byModel = byModel;
     this.onSnapshot(live, takenAt, lost);
-    if (ids.length > workers.size) {
+    if (indexed > workers.size) {
       await this.redis.zremrangebyscore(this.names.workersIndexKey, '-inf', String(takenAt - INDEX_GC_MS));
     }
   }
