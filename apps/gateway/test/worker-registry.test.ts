@@ -1,47 +1,20 @@
-import { Redis } from 'ioredis';
 import { pino } from 'pino';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { encodeWorkerRecord, redisNames, type WorkerRecord } from '@sluice/protocol';
-import { startRedis, type RedisServer } from '../../../test/support/redis-server.js';
+import { describe, expect, it } from 'vitest';
+import { redisNames, type WorkerRecord } from '@sluice/protocol';
+import { redisForTests } from '../../../test/support/redis-for-tests.js';
+import { register as registerIn, workerRecord } from '../../../test/support/worker-records.js';
 import { WorkerRegistry } from '../src/worker-registry.js';
 
 const names = redisNames('reg');
-let server: RedisServer;
-let redis: Redis;
-
-beforeAll(async () => {
-  server = await startRedis();
-  redis = server.client();
-});
-afterAll(async () => {
-  redis?.disconnect();
-  await server?.stop();
-});
-
-const record = (workerId: string, startedAt: number): WorkerRecord => ({
-  workerId,
-  modelId: 'm',
-  maxContextLength: 64,
-  maxBatchSize: 4,
-  startedAt,
-  heartbeatAt: Date.now(),
-  running: 0,
-  draining: false,
-  queueWorkerId: `queue-${workerId}-${startedAt}`,
-});
-
-async function register(entry: WorkerRecord): Promise<void> {
-  await redis
-    .multi()
-    .set(names.workerKey(entry.workerId), encodeWorkerRecord(entry))
-    .zadd(names.workersIndexKey, Date.now(), entry.workerId)
-    .exec();
-}
+const store = redisForTests();
+const record = (workerId: string, startedAt: number) =>
+  workerRecord(workerId, { startedAt, queueWorkerId: `queue-${workerId}-${startedAt}` });
+const register = (entry: WorkerRecord) => registerIn(store.redis, names, entry);
 
 describe('the gateway’s view of the worker registry', () => {
   it('reports a worker whose record went, and one whose id came back under another process, as lost (once), with their last records', async () => {
     const reads: Array<{ live: string[]; lost: WorkerRecord[] }> = [];
-    const registry = new WorkerRegistry(redis, names, 60_000, pino({ level: 'silent' }), (live, _takenAt, lost) =>
+    const registry = new WorkerRegistry(store.redis, names, 60_000, pino({ level: 'silent' }), (live, _takenAt, lost) =>
       reads.push({ live: [...live].sort(), lost: [...lost] }),
     );
     const a = record('a', 1);
@@ -54,7 +27,7 @@ describe('the gateway’s view of the worker registry', () => {
     // `a` died and a process under its id registered before a read saw it missing; `b` is gone.
     const a2 = record('a', 2);
     await register(a2);
-    await redis.del(names.workerKey('b'));
+    await store.redis.del(names.workerKey('b'));
     await registry.refresh();
     expect(reads.at(-1)).toEqual({ live: [], lost: [a, b] });
     // The new `a` serves: its model is listed, and the next read counts it live.
