@@ -24,8 +24,8 @@ import {
   type WorkerRecord,
 } from '@sluice/protocol';
 import type { RequestSession } from './request-session.js';
-import { readWorkerRecords } from './worker-registry.js';
 import type { WorkCanceller } from './session-manager.js';
+import { readWorkerRecords } from './worker-registry.js';
 
 /** Hands a job to the workers, and steers it later from any gateway. */
 export interface JobSubmitter {
@@ -277,7 +277,7 @@ export class RedisJobQueue implements JobSubmitter, WorkCanceller {
       record.queueWorkerId === undefined ? [] : [[`${record.queueWorkerId}:`, record.workerId] as const],
     );
     return this.moveActive(
-      (meta, requestId) => lostIds.has(meta) && !hasSession(requestId),
+      (workerId, requestId) => lostIds.has(workerId) && !hasSession(requestId),
       (lock) => lockPrefixes.find(([prefix]) => lock.startsWith(prefix))?.[1],
     );
   }
@@ -295,7 +295,7 @@ export class RedisJobQueue implements JobSubmitter, WorkCanceller {
   async recoverOrphans(hasSession: (requestId: string) => boolean): Promise<number> {
     let live: Map<string, WorkerRecord> | undefined;
     return this.moveActive(
-      (meta, requestId) => live !== undefined && !live.has(meta) && !hasSession(requestId),
+      (workerId, requestId) => live !== undefined && !live.has(workerId) && !hasSession(requestId),
       (lock) => {
         const records = [...(live?.values() ?? [])];
         if (live === undefined || records.some((record) => record.queueWorkerId === undefined)) return undefined;

@@ -201,7 +201,7 @@ export async function startWorker(
   redis.on('ready', () => {
     if (!draining) heartbeat.beat().catch((error: unknown) => logger.warn({ err: error }, 'registry heartbeat failed'));
   });
-  // Resolves once the worker closed (a drain); its failures are reported as its 'error' events are.
+  // Resolves once the worker closed (a drain); a rejection means it stopped taking jobs.
   worker.run().catch((err: Error) => logger.error({ err: err.message }, 'bullmq worker stopped'));
   await worker.waitUntilReady();
   logger.info(
