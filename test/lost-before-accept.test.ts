@@ -4,6 +4,7 @@ import { redisNames } from '@sluice/protocol';
 import { Cluster } from './support/cluster.js';
 import { jobLock, startJobTaker } from './support/job-taker-process.js';
 import { waitFor } from './support/processes.js';
+import { scrapePrometheus } from './support/prometheus.js';
 import type { GatewayProcess, WorkerProcess } from './support/sluice.js';
 import { readTokenLog } from './support/token-log.js';
 import { chatBody, MIGRATING_GATEWAY_ENV, MIGRATING_WORKER_ENV, notWhole, post, readReply, resume } from './stress/stress-support.js';
@@ -54,6 +55,14 @@ describe('a worker lost between taking a job and accepting it', () => {
   };
   const lockOf = (jobId: string) => jobLock(redis, jobId);
 
+  /** `sluice_gateway_stream_migrations_total` summed over both gateways. */
+  const movesCounted = async () => {
+    let sum = 0;
+    for (const gateway of gateways)
+      sum += (await scrapePrometheus(`${gateway.url}/metrics`)).value('sluice_gateway_stream_migrations_total');
+    return sum;
+  };
+
   /** A request the taker took whose client then left within its grace (detached): its stream id, to resume it. */
   const takenThenLeft = async (takerId: string, prompt: string) => {
     const taker = await onlyTheTaker(takerId);
@@ -83,6 +92,7 @@ describe('a worker lost between taking a job and accepting it', () => {
   it('streams the whole answer to the client waiting for it, long before the dead worker\u2019s lock lapses', async () => {
     const prompt = 'Tell me about the lighthouse keeper.';
     const expected = await answerOf(prompt);
+    const movesBefore = await movesCounted();
     const taker = await onlyTheTaker('taker-a');
     const { reply } = post(gateways[0]!, chatBody(prompt, 24));
     const jobId = await taker.took();
@@ -92,6 +102,8 @@ describe('a worker lost between taking a job and accepting it', () => {
 
     const got = await readReply(reply);
     expect(notWhole(got, expected), cluster.logs()).toBeUndefined();
+    // Moved by one gateway, counted once over both.
+    await waitFor('the move counted', async () => ((await movesCounted()) === movesBefore + 1 ? true : undefined), 5_000);
     // Moved by a gateway: the first job is still active, locked by the dead worker (BullMQ would hand
     // it on only once that lock lapsed, LOCK_DURATION_MS = 30 s after the take).
     expect(await lockOf(jobId)).toMatch(new RegExp(`^${taker.queueWorkerId}:`));

@@ -183,6 +183,7 @@ export async function startGateway(config: GatewayConfig, logger: Logger, option
         .then(
           (moved) => {
             if (moved > 0) logger.warn({ lost: lostIds, moved }, 'moved requests of lost workers');
+            for (let i = 0; i < moved; i++) hooks.streamMigrated?.(true);
           },
           (error: unknown) => logger.warn({ err: error, lost: lostIds }, 'moving requests of lost workers failed'),
         );
@@ -198,6 +199,7 @@ export async function startGateway(config: GatewayConfig, logger: Logger, option
     .then(
       (moved) => {
         if (moved > 0) logger.warn({ moved }, 'moved requests of workers lost before this gateway started');
+        for (let i = 0; i < moved; i++) hooks.streamMigrated?.(true);
       },
       (error: unknown) => logger.warn({ err: error }, 'moving requests of workers lost before this gateway started failed'),
     );

@@ -214,7 +214,7 @@ export function createGatewayMetrics(registry: Registry = new Registry(), option
   });
   const streamMigrations = new Counter({
     name: 'sluice_gateway_stream_migrations_total',
-    help: 'Streams this gateway moved to another worker after their worker was lost (a continuation from the token log).',
+    help: 'Requests this gateway moved to another worker after their worker was lost (a continuation from the token log): its streams, and found among the active jobs detached ones and ones the lost worker had taken and not accepted.',
     registers,
   });
   const streamGaps = new Counter({
