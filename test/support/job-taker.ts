@@ -10,10 +10,9 @@
  */
 import { Worker } from 'bullmq';
 import { Redis } from 'ioredis';
+import { pino } from 'pino';
 import {
-  decodeWorkerRecord,
   encodeEntry,
-  encodeWorkerRecord,
   GENERATE_QUEUE,
   liveGatewayMessage,
   redisNames,
@@ -21,6 +20,8 @@ import {
   type GatewayEntry,
   type GenerateJob,
 } from '@sluice/protocol';
+import { readWorkerRecords } from '../../apps/gateway/dist/worker-registry.js';
+import { RegistryHeartbeat } from '../../apps/worker/dist/registry-heartbeat.js';
 
 const names = redisNames();
 const takerId = process.env.TAKER_ID ?? 'job-taker';
@@ -29,9 +30,7 @@ const redis = new Redis(process.env.REDIS_URL!);
 const connection = new Redis(process.env.REDIS_URL!, { maxRetriesPerRequest: null });
 
 // A live worker's record (its model, limits and model card), so that gateways admit requests for it.
-const ids = await redis.zrange(names.workersIndexKey, '0', '-1');
-const raws = ids.length === 0 ? [] : await redis.mget(ids.map((id) => names.workerKey(id)));
-const model = raws.map((raw) => (raw === null ? undefined : decodeWorkerRecord(raw))).find((record) => record !== undefined);
+const model = [...(await readWorkerRecords(redis, names)).workers.values()][0];
 if (model === undefined) throw new Error('job-taker: no live worker record to copy');
 
 const worker = new Worker(GENERATE_QUEUE, undefined, {
@@ -40,19 +39,15 @@ const worker = new Worker(GENERATE_QUEUE, undefined, {
   autorun: false,
   lockDuration: Number(process.env.LOCK_DURATION_MS ?? 30_000),
 });
-const beat = () =>
-  redis
-    .multi()
-    .set(
-      names.workerKey(takerId),
-      encodeWorkerRecord({ ...model, workerId: takerId, queueWorkerId: worker.id, running: 0, draining: false, heartbeatAt: Date.now() }),
-      'PX',
-      ttlMs,
-    )
-    .zadd(names.workersIndexKey, String(Date.now()), takerId)
-    .exec();
-await beat();
-setInterval(() => void beat(), Math.floor(ttlMs / 6));
+// Registered as a worker registers (its BullMQ id in the record), before it takes a job.
+await new RegistryHeartbeat(
+  redis,
+  names,
+  ttlMs,
+  Math.floor(ttlMs / 6),
+  () => ({ ...model, workerId: takerId, queueWorkerId: worker.id, running: 0, draining: false }),
+  pino({ level: 'silent' }),
+).start();
 console.log(`registered ${worker.id}`);
 
 // A blocking fetch gives up after a while with nothing: wait on until a job comes.

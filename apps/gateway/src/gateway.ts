@@ -173,20 +173,26 @@ export async function startGateway(config: GatewayConfig, logger: Logger, option
   const aliveTimer = setInterval(() => void keepAlive(), Math.floor(aliveTtlMs / 3));
   aliveTimer.unref();
   const tokenizers = new TokenizerCache(redis, names, logger);
+  /** Logs and counts (as migrations) the requests a look through the active jobs moved. */
+  const reportMoves = (moving: Promise<number>, what: string, fields: Record<string, unknown> = {}): void => {
+    moving.then(
+      (moved) => {
+        if (moved > 0) logger.warn({ ...fields, moved }, `moved ${what}`);
+        for (let i = 0; i < moved; i++) hooks.streamMigrated?.(true);
+      },
+      (error: unknown) => logger.warn({ ...fields, err: error }, `moving ${what} failed`),
+    );
+  };
   const registry: WorkerRegistry = new WorkerRegistry(redis, names, config.registryPollMs, logger, (live, takenAt, lost) => {
     sessions.failLostWorkers(live, takenAt);
     void revocation?.check();
     if (lost.length > 0) {
       const lostIds = lost.map((record) => record.workerId);
-      jobs
-        .recoverLost(lost, (requestId) => sessions.has(requestId))
-        .then(
-          (moved) => {
-            if (moved > 0) logger.warn({ lost: lostIds, moved }, 'moved requests of lost workers');
-            for (let i = 0; i < moved; i++) hooks.streamMigrated?.(true);
-          },
-          (error: unknown) => logger.warn({ err: error, lost: lostIds }, 'moving requests of lost workers failed'),
-        );
+      reportMoves(
+        jobs.recoverLost(lost, (requestId) => sessions.has(requestId)),
+        'requests of lost workers',
+        { lost: lostIds },
+      );
     }
     // A model card is loaded when first named, not by the first request that needs it.
     for (const model of registry.models()) if (model.modelCard !== undefined) tokenizers.prefetch(model.modelCard);
@@ -194,15 +200,10 @@ export async function startGateway(config: GatewayConfig, logger: Logger, option
   await registry.refresh();
   registry.start();
   // Workers that were gone before this first read are in no read's lost records: found by their jobs.
-  jobs
-    .recoverOrphans((requestId) => sessions.has(requestId))
-    .then(
-      (moved) => {
-        if (moved > 0) logger.warn({ moved }, 'moved requests of workers lost before this gateway started');
-        for (let i = 0; i < moved; i++) hooks.streamMigrated?.(true);
-      },
-      (error: unknown) => logger.warn({ err: error }, 'moving requests of workers lost before this gateway started failed'),
-    );
+  reportMoves(
+    jobs.recoverOrphans((requestId) => sessions.has(requestId)),
+    'requests of workers lost before this gateway started',
+  );
   // Back from an outage: read the registry now (the poll keeps its last good read while Redis is away).
   redis.on(
     'ready',
