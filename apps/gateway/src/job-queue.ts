@@ -3,6 +3,7 @@ import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
 import {
   attemptJobId,
+  parseAttemptJobId,
   encodeControlMessage,
   encodeGatewayBroadcast,
   encodeGatewayMessage,
@@ -318,33 +319,41 @@ export class RedisJobQueue implements JobSubmitter, WorkCanceller {
     takenBy: (lock: string) => string | undefined,
     afterReads?: () => Promise<void>,
   ): Promise<number> {
-    const jobs = (await this.queue.getActive()).flatMap((job) => {
-      const data = job.data as GenerateJob | undefined;
-      return data?.requestId === undefined || job.id === undefined ? [] : [{ jobId: job.id, data }];
-    });
+    const jobs = await this.jobsIn(['active']);
     if (jobs.length === 0) return 0;
     const reads = this.redis.pipeline();
-    for (const { jobId, data } of jobs) reads.hgetall(this.names.metaKey(data.requestId)).get(`${this.queue.toKey(jobId)}:lock`);
+    for (const { jobId, requestId } of jobs) reads.hgetall(this.names.metaKey(requestId)).get(`${this.queue.toKey(jobId)}:lock`);
     const replies = (await reads.exec()) ?? [];
     await afterReads?.();
     let moved = 0;
-    for (const [i, { data }] of jobs.entries()) {
+    for (const [i, { requestId, attempt }] of jobs.entries()) {
       const meta = decodeRequestMeta((replies[2 * i]?.[1] as Record<string, string> | undefined) ?? {});
       const lock = replies[2 * i + 1]?.[1];
-      const attempt = data.continuation?.attempt ?? 1;
       if (meta === undefined || meta.attempt !== attempt) continue;
       let from: string | undefined;
       if (meta.workerId !== undefined) {
-        if (meta.channel === '' && acceptedBy(meta.workerId, data.requestId)) from = meta.workerId;
+        if (meta.channel === '' && acceptedBy(meta.workerId, requestId)) from = meta.workerId;
       } else if (typeof lock === 'string') {
         from = takenBy(lock);
       }
       if (from === undefined) continue;
       // '' leaves the route as the meta has it when the move is made (attached anywhere, or detached).
-      const result = await this.migrate(data.requestId, attempt, from, '', true);
+      const result = await this.migrate(requestId, attempt, from, '', true);
       if (result.outcome === 'migrated') moved++;
     }
     return moved;
+  }
+
+  /**
+   * The jobs in BullMQ's `states`, each with the request and attempt its id names: ids only (one read
+   * of the states' lists), never the jobs' data — a scan over a deep queue must not pull every prompt
+   * out of Redis, least of all on every gateway at once as a worker's loss makes them all look.
+   */
+  private async jobsIn(
+    states: Array<'active' | 'waiting' | 'prioritized'>,
+  ): Promise<Array<{ jobId: string; requestId: string; attempt: number }>> {
+    const ids = await this.queue.getRanges(states, 0, -1);
+    return ids.map((jobId) => ({ jobId, ...parseAttemptJobId(jobId) }));
   }
 
   /**
@@ -356,11 +365,7 @@ export class RedisJobQueue implements JobSubmitter, WorkCanceller {
    * @returns how many it stopped
    */
   async cancelDetachedOf(owner: string): Promise<number> {
-    const requestIds = new Set<string>();
-    for (const job of await this.queue.getJobs(['active', 'waiting', 'prioritized'])) {
-      const requestId = (job?.data as GenerateJob | undefined)?.requestId;
-      if (requestId !== undefined) requestIds.add(requestId);
-    }
+    const requestIds = new Set((await this.jobsIn(['active', 'waiting', 'prioritized'])).map((job) => job.requestId));
     if (requestIds.size === 0) return 0;
     const reads = this.redis.pipeline();
     for (const requestId of requestIds) reads.hgetall(this.names.metaKey(requestId));

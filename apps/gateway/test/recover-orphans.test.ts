@@ -34,7 +34,8 @@ describe('moving the requests of workers gone before a gateway started', () => {
     const format = { endpoint: 'chat' as const, model: 'm', created: 1, includeUsage: false, n: 1, maxTokensParam: 'max_tokens' as const };
     await jobs.submit(job, format);
     // A worker takes it (active, locked by its token) and is gone before it accepted it.
-    const taker = new Worker(GENERATE_QUEUE, undefined, { connection: store.server.client(), prefix: names.bullPrefix, autorun: false });
+    const takerConnection = store.server.client();
+    const taker = new Worker(GENERATE_QUEUE, undefined, { connection: takerConnection, prefix: names.bullPrefix, autorun: false });
     expect((await taker.getNextJob(`${taker.id}:0`))?.id).toBe('req-1');
     const { redis } = store;
 
@@ -54,7 +55,73 @@ describe('moving the requests of workers gone before a gateway started', () => {
     // Made once: a second gateway's start finds it moved.
     await expect(jobs.recoverOrphans(() => false)).resolves.toBe(0);
 
+    // The continuation, taken in turn by a worker gone before it accepted, moves on: the request and
+    // attempt are read off its job id (`req-1.a2`).
+    expect((await taker.getNextJob(`${taker.id}:1`))?.id).toBe(attemptJobId('req-1', 2));
+    await expect(jobs.recoverOrphans(() => false)).resolves.toBe(1);
+    expect(await redis.hget(names.metaKey('req-1'), 'attempt')).toBe('3');
+    expect((await queue.getJob(attemptJobId('req-1', 3)))?.data).toMatchObject({ requestId: 'req-1', continuation: { attempt: 3 } });
+
     await taker.close(true);
+    takerConnection.disconnect();
+    await queue.close();
+    connection.disconnect();
+  });
+
+  it("looks through the queue's jobs by their ids: no job's data (its prompt) is read", async () => {
+    const names = redisNames('scan');
+    const connection = store.server.client();
+    const queue = new Queue(GENERATE_QUEUE, { connection, prefix: names.bullPrefix });
+    const jobs = new RedisJobQueue(queue, connection, names, 'gw-scan', 60_000, 3, pino({ level: 'silent' }));
+    const format = { endpoint: 'chat' as const, model: 'm', created: 1, includeUsage: false, n: 1, maxTokensParam: 'max_tokens' as const };
+    const requestIds = ['scan-1', 'scan-2', 'scan-3'];
+    for (const requestId of requestIds) {
+      await jobs.submit(
+        {
+          requestId,
+          channel: 'gw-old',
+          model: 'm',
+          input: { kind: 'tokens', promptTokenIds: Array.from({ length: 4096 }, (_, i) => i) },
+          sampling: { maxTokens: 4 },
+          defaultMaxTokens: 4,
+          resumeGraceMs: 0,
+          enqueuedAt: Date.now(),
+          deadlineAt: Date.now() + 60_000,
+        },
+        format,
+        'owner-1',
+      );
+    }
+    // Two taken (active) by a worker gone before it accepted them, one still waiting.
+    const takerConnection = store.server.client();
+    const taker = new Worker(GENERATE_QUEUE, undefined, { connection: takerConnection, prefix: names.bullPrefix, autorun: false });
+    await taker.getNextJob(`${taker.id}:0`);
+    await taker.getNextJob(`${taker.id}:1`);
+    const { redis } = store;
+    await register(redis, names, workerRecord('other', { queueWorkerId: 'queue-other' }));
+
+    // Every command Redis runs meanwhile, the scripts' own included.
+    const monitor = await redis.duplicate().monitor();
+    const commands: string[][] = [];
+    monitor.on('monitor', (_time: string, args: string[]) => commands.push(args));
+    await redis.ping(); // the monitor is on once a later command shows in it
+    await expect(jobs.recoverOrphans(() => false)).resolves.toBe(2);
+    // The revoked key's requests are none detached (their channel is a gateway's): nothing to stop.
+    await expect(jobs.cancelDetachedOf('owner-1')).resolves.toBe(0);
+    // The two jobs stay active under the dead lock, of an attempt their metas no longer name: not moved again.
+    await expect(jobs.recoverLost([workerRecord('gone', { queueWorkerId: taker.id })], () => false)).resolves.toBe(0);
+    await redis.ping();
+    monitor.disconnect();
+
+    // Reads of a job's hash (its data): one for each job moved (its continuation copies the data),
+    // none for the scans — three of them, over two active jobs and a waiting one.
+    const dataReads = (requestId: string): number =>
+      commands.filter(([command, ...args]) => /^h(getall|get|mget)$/i.test(command ?? '') && args.includes(queue.toKey(requestId))).length;
+    expect(commands.some(([command]) => command?.toLowerCase() === 'ping')).toBe(true);
+    expect(requestIds.map(dataReads)).toEqual([1, 1, 0]);
+
+    await taker.close(true);
+    takerConnection.disconnect();
     await queue.close();
     connection.disconnect();
   });

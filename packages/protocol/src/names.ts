@@ -53,6 +53,16 @@ export function attemptJobId(requestId: string, attempt: number): string {
 }
 
 /**
+ * The request and attempt a BullMQ job id names ({@link attemptJobId} read back): a scan of the queue's
+ * jobs learns them from the ids alone, without reading each job's data (its prompt). The gateway makes
+ * request ids (a UUID, `.p<k>` for a batch's prompts), so none ends in `.a<n>` of its own.
+ */
+export function parseAttemptJobId(jobId: string): { requestId: string; attempt: number } {
+  const match = /^(.+)\.a([1-9]\d*)$/.exec(jobId);
+  return match === null ? { requestId: jobId, attempt: 1 } : { requestId: match[1] as string, attempt: Number(match[2]) };
+}
+
+/**
  * Request (and first job) id of prompt `k` of a completions batch whose reply has id `requestId`: the
  * first keeps the reply's id, so a cancel by that id finds the others.
  */

@@ -1,5 +1,8 @@
 import { describe, expect, it } from 'vitest';
 import {
+  attemptJobId,
+  batchRequestId,
+  parseAttemptJobId,
   decodeControlMessage,
   decodeGatewayMessage,
   decodeRequestMeta,
@@ -151,6 +154,13 @@ describe('names', () => {
     const names = redisNames('p');
     expect(names.logKey('r1')).toBe('p:{r1}:log');
     expect(names.metaKey('r1')).toBe('p:{r1}:meta');
+  });
+
+  it("reads a job's request and attempt back off its id", () => {
+    const requestId = '0b6f3c52-9d1e-4a57-8f0e-2c4d6a8b1e33';
+    for (const id of [requestId, batchRequestId(requestId, 3)]) {
+      for (const attempt of [1, 2, 12]) expect(parseAttemptJobId(attemptJobId(id, attempt))).toEqual({ requestId: id, attempt });
+    }
   });
 });
 
