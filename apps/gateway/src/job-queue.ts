@@ -213,8 +213,10 @@ export class RedisJobQueue implements JobSubmitter, WorkCanceller {
   /**
    * The request's worker was lost: fence its attempt out of the log and enqueue a continuation (at
    * the front of the queue) that goes on from the token ids in the log. Exactly one caller wins.
-   */
-  /**
+   * The lost attempt's job is read first: the continuation carries its data (the prompt), and a worker
+   * that only looked dead (Redis stalled, say) may settle and remove it while the move is made — its
+   * last appends fenced out, its job gone, the request left with no job to go on from. A job already
+   * gone moves nothing: the request ended (its log says how), or a newer attempt has it (`moved`).
    * @param channel where its live entries go next: this gateway's, or '' to keep the route as it is
    * @param announce tell every gateway of the new attempt as it is made (`attempt-moved`): a move no
    *   session of the request asked for
@@ -226,6 +228,11 @@ export class RedisJobQueue implements JobSubmitter, WorkCanceller {
     channel = this.channel,
     announce = false,
   ): Promise<MigrationResult> {
+    const previous = await this.queue.getJob(attemptJobId(requestId, attempt));
+    if (previous === undefined) {
+      const current = Number(await this.redis.hget(this.names.metaKey(requestId), 'attempt'));
+      return current > attempt ? { outcome: 'moved', attempt: current } : { outcome: 'gone' };
+    }
     const announcement = announce
       ? {
           channel: this.names.gatewaysChannel,
@@ -244,10 +251,6 @@ export class RedisJobQueue implements JobSubmitter, WorkCanceller {
     );
     if (code === 0) return { outcome: 'moved', attempt: current };
     if (code !== 1) return { outcome: code === 2 ? 'exhausted' : 'gone' };
-    // The lost attempt's job is still in BullMQ (active, its lock held by the dead worker): its data
-    // is the request's.
-    const previous = await this.queue.getJob(attemptJobId(requestId, attempt));
-    if (previous === undefined) return { outcome: 'gone' };
     await this.queue.add(
       GENERATE_JOB,
       continuationJob(previous.data as GenerateJob, current, channel),

@@ -466,8 +466,7 @@ export class SessionManager {
         session.migrating = false;
         if (session.state === 'closed') return;
         if (result.outcome === 'exhausted' || result.outcome === 'gone') {
-          this.logger.warn({ requestId: session.requestId, outcome: result.outcome }, 'cannot migrate the request');
-          this.fail(session, new GatewayError('worker_lost'), 'stream_failed');
+          this.endFromLog(session, result.outcome);
           return;
         }
         session.attempt = result.attempt;
@@ -488,6 +487,27 @@ export class SessionManager {
         );
       },
     );
+  }
+
+  /**
+   * No move to make (the request's job is gone, or it used up its moves): its log may still end the
+   * answer — a worker that wrote its last entry, then died (or only looked dead) before this stream
+   * took that entry live. Delivers the log's rest; a stream it does not end gets `worker_lost`.
+   */
+  private endFromLog(session: RequestSession, outcome: 'exhausted' | 'gone'): void {
+    const lost = (): void => {
+      if (session.state === 'closed') return;
+      this.logger.warn({ requestId: session.requestId, outcome }, 'cannot migrate the request');
+      this.fail(session, new GatewayError('worker_lost'), 'stream_failed');
+    };
+    this.log.read(session.requestId, session.nextSeq).then(({ entries }) => {
+      const now = Date.now();
+      for (const entry of entries) {
+        if (session.state === 'closed') return;
+        this.deliver(session, entry, true, now);
+      }
+      lost();
+    }, lost);
   }
 
   /** Resolves once no session is open (graceful drain). */

@@ -44,10 +44,13 @@ const INDEX_GC_MS = 60_000;
 
 /**
  * The gateway's view of the worker registry, re-read every `pollMs`. Each worker keeps a key with a
- * TTL alive by heartbeat, indexed by a sorted set; a worker whose key expired is gone.
+ * TTL alive by heartbeat, indexed by a sorted set; a worker whose key two reads in a row did not find
+ * is gone.
  */
 export class WorkerRegistry implements ModelCatalog {
   private workers = new Map<string, WorkerRecord>();
+  /** Workers the latest read did not find, counted live for that one read (see {@link refresh}). */
+  private missing = new Set<string>();
   /** Live workers that still take jobs (not draining after SIGTERM). */
   private servingCount = 0;
   private byModel = new Map<string, ServedModel>();
@@ -61,8 +64,8 @@ export class WorkerRegistry implements ModelCatalog {
     private readonly logger: Logger,
     /**
      * Called after each successful read with the live worker ids, when the read started, and the
-     * records (as last read) of the workers the previous read listed and this one does not, or lists
-     * as started anew (another process under the same id): lost. A replaced id is not live in that
+     * records (as last read) of the workers this read and the one before it did not find, or that this
+     * one finds started anew (another process under the same id): lost. A replaced id is not live in that
      * read's ids, so that the streams its old process accepted move.
      */
     private readonly onSnapshot: (liveWorkerIds: ReadonlySet<string>, takenAt: number, lost: readonly WorkerRecord[]) => void,
@@ -97,6 +100,18 @@ export class WorkerRegistry implements ModelCatalog {
   async refresh(): Promise<void> {
     const takenAt = Date.now();
     const { indexed, workers } = await readWorkerRecords(this.redis, this.names);
+    // A record missing from one read stays for that read: a worker is gone when two reads in a row
+    // lack it. A Redis that stopped serving for longer than the records' TTL (paused, stalled by a
+    // slow command or a fork) lets every record expire while every worker's beats wait in its socket;
+    // they land as it serves again, ahead of the next read. Judged on one read, every stream of every
+    // worker moved (or ended, `worker_lost`) after such a stall.
+    const missing = new Set<string>();
+    for (const [workerId, record] of this.workers) {
+      if (workers.has(workerId) || this.missing.has(workerId)) continue;
+      workers.set(workerId, record);
+      missing.add(workerId);
+    }
+    this.missing = missing;
     const byModel = new Map<string, ServedModel>();
     // A draining worker is still alive (its streams go on) but serves no new request.
     const serving = [...workers.values()].filter((record) => !record.draining);

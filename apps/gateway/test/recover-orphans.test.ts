@@ -7,35 +7,49 @@ import { register, workerRecord } from '../../../test/support/worker-records.js'
 import { RedisJobQueue } from '../src/job-queue.js';
 
 /**
- * `RedisJobQueue.recoverOrphans` on a real Redis and BullMQ: a job taken (active, locked) and never
- * accepted by a worker whose record is gone is moved at a gateway's start; one whose worker is live, or
- * judged while a live worker's record carries no BullMQ id, is not.
+ * The gateway's moves among BullMQ's jobs on a real Redis and BullMQ. `recoverOrphans`: a job taken
+ * (active, locked) and never accepted by a worker whose record is gone is moved at a gateway's start;
+ * one whose worker is live, or judged while a live worker's record carries no BullMQ id, is not.
+ * `migrate`: nothing moves once the lost attempt's job is gone. The looks through the queue read job
+ * ids, never every job's data.
  */
 
 const store = redisForTests();
+const format = { endpoint: 'chat' as const, model: 'm', created: 1, includeUsage: false, n: 1, maxTokensParam: 'max_tokens' as const };
 
-describe('moving the requests of workers gone before a gateway started', () => {
+/** A gateway's job queue under its own prefix, a taker that takes jobs as a worker would, and a job maker. */
+function fixture(prefix: string) {
+  const names = redisNames(prefix);
+  const connection = store.server.client();
+  const queue = new Queue(GENERATE_QUEUE, { connection, prefix: names.bullPrefix });
+  const jobs = new RedisJobQueue(queue, connection, names, `gw-${prefix}`, 60_000, 3, pino({ level: 'silent' }));
+  const takerConnection = store.server.client();
+  const taker = new Worker(GENERATE_QUEUE, undefined, { connection: takerConnection, prefix: names.bullPrefix, autorun: false });
+  const job = (requestId: string, promptTokenIds = [1, 2]): GenerateJob => ({
+    requestId,
+    channel: 'gw-old',
+    model: 'm',
+    input: { kind: 'tokens', promptTokenIds },
+    sampling: { maxTokens: 4 },
+    defaultMaxTokens: 4,
+    resumeGraceMs: 0,
+    enqueuedAt: Date.now(),
+    deadlineAt: Date.now() + 60_000,
+  });
+  const close = async () => {
+    await taker.close(true);
+    takerConnection.disconnect();
+    await queue.close();
+    connection.disconnect();
+  };
+  return { names, queue, jobs, taker, job, close };
+}
+
+describe('the gateway’s moves among BullMQ’s jobs', () => {
   it('moves a job a gone worker took and never accepted, and only when every live record can be told from its lock', async () => {
-    const names = redisNames('orphans');
-    const connection = store.server.client();
-    const queue = new Queue(GENERATE_QUEUE, { connection, prefix: names.bullPrefix });
-    const jobs = new RedisJobQueue(queue, connection, names, 'gw-start', 60_000, 3, pino({ level: 'silent' }));
-    const job: GenerateJob = {
-      requestId: 'req-1',
-      channel: 'gw-old',
-      model: 'm',
-      input: { kind: 'tokens', promptTokenIds: [1, 2] },
-      sampling: { maxTokens: 4 },
-      defaultMaxTokens: 4,
-      resumeGraceMs: 0,
-      enqueuedAt: Date.now(),
-      deadlineAt: Date.now() + 60_000,
-    };
-    const format = { endpoint: 'chat' as const, model: 'm', created: 1, includeUsage: false, n: 1, maxTokensParam: 'max_tokens' as const };
-    await jobs.submit(job, format);
+    const { names, queue, jobs, taker, job, close } = fixture('orphans');
+    await jobs.submit(job('req-1'), format);
     // A worker takes it (active, locked by its token) and is gone before it accepted it.
-    const takerConnection = store.server.client();
-    const taker = new Worker(GENERATE_QUEUE, undefined, { connection: takerConnection, prefix: names.bullPrefix, autorun: false });
     expect((await taker.getNextJob(`${taker.id}:0`))?.id).toBe('req-1');
     const { redis } = store;
 
@@ -62,39 +76,34 @@ describe('moving the requests of workers gone before a gateway started', () => {
     expect(await redis.hget(names.metaKey('req-1'), 'attempt')).toBe('3');
     expect((await queue.getJob(attemptJobId('req-1', 3)))?.data).toMatchObject({ requestId: 'req-1', continuation: { attempt: 3 } });
 
-    await taker.close(true);
-    takerConnection.disconnect();
-    await queue.close();
-    connection.disconnect();
+    await close();
+  });
+
+  it("moves nothing once the lost attempt's job is gone (its worker settled it: the log says how it ended)", async () => {
+    const { names, queue, jobs, taker, job, close } = fixture('settled');
+    await jobs.submit(job('done-1'), format);
+    const token = `${taker.id}:0`;
+    const taken = await taker.getNextJob(token);
+    await store.redis.hset(names.metaKey('done-1'), 'workerId', 'w-settled');
+    // The worker (taken for lost: Redis stalled) settles the job — removed on completion — as the move is made.
+    await taken?.moveToCompleted('done', token, false);
+    await expect(jobs.migrate('done-1', 1, 'w-settled')).resolves.toEqual({ outcome: 'gone' });
+    // Not fenced out, no continuation: the attempt stays the one that wrote the log.
+    expect(await store.redis.hget(names.metaKey('done-1'), 'attempt')).toBe('1');
+    expect(await queue.getJob(attemptJobId('done-1', 2))).toBeUndefined();
+    // A newer attempt has it (another gateway moved it, and that job is gone too): `moved`, to adopt it.
+    await store.redis.hset(names.metaKey('done-1'), 'attempt', '2');
+    await expect(jobs.migrate('done-1', 1, 'w-settled')).resolves.toEqual({ outcome: 'moved', attempt: 2 });
+
+    await close();
   });
 
   it("looks through the queue's jobs by their ids: no job's data (its prompt) is read", async () => {
-    const names = redisNames('scan');
-    const connection = store.server.client();
-    const queue = new Queue(GENERATE_QUEUE, { connection, prefix: names.bullPrefix });
-    const jobs = new RedisJobQueue(queue, connection, names, 'gw-scan', 60_000, 3, pino({ level: 'silent' }));
-    const format = { endpoint: 'chat' as const, model: 'm', created: 1, includeUsage: false, n: 1, maxTokensParam: 'max_tokens' as const };
+    const { names, queue, jobs, taker, job, close } = fixture('scan');
     const requestIds = ['scan-1', 'scan-2', 'scan-3'];
-    for (const requestId of requestIds) {
-      await jobs.submit(
-        {
-          requestId,
-          channel: 'gw-old',
-          model: 'm',
-          input: { kind: 'tokens', promptTokenIds: Array.from({ length: 4096 }, (_, i) => i) },
-          sampling: { maxTokens: 4 },
-          defaultMaxTokens: 4,
-          resumeGraceMs: 0,
-          enqueuedAt: Date.now(),
-          deadlineAt: Date.now() + 60_000,
-        },
-        format,
-        'owner-1',
-      );
-    }
+    const prompt = Array.from({ length: 4096 }, (_, i) => i);
+    for (const requestId of requestIds) await jobs.submit(job(requestId, prompt), format, 'owner-1');
     // Two taken (active) by a worker gone before it accepted them, one still waiting.
-    const takerConnection = store.server.client();
-    const taker = new Worker(GENERATE_QUEUE, undefined, { connection: takerConnection, prefix: names.bullPrefix, autorun: false });
     await taker.getNextJob(`${taker.id}:0`);
     await taker.getNextJob(`${taker.id}:1`);
     const { redis } = store;
@@ -120,9 +129,6 @@ describe('moving the requests of workers gone before a gateway started', () => {
     expect(commands.some(([command]) => command?.toLowerCase() === 'ping')).toBe(true);
     expect(requestIds.map(dataReads)).toEqual([1, 1, 0]);
 
-    await taker.close(true);
-    takerConnection.disconnect();
-    await queue.close();
-    connection.disconnect();
+    await close();
   });
 });

@@ -601,6 +601,27 @@ describe('SessionManager', () => {
     manager.close();
   });
 
+  it('ends a stream its lost worker finished in the log, when there is nothing left to move, with the log’s ending', async () => {
+    const { manager, events, logs, open, willMigrate } = setup();
+    open('a');
+    const accepted = { requestId: 'a', seq: 0, type: 'accepted', workerId: 'w1', promptTokens: 1 } as const;
+    manager.dispatch({ workerId: 'w1', entries: [accepted] });
+    // The worker wrote the rest and its finish, its job settled, and it died (or only looked dead)
+    // before those entries reached this gateway live: the move finds no job to continue.
+    logs.set('a', [
+      accepted,
+      { requestId: 'a', seq: 1, type: 'text-delta', index: 0, text: 'hi', tokens: 1 },
+      { requestId: 'a', seq: 2, type: 'text-end', index: 0, finishReason: 'stop' },
+      { requestId: 'a', seq: 3, type: 'finish', usage: { promptTokens: 1, completionTokens: 1 } },
+    ]);
+    willMigrate({ outcome: 'gone' });
+    manager.failLostWorkers(new Set(), Date.now() + 1);
+    await tick();
+    await tick();
+    expect(events.map((e) => e.type)).toEqual(['accepted', 'text-delta', 'text-end', 'finish']);
+    manager.close();
+  });
+
   it('resolves whenEmpty once the last session ends', async () => {
     const { manager, open } = setup();
     const session = open('a');

@@ -24,16 +24,43 @@ describe('the gateway’s view of the worker registry', () => {
     await registry.refresh();
     expect(reads.at(-1)).toEqual({ live: ['a', 'b'], lost: [] });
 
-    // `a` died and a process under its id registered before a read saw it missing; `b` is gone.
+    // `a` died and a process under its id registered before a read saw it missing: lost at once. `b`
+    // is gone: missing from one read, it still counts; missing from the next too, it is lost.
     const a2 = record('a', 2);
     await register(a2);
     await store.redis.del(names.workerKey('b'));
     await registry.refresh();
-    expect(reads.at(-1)).toEqual({ live: [], lost: [a, b] });
+    expect(reads.at(-1)).toEqual({ live: ['b'], lost: [a] });
     // The new `a` serves: its model is listed, and the next read counts it live.
     expect(registry.models().map((model) => model.id)).toEqual(['m']);
     await registry.refresh();
+    expect(reads.at(-1)).toEqual({ live: ['a'], lost: [b] });
+    await registry.refresh();
     expect(reads.at(-1)).toEqual({ live: ['a'], lost: [] });
+    registry.stop();
+  });
+
+  it('takes a record missing from one read and back in the next (a Redis that stalled past the TTL) for no loss', async () => {
+    const reads: Array<{ live: string[]; lost: WorkerRecord[] }> = [];
+    const registry = new WorkerRegistry(store.redis, redisNames('stall'), 60_000, pino({ level: 'silent' }), (live, _takenAt, lost) =>
+      reads.push({ live: [...live].sort(), lost: [...lost] }),
+    );
+    const stallNames = redisNames('stall');
+    const c = record('c', 1);
+    await registerIn(store.redis, stallNames, c);
+    await registry.refresh();
+    // Expired while Redis served nobody; its beat lands as Redis serves again, after that first read.
+    await store.redis.del(stallNames.workerKey('c'));
+    await registry.refresh();
+    expect(reads.at(-1)).toEqual({ live: ['c'], lost: [] });
+    expect(registry.liveWorkerCount).toBe(1);
+    await registerIn(store.redis, stallNames, { ...c, heartbeatAt: Date.now() });
+    await registry.refresh();
+    await registry.refresh();
+    expect(reads.slice(-2)).toEqual([
+      { live: ['c'], lost: [] },
+      { live: ['c'], lost: [] },
+    ]);
     registry.stop();
   });
 });

@@ -238,6 +238,12 @@ export class JobProcessor {
     } finally {
       bullSignal?.removeEventListener('abort', onBullAbort);
       this.deps.controls.unregister(job.requestId);
+      // The job settles once Redis has its last entries: a job gone from BullMQ means a log that says
+      // how the request ended. The job's completion goes on BullMQ's connection, the entries on the
+      // router's, and Redis serves a client that sent much (a backlog after a stall) a slice per turn:
+      // settled at once, the job could be gone while its ending was still unread, and a gateway that
+      // took this worker for lost found nothing to move and no ending (`worker_lost`).
+      await this.deps.router.drained();
       this.deps.router.close(route);
       this.counters.processed++;
       if (this.#local.get(job.requestId) === local) this.#local.delete(job.requestId);

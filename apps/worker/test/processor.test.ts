@@ -196,6 +196,35 @@ describe('the worker routes each engine step as a whole', () => {
     await h.close();
   });
 
+  it('settles a job only once Redis has its last entries (a job gone from BullMQ means a log that ends)', async () => {
+    const connection = server.client();
+    const h = await harness(connection);
+    const live = await listen('gw-settle');
+    const j = job('gw-settle');
+    await writeMeta(j);
+    let settled = false;
+    const done = h.processor.process(j, 1).then(() => (settled = true));
+    await h.accepted(1);
+    await h.step([[j.requestId, { type: 'text-delta', index: 0, tokenIds: [10], text: 'a' }]]);
+    // (Held until the job's checks answer, then written.)
+    await waitFor('the first entries logged', async () => ((await logOf(j.requestId)).length === 2 ? true : undefined));
+    // The router's connection holds what it is given (as a backlog Redis has not read yet would).
+    connection.stream.cork();
+    h.router.onEvents([
+      [j.requestId, { type: 'text-end', index: 0, finishReason: 'length' }],
+      [j.requestId, finish(1)],
+    ]);
+    await new Promise((resolve) => setTimeout(resolve, 100));
+    expect(settled).toBe(false);
+    expect((await logOf(j.requestId)).map((e) => e.type)).toEqual(['accepted', 'text-delta']);
+    connection.stream.uncork();
+    await done;
+    expect((await logOf(j.requestId)).map((e) => e.type)).toEqual(['accepted', 'text-delta', 'text-end', 'finish']);
+    await live.close();
+    await h.close();
+    connection.disconnect();
+  });
+
   it("logs the worker's side of the TTFT breakdown with the request: pickup, submit and checks, first step, pipeline answered", async () => {
     const h = await harness();
     const live = await listen('gw-t');
