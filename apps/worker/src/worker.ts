@@ -58,9 +58,11 @@ export async function startWorker(
   // Every connection retries every ≤ 250 ms (ioredis's default backoff grows to 2 s): back to work
   // about as soon as Redis is.
   const retryStrategy = (times: number) => Math.min(50 * times, RECONNECT_MAX_MS);
-  // The command connection (step pipelines, request state, heartbeat) queues nothing while Redis is
-  // away: a step that cannot be written fails now, and its streams are ended (StepRouter), instead
-  // of piling up in memory and replaying to gateways that already failed them.
+  // The command connection (step pipelines, request state) queues nothing while Redis is away: a step
+  // that cannot be written fails now, and its streams are ended (StepRouter), instead of piling up in
+  // memory and replaying to gateways that already failed them. The heartbeat has a connection of its
+  // own: behind a backlog of steps (Redis reads a client's backlog a slice per turn after a stall) a
+  // beat would land late, and gateways take a worker whose record two of their reads lack for lost.
   // Named (CLIENT LIST shows whose connection is whose): `sluice-worker:<workerId>:<role>` (a name
   // may not hold spaces).
   const named = (role: string) => ({ connectionName: `sluice-worker:${config.workerId.replace(/[^\w.:-]/g, '-')}:${role}` });
@@ -74,11 +76,19 @@ export async function startWorker(
   // BullMQ needs `maxRetriesPerRequest: null` on its connections (blocking commands).
   const subscriber = new Redis(config.redisUrl, { maxRetriesPerRequest: null, lazyConnect: true, retryStrategy, ...named('subscriber') });
   const bullConnection = new Redis(config.redisUrl, { maxRetriesPerRequest: null, lazyConnect: true, retryStrategy, ...named('queue') });
+  const registryConnection = new Redis(config.redisUrl, {
+    maxRetriesPerRequest: 1,
+    enableOfflineQueue: false,
+    lazyConnect: true,
+    retryStrategy,
+    ...named('registry'),
+  });
   await connectRedis(
     [
       ['commands', redis],
       ['subscriber', subscriber],
       ['queue', bullConnection],
+      ['registry', registryConnection],
     ],
     (err, connection) => logger.warn({ err, connection }, 'redis connection error'),
   ).catch((cause: Error) => {
@@ -145,7 +155,7 @@ export async function startWorker(
   );
   worker.on('error', (err: Error) => logger.warn({ err: err.message }, 'bullmq worker error'));
   const heartbeat = new RegistryHeartbeat(
-    redis,
+    registryConnection,
     names,
     config.ttlMs,
     config.heartbeatMs,
@@ -198,7 +208,7 @@ export async function startWorker(
   await heartbeat.start();
   // A Redis that came back may have lost the registry (a restart): re-register at once, not at the
   // next beat, so gateways count this worker again as soon as they can enqueue.
-  redis.on('ready', () => {
+  registryConnection.on('ready', () => {
     if (!draining) heartbeat.beat().catch((error: unknown) => logger.warn({ err: error }, 'registry heartbeat failed'));
   });
   // Resolves once the worker closed (a drain); a rejection means it stopped taking jobs.
@@ -253,6 +263,7 @@ export async function startWorker(
       ],
       ['redis', () => redis.quit()],
       ['queue connection', () => bullConnection.quit()],
+      ['registry connection', () => registryConnection.quit()],
     ];
     for (const [name, step] of steps) {
       try {
