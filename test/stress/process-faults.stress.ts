@@ -18,8 +18,10 @@ import {
  * gateways (tiny model), four long greedy streams a case. Each round SIGKILLs a worker (its streams
  * migrate), kills every pub/sub connection in Redis, SIGKILLs a gateway (its clients resume on the
  * other, mid-stream or while its requests wait), freezes a worker past its registry TTL and thaws it
- * (fenced out), drains a worker (SIGTERM: handed over), and SIGKILLs the worker of clients that left
- * within their grace (they resume elsewhere); every answer must arrive whole, token for token.
+ * (fenced out), freezes Redis past the workers' TTL (no loss), and again while a worker is SIGKILLed
+ * (its streams migrate once Redis serves), drains a worker (SIGTERM: handed over), and SIGKILLs the
+ * worker of clients that left within their grace (they resume elsewhere); every answer must arrive
+ * whole, token for token.
  */
 const WORKER_ENV = { ...MIGRATING_WORKER_ENV, MAX_BATCH_SIZE: '64' };
 const MAX_TOKENS = 1_500;
@@ -62,6 +64,25 @@ describe('process faults mid-stream, looped', () => {
         await new Promise((resolve) => setTimeout(resolve, 3_000));
         workers[0]!.process.signal('SIGCONT');
       });
+
+      // Redis itself stalls (a slow command, a fork, a paused VM) past the workers' TTL: no worker is
+      // lost; and a worker killed during such a stall is, once Redis serves again.
+      await streamsThrough(`Redis frozen past the workers' TTL, round ${round}`, 4 + round, async () => {
+        cluster.redis.process.signal('SIGSTOP');
+        await new Promise((resolve) => setTimeout(resolve, 2_000 + (round % 3) * 1_000));
+        cluster.redis.process.signal('SIGCONT');
+      });
+      await streamsThrough(`Redis frozen and a worker SIGKILLed meanwhile, round ${round}`, 4 + round, async () => {
+        cluster.redis.process.signal('SIGSTOP');
+        try {
+          await new Promise((resolve) => setTimeout(resolve, 1_000));
+          workers.shift()!.process.child.kill('SIGKILL');
+          await new Promise((resolve) => setTimeout(resolve, 1_500));
+        } finally {
+          cluster.redis.process.signal('SIGCONT');
+        }
+      });
+      workers.push(await cluster.worker(WORKER_ENV));
 
       await streamsThrough(`worker drained, round ${round}`, 5 + round, async () => {
         workers.shift()!.process.signal('SIGTERM');
