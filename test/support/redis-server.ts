@@ -22,6 +22,17 @@ export function hasRedisServer(): boolean {
  *   (a Redis restarted on the same folder comes back with everything acknowledged before it died)
  */
 export async function startRedis(options: { port?: number; appendOnlyDir?: string } = {}): Promise<RedisServer> {
+  // A free port can be taken between `freePort` and the server's bind (test files start servers side by
+  // side): the probe then reached another file's server, and this file's tests ran on a Redis another
+  // file freezes, kills or stops. The server answering must be this one; else another port.
+  for (let tries = 1; ; tries++) {
+    const server = await startRedisOnce(options);
+    if (server !== undefined) return server;
+    if (options.port !== undefined || tries === 5) throw new Error(`redis-server could not take ${options.port ?? 'a free port'}`);
+  }
+}
+
+async function startRedisOnce(options: { port?: number; appendOnlyDir?: string }): Promise<RedisServer | undefined> {
   const port = options.port ?? (await freePort());
   const persistence =
     options.appendOnlyDir === undefined
@@ -45,6 +56,10 @@ export async function startRedis(options: { port?: number; appendOnlyDir?: strin
       },
       10_000,
     );
+    if (!new RegExp(`^process_id:${proc.pid}\\r?$`, 'm').test(await probe.info('server'))) {
+      await proc.stop(2_000);
+      return undefined;
+    }
   } finally {
     probe.disconnect();
   }
