@@ -201,7 +201,7 @@ export async function startGateway(config: GatewayConfig, logger: Logger, option
   registry.start();
   // Workers that were gone before this first read are in no read's lost records: found by their jobs.
   reportMoves(
-    jobs.recoverOrphans((requestId) => sessions.has(requestId)),
+    jobs.recoverOrphans((requestId) => sessions.has(requestId), config.registryPollMs),
     'requests of workers lost before this gateway started',
   );
   // Back from an outage: read the registry now (the poll keeps its last good read while Redis is away).

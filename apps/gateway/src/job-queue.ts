@@ -1,3 +1,4 @@
+import { setTimeout as sleep } from 'node:timers/promises';
 import type { Queue } from 'bullmq';
 import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
@@ -294,9 +295,12 @@ export class RedisJobQueue implements JobSubmitter, WorkCanceller {
    * lock (a request taken and not accepted). A worker registers before it takes a job, so a lock read
    * first is accounted for by a record read after it unless its worker's record expired. While a live
    * worker's record carries no BullMQ id (a worker from before it did), locks are not judged.
+   * @param confirmAfterMs the registry is read twice this far apart, and a worker either read finds is
+   *   live (as `WorkerRegistry` takes a worker for gone only when two reads in a row lack it): a gateway
+   *   that starts as Redis comes back from a stall past the records' TTL must not move live workers' jobs
    * @returns how many this gateway moved
    */
-  async recoverOrphans(hasSession: (requestId: string) => boolean): Promise<number> {
+  async recoverOrphans(hasSession: (requestId: string) => boolean, confirmAfterMs = 0): Promise<number> {
     let live: Map<string, WorkerRecord> | undefined;
     return this.moveActive(
       (workerId, requestId) => live !== undefined && !live.has(workerId) && !hasSession(requestId),
@@ -306,7 +310,14 @@ export class RedisJobQueue implements JobSubmitter, WorkCanceller {
         return records.some((record) => lock.startsWith(`${record.queueWorkerId}:`)) ? undefined : lock;
       },
       async () => {
-        live = (await readWorkerRecords(this.redis, this.names)).workers;
+        const first = (await readWorkerRecords(this.redis, this.names)).workers;
+        if (confirmAfterMs > 0) {
+          await sleep(confirmAfterMs);
+          for (const [workerId, record] of (await readWorkerRecords(this.redis, this.names)).workers) {
+            if (!first.has(workerId)) first.set(workerId, record);
+          }
+        }
+        live = first;
       },
     );
   }

@@ -79,6 +79,25 @@ describe('the gateway’s moves among BullMQ’s jobs', () => {
     await close();
   });
 
+  it('takes a worker that either of two registry reads finds for live (a Redis back from a stall serves its beat late)', async () => {
+    const { names, jobs, taker, job, close } = fixture('confirm');
+    await jobs.submit(job('late-1'), format);
+    await taker.getNextJob(`${taker.id}:0`);
+    const { redis } = store;
+    await register(redis, names, workerRecord('other', { queueWorkerId: 'queue-other' }));
+    // The taker's record expired in the stall; its queued beat lands between the two reads.
+    const beat = new Promise((resolve) => setTimeout(resolve, 250)).then(() =>
+      register(redis, names, workerRecord('taker', { queueWorkerId: taker.id })),
+    );
+    await expect(jobs.recoverOrphans(() => false, 600)).resolves.toBe(0);
+    await beat;
+    expect(await redis.hget(names.metaKey('late-1'), 'attempt')).toBe('1');
+    // Gone from both reads: moved.
+    await redis.del(names.workerKey('taker'));
+    await expect(jobs.recoverOrphans(() => false, 100)).resolves.toBe(1);
+    await close();
+  });
+
   it("moves nothing once the lost attempt's job is gone (its worker settled it: the log says how it ended)", async () => {
     const { names, queue, jobs, taker, job, close } = fixture('settled');
     await jobs.submit(job('done-1'), format);
