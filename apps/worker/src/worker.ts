@@ -66,23 +66,14 @@ export async function startWorker(
   // Named (CLIENT LIST shows whose connection is whose): `sluice-worker:<workerId>:<role>` (a name
   // may not hold spaces).
   const named = (role: string) => ({ connectionName: `sluice-worker:${config.workerId.replace(/[^\w.:-]/g, '-')}:${role}` });
-  const redis = new Redis(config.redisUrl, {
-    maxRetriesPerRequest: 1,
-    enableOfflineQueue: false,
-    lazyConnect: true,
-    retryStrategy,
-    ...named('commands'),
-  });
+  /** A connection that queues nothing while Redis is away (a command fails at once). */
+  const failFast = (role: string) =>
+    new Redis(config.redisUrl, { maxRetriesPerRequest: 1, enableOfflineQueue: false, lazyConnect: true, retryStrategy, ...named(role) });
+  const redis = failFast('commands');
   // BullMQ needs `maxRetriesPerRequest: null` on its connections (blocking commands).
   const subscriber = new Redis(config.redisUrl, { maxRetriesPerRequest: null, lazyConnect: true, retryStrategy, ...named('subscriber') });
   const bullConnection = new Redis(config.redisUrl, { maxRetriesPerRequest: null, lazyConnect: true, retryStrategy, ...named('queue') });
-  const registryConnection = new Redis(config.redisUrl, {
-    maxRetriesPerRequest: 1,
-    enableOfflineQueue: false,
-    lazyConnect: true,
-    retryStrategy,
-    ...named('registry'),
-  });
+  const registryConnection = failFast('registry');
   await connectRedis(
     [
       ['commands', redis],
