@@ -139,6 +139,7 @@ export function createFakeEngine(options: FakeEngineOptions): Engine {
       executionProvider: 'cpu',
       kvReservedBytes: 0,
       intraOpThreads: 0,
+      kvCache: 'engine-owned',
     },
     generate(request, signal) {
       const queue = new EventQueue();

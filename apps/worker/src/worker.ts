@@ -212,6 +212,7 @@ export async function startWorker(
       maxBatchSize: engine.info.maxBatchSize,
       concurrency: config.concurrency,
       kvReservedMiB: Math.round(engine.info.kvReservedBytes / 2 ** 20),
+      kvCache: engine.info.kvCache,
       intraOpThreads: engine.info.intraOpThreads,
       healthPort,
     },

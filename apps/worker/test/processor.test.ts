@@ -54,6 +54,7 @@ async function harness(connection: Redis = redis, refuse?: (request: GenerateReq
         maxCachedTokens: 400,
         executionProvider: 'cpu',
         kvReservedBytes: 0,
+        kvCache: 'engine-owned',
         intraOpThreads: 1,
       },
       submit: (request, signal) => {

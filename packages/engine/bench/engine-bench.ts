@@ -4,7 +4,9 @@
  * 0. The llama.cpp comparison's workloads (32 × 128, 32 × 768, 1 × 128 tokens; peer-workloads.ts):
  *    tokens/s, TTFT and ITL p50/p99, the 768/128 throughput ratio. `BENCH_ONLY=workloads` stops
  *    after this section (a few minutes); BENCH_WORKLOAD_ROUNDS (default 2) sets its rounds;
- *    BENCH_PRESET=smollm2-135m runs only this section on the SmolLM2-135M-shaped preset.
+ *    BENCH_PRESET=smollm2-135m runs only this section on the SmolLM2-135M-shaped preset;
+ *    BENCH_MODEL_DIR=<dir> runs only this section on that model directory and writes nothing (a
+ *    generated `--external-data` or `--attention gqa` copy, a real export).
  * 0b. A newcomer joining a full batch (newcomer.ts): 31 rows decode while newcomers arrive one at a
  *    time; their TTFT against one full-batch step plus their own prefill. `BENCH_ONLY=newcomers` runs
  *    only this section (~1 minute).
@@ -46,10 +48,11 @@ const MODES: BenchMode[] = ['sequential', 'static', 'continuous'];
 
 // BENCH_PRESET=smollm2-135m runs section 0 on the SmolLM2-135M-shaped preset (generated on first use, ~540 MB).
 const preset = (process.env.BENCH_PRESET ?? 'bench') as 'bench' | 'smollm2-135m';
-const onlyWorkloads = process.env.BENCH_ONLY === 'workloads' || preset !== 'bench';
+const otherModelDir = process.env.BENCH_MODEL_DIR;
+const onlyWorkloads = process.env.BENCH_ONLY === 'workloads' || preset !== 'bench' || otherModelDir !== undefined;
 const onlyNewcomers = process.env.BENCH_ONLY === 'newcomers' && preset === 'bench';
-const writeResults = process.env.BENCH_WRITE_DOCS !== '0';
-const modelDir = await ensureBuiltinModel(preset);
+const writeResults = process.env.BENCH_WRITE_DOCS !== '0' && otherModelDir === undefined;
+const modelDir = otherModelDir ?? (await ensureBuiltinModel(preset));
 const model = await loadModelDir(modelDir);
 const workload = makeWorkload({
   requests: 32,
@@ -81,7 +84,7 @@ const engine = await createEngine({ modelDir, maxBatchSize: MAX_BATCH, maxStepTo
 await runMode(engine, workload.slice(0, 4), 'continuous', MAX_BATCH); // warm-up
 
 // 0b. A newcomer joining a full batch (first: it needs no more than the warm-up before it).
-if (preset === 'bench') {
+if (preset === 'bench' && otherModelDir === undefined) {
   const newcomer = await runNewcomers(engine, model.tokenizer.vocabSize, { rows: MAX_BATCH - 1, newcomers: 40, seed: 20 }, log);
   if (writeResults) {
     await mkdir(join(root, 'bench-results'), { recursive: true });

@@ -74,6 +74,7 @@ async function main(port: MessagePort, { options }: EngineThreadData): Promise<v
         executionProvider: options.executionProvider ?? 'cpu',
         kvReservedBytes: core.kvReservedBytes,
         intraOpThreads,
+        kvCache: session.outputsNewKv ? 'engine-owned' : 'present',
       },
       vocabSize: session.io.vocabSize ?? model.tokenizer.vocabSize,
       maxCachedTokens: limits.maxCachedTokens,

@@ -107,8 +107,9 @@ export class OnnxSession {
     };
     if (options.intraOpThreads > 0) sessionOptions.intraOpNumThreads = options.intraOpThreads;
     if (options.interOpThreads > 0) sessionOptions.interOpNumThreads = options.interOpThreads;
-    if (options.intraOpSpinning === false) sessionOptions.extra = { session: { intra_op: { allow_spinning: '0' } } };
-    if (options.intraOpSpinning === 'during-run') sessionOptions.extra = { session: { force_spinning_stop: '1' } };
+    const sessionConfig: Record<string, unknown> = {};
+    if (options.intraOpSpinning === false) sessionConfig.intra_op = { allow_spinning: '0' };
+    if (options.intraOpSpinning === 'during-run') sessionConfig.force_spinning_stop = '1';
     if (executionProvider !== 'cpu') {
       const backend = ort.listSupportedBackends().find((candidate) => candidate.name === executionProvider);
       if (backend === undefined) {
@@ -123,6 +124,10 @@ export class OnnxSession {
     try {
       const rewritten = options.newKvOutputs === false ? undefined : await rewriteDecoderGraph(options.modelPath);
       newKvNames = rewritten?.newKvNames;
+      // A graph created from bytes finds its external-data files only through this folder.
+      if (rewritten?.externalDataFolder !== undefined)
+        sessionConfig.model_external_initializers_file_folder_path = rewritten.externalDataFolder;
+      if (Object.keys(sessionConfig).length > 0) sessionOptions.extra = { session: sessionConfig };
       session =
         rewritten === undefined
           ? await ort.InferenceSession.create(options.modelPath, sessionOptions)

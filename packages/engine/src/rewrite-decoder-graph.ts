@@ -4,11 +4,22 @@
  * removed, logits of the last position only. Why each: docs/engine.md, "KV cache".
  */
 import { readFile } from 'node:fs/promises';
+import { dirname, resolve } from 'node:path';
 import onnxProto from 'onnx-proto';
 import { exactOnnxInt64 } from '@sluice/model';
 import { orderedKvNames, PAST_INPUT, PRESENT_OUTPUT } from './kv-names.js';
 
 const { onnx } = onnxProto;
+
+/** A decoder graph rewritten by {@link rewriteDecoderGraph}. */
+export interface RewrittenGraph {
+  /** The re-encoded graph (its external-data initializers still name their files). */
+  bytes: Uint8Array;
+  /** Each layer's new key and value slice outputs, in layer order. */
+  newKvNames: string[];
+  /** Set when initializers live in external-data files: the folder their locations are relative to. */
+  externalDataFolder?: string;
+}
 
 /** Graph outputs added for GroupQueryAttention layers: the step's new key/value in [batch, kvHeads, new, headDim]. */
 const NEW_KV_OUTPUT = (layer: number, kind: string): string => `sluice_new_kv.${layer}.${kind}`;
@@ -26,11 +37,15 @@ const NEW_KV_OUTPUT = (layer: number, kind: string): string => `sluice_new_kv.${
  * attends over the past and the new slice separately (the generator's `plain` form) then never
  * copies the cache; Optimum's form still concatenates for attention. GroupQueryAttention still
  * writes its present internally (onnxruntime-node would copy a pre-bound shared buffer back out
- * whole, see docs/engine.md). Otherwise (another pattern, rotary inside GroupQueryAttention, or
- * weights in an external-data file, which a session created from bytes could not locate)
+ * whole, see docs/engine.md). Otherwise (another pattern, rotary inside GroupQueryAttention)
  * undefined: the engine then fetches `present.*`.
+ *
+ * Weights in external-data files (`model.onnx_data`: every export past protobuf's 2 GB, and smaller
+ * ones such as Qwen2.5-0.5B's) stay where they are: only the graph file is read and re-encoded, its
+ * initializers keep naming their files, and `externalDataFolder` says where those files are for a
+ * session created from the returned bytes.
  */
-export async function rewriteDecoderGraph(modelPath: string): Promise<{ bytes: Uint8Array; newKvNames: string[] } | undefined> {
+export async function rewriteDecoderGraph(modelPath: string): Promise<RewrittenGraph | undefined> {
   exactOnnxInt64();
   let model: onnxProto.onnx.ModelProto;
   try {
@@ -40,7 +55,6 @@ export async function rewriteDecoderGraph(modelPath: string): Promise<{ bytes: U
   }
   const graph = model.graph;
   if (graph == null) return undefined;
-  if ((graph.initializer ?? []).some((tensor) => tensor.dataLocation === onnx.TensorProto.DataLocation.EXTERNAL)) return undefined;
   const pastNames = orderedKvNames(
     (graph.input ?? []).map((input) => input.name ?? ''),
     PAST_INPUT,
@@ -111,7 +125,12 @@ export async function rewriteDecoderGraph(modelPath: string): Promise<{ bytes: U
   }
   graph.node = withoutDeadNodes(nodes, graph.output);
   graph.initializer = [...(graph.initializer ?? []), ...constants.map((tensor) => onnx.TensorProto.create(tensor))];
-  return { bytes: onnx.ModelProto.encode(model).finish(), newKvNames };
+  const external = (graph.initializer ?? []).some((tensor) => tensor.dataLocation === onnx.TensorProto.DataLocation.EXTERNAL);
+  return {
+    bytes: onnx.ModelProto.encode(model).finish(),
+    newKvNames,
+    ...(external ? { externalDataFolder: dirname(resolve(modelPath)) } : {}),
+  };
 }
 
 /** Ops between the final hidden state and `logits` (the lm_head and its reshapes). */

@@ -256,6 +256,13 @@ export interface EngineInfo {
   kvReservedBytes: number;
   /** onnxruntime intra-op threads of the session (0: onnxruntime chose). */
   intraOpThreads: number;
+  /**
+   * Where decode rows' keys and values live: `engine-owned` when the graph was rewritten at load to
+   * return each step's new slices (the engine keeps the cache and copies nothing per step), `present`
+   * when the graph's `present.*` outputs are fetched and fed back (a pattern the rewrite does not know:
+   * every step copies the whole cache; docs/engine.md, "KV cache").
+   */
+  kvCache: 'engine-owned' | 'present';
 }
 
 export interface Engine {

@@ -1,4 +1,4 @@
-import { loadModelDir, type AttentionForm, type ModelDir } from '@sluice/model';
+import { loadModelDir, type ModelDir } from '@sluice/model';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { RawOnnxModel } from '../../model/test/support/raw-greedy.js';
 import { EngineCore } from '../src/engine-core.js';
@@ -7,16 +7,18 @@ import { KV_BLOCK } from '../src/kv-lane.js';
 import { packInputs } from '../src/pack-inputs.js';
 import { OnnxSession } from '../src/onnx-session.js';
 import { resolveRequest } from '../src/resolve-request.js';
-import { ATTENTION_FORMS, tinyModelDir } from './support/model-forms.js';
+import { MODEL_FORMS, tinyModelDir } from './support/model-forms.js';
 
 /**
- * Real exports come in two forms, Optimum's plain operators and onnxruntime's GroupQueryAttention;
- * the generator writes both. For each, the engine rewrites the graph at load to return only the
+ * Real exports come in two forms, Optimum's plain operators and onnxruntime's GroupQueryAttention,
+ * each with its weights inside `model.onnx` or in a `model.onnx_data` file beside it (every export past
+ * protobuf's 2 GB, and smaller ones); the generator writes all four. For each, the engine rewrites
+ * the graph at load to return only the
  * step's new keys/values and serves the decode rows from its own cache; each request must get the
  * tokens of the plainest possible decoder (raw onnxruntime, one request alone, present.* fed back
  * as past) while rows join, leave and the lane grows past several capacity blocks.
  */
-describe.each(ATTENTION_FORMS)('the %s attention form', (form: AttentionForm) => {
+describe.each(MODEL_FORMS)('the $label form', (form) => {
   let model: ModelDir;
   let session: OnnxSession;
   let raw: RawOnnxModel;
@@ -37,7 +39,8 @@ describe.each(ATTENTION_FORMS)('the %s attention form', (form: AttentionForm) =>
   });
 
   it('is served from the engine-owned cache (new key/value slices, no present.* fetched)', () => {
-    expect(model.io.usesGroupQueryAttention).toBe(form === 'gqa');
+    expect(model.io.usesGroupQueryAttention).toBe(form.attention === 'gqa');
+    expect(model.onnxDataPaths).toHaveLength(form.externalData ? 1 : 0);
     expect(session.outputsNewKv).toBe(true);
   });
 

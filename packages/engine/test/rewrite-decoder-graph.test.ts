@@ -1,14 +1,14 @@
-import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
+import { mkdtemp, readFile, rm, stat, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { dirname, join } from 'node:path';
 import onnxProto from 'onnx-proto';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { rewriteDecoderGraph } from '../src/rewrite-decoder-graph.js';
-import { ATTENTION_FORMS, tinyModelDir } from './support/model-forms.js';
+import { MODEL_FORMS, tinyModelDir } from './support/model-forms.js';
 
 const { onnx } = onnxProto;
 
-describe.each(ATTENTION_FORMS)('the load-time rewrite of a %s-form decoder', (form) => {
+describe.each(MODEL_FORMS)('the load-time rewrite of a decoder in the $label form', (form) => {
   let modelPath: string;
   let remove: () => Promise<void>;
   let scratch: string;
@@ -32,8 +32,8 @@ describe.each(ATTENTION_FORMS)('the load-time rewrite of a %s-form decoder', (fo
     const outputs = (graph.output ?? []).map((output) => output.name);
     expect(outputs).toEqual(['logits', ...rewritten!.newKvNames]);
     const produced = new Set((graph.node ?? []).flatMap((node) => node.output ?? []));
-    expect([...produced].some((name) => name.startsWith('present.'))).toBe(form === 'gqa'); // GQA's own outputs stay
-    if (form === 'plain')
+    expect([...produced].some((name) => name.startsWith('present.'))).toBe(form.attention === 'gqa'); // GQA's own outputs stay
+    if (form.attention === 'plain')
       expect(
         (graph.node ?? []).some((node) => node.opType === 'Concat' && (node.input ?? []).some((i) => i.startsWith('past_key_values.'))),
       ).toBe(false);
@@ -42,8 +42,25 @@ describe.each(ATTENTION_FORMS)('the load-time rewrite of a %s-form decoder', (fo
     );
   });
 
+  it('keeps external weights where they are: only the graph is re-encoded, and the session is told their folder', async () => {
+    const rewritten = (await rewriteDecoderGraph(modelPath))!;
+    const external = (onnx.ModelProto.decode(rewritten.bytes).graph!.initializer ?? []).filter(
+      (tensor) => tensor.dataLocation === onnx.TensorProto.DataLocation.EXTERNAL,
+    );
+    if (!form.externalData) {
+      expect(external).toEqual([]);
+      expect(rewritten.externalDataFolder).toBeUndefined();
+      return;
+    }
+    expect(external.length).toBeGreaterThan(0);
+    for (const tensor of external) expect(tensor.externalData?.find((entry) => entry.key === 'location')?.value).toBe('model.onnx_data');
+    expect(rewritten.externalDataFolder).toBe(dirname(modelPath));
+    // The graph alone: a fraction of the weights' bytes.
+    expect(rewritten.bytes.length).toBeLessThan((await stat(join(dirname(modelPath), 'model.onnx_data'))).size / 4);
+  });
+
   it('leaves a GroupQueryAttention graph with rotary inside the op to the present.* path', async () => {
-    if (form !== 'gqa') return;
+    if (form.attention !== 'gqa') return;
     const model = onnx.ModelProto.decode(await readFile(modelPath));
     for (const node of model.graph?.node ?? []) {
       if (node.opType === 'GroupQueryAttention')

@@ -6,8 +6,11 @@ import { tmpdir } from 'node:os';
 import { join, relative } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import onnxProto from 'onnx-proto';
 import { GENERATOR_STAMP_FILE, generateTinyModel } from '../src/tiny-model/generate-tiny-model.js';
 import { defaultModelsRoot, ensureBuiltinModel } from '../src/tiny-model/ensure-builtin-model.js';
+import { EXTERNAL_DATA_MIN_BYTES } from '../src/tiny-model/external-data.js';
+import { RawOnnxModel } from './support/raw-greedy.js';
 
 async function hashTree(dir: string): Promise<Record<string, string>> {
   const out: Record<string, string> = {};
@@ -55,6 +58,41 @@ describe('generateTinyModel', () => {
     expect(seeded['onnx/model.onnx']).not.toBe(a['onnx/model.onnx']);
     expect(seeded['tokenizer.json']).toBe(a['tokenizer.json']);
     expect(seeded['config.json']).toBe(a['config.json']);
+  });
+
+  it('with externalData, keeps the weights in onnx/model.onnx_data beside a graph-only model.onnx: the same model, byte-identical on every run', async () => {
+    await generateTinyModel({ preset: 'tiny', outDir: join(scratch, 'external'), externalData: true });
+    await generateTinyModel({ preset: 'tiny', outDir: join(scratch, 'external-again'), externalData: true });
+    const files = await hashTree(join(scratch, 'external'));
+    expect(await hashTree(join(scratch, 'external-again'))).toEqual(files);
+    const inline = await hashTree(join(scratch, 'a'));
+    expect(Object.keys(files).sort()).toEqual([...Object.keys(inline), 'onnx/model.onnx_data'].sort());
+    for (const path of ['config.json', 'tokenizer.json', 'tokenizer_config.json']) expect(files[path]).toBe(inline[path]);
+
+    const graph = onnxProto.onnx.ModelProto.decode(await readFile(join(scratch, 'external', 'onnx', 'model.onnx'))).graph!;
+    const initializers = graph.initializer ?? [];
+    const external = initializers.filter((tensor) => tensor.dataLocation === onnxProto.onnx.TensorProto.DataLocation.EXTERNAL);
+    // Every weight matrix moved, small constants stayed; the data file holds exactly the moved bytes.
+    expect(external.map((tensor) => tensor.name)).toContain('model.embed_tokens.weight');
+    for (const tensor of initializers.filter((t) => !external.includes(t)))
+      expect(tensor.rawData?.length ?? 0).toBeLessThan(EXTERNAL_DATA_MIN_BYTES);
+    const length = (tensor: (typeof external)[number]) => Number(tensor.externalData?.find((entry) => entry.key === 'length')?.value);
+    expect(external.reduce((sum, tensor) => sum + length(tensor), 0)).toBe(
+      (await stat(join(scratch, 'external', 'onnx', 'model.onnx_data'))).size,
+    );
+
+    // onnxruntime reads the weights from the data file: the same greedy tokens as the inline model.
+    const [a, b] = [await RawOnnxModel.load(join(scratch, 'a')), await RawOnnxModel.load(join(scratch, 'external'))];
+    try {
+      const prompts = [
+        [5, 6, 7, 8],
+        [40, 41],
+      ];
+      expect(await b.greedy(prompts, { maxNewTokens: 12 })).toEqual(await a.greedy(prompts, { maxNewTokens: 12 }));
+    } finally {
+      await a.release();
+      await b.release();
+    }
   });
 
   it('writes a Llama config that matches the tokenizer', async () => {
@@ -183,5 +221,20 @@ describe('npm run model:generate', () => {
     const badSeed = run('--preset', 'tiny', '--out', join(scratch, 'x'), '--seed', '-1');
     expect(badSeed.status).toBe(2);
     expect(badSeed.stderr).toContain('--seed');
+    const externalWithoutOut = run('--preset', 'tiny', '--external-data');
+    expect(externalWithoutOut.status).toBe(2);
+    expect(externalWithoutOut.stderr).toContain('--external-data needs --out');
+    const externalGguf = run('--preset', 'tiny', '--format', 'gguf', '--out', join(scratch, 'x.gguf'), '--external-data');
+    expect(externalGguf.status).toBe(2);
+    expect(externalGguf.stderr).toContain('--external-data is for the ONNX files');
+  });
+
+  it('writes the weights into model.onnx_data with --external-data', async () => {
+    const out = join(scratch, 'cli-external');
+    const result = run('--preset', 'tiny', '--out', out, '--external-data');
+    expect(result.stderr).toBe('');
+    expect(result.status).toBe(0);
+    expect(result.stdout).toContain('onnx/model.onnx + model.onnx_data');
+    expect(await hashTree(out)).toEqual(await hashTree(join(scratch, 'external')));
   });
 });

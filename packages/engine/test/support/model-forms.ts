@@ -6,13 +6,26 @@ import { ensureBuiltinModel, generateTinyModel, type AttentionForm } from '@slui
 /** Both attention forms the generator writes, as real exports come in (Optimum's plain ops, onnxruntime-genai's GQA). */
 export const ATTENTION_FORMS: readonly AttentionForm[] = ['plain', 'gqa'];
 
+/** How a generated model's files come: its attention form, and its weights inside the graph file or in `model.onnx_data`. */
+export interface ModelForm {
+  attention: AttentionForm;
+  externalData: boolean;
+}
+
+/** Each attention form with its weights in the graph file and in an external-data file (as large exports come). */
+export const MODEL_FORMS: ReadonlyArray<ModelForm & { label: string }> = ATTENTION_FORMS.flatMap((attention) => [
+  { attention, externalData: false, label: attention },
+  { attention, externalData: true, label: `${attention}, weights in model.onnx_data` },
+]);
+
 /**
- * The tiny model's directory in the given attention form: the built-in one for `plain`, a fresh
- * temporary generation (same weights and tokenizer) for `gqa`. `remove()` deletes what was made.
+ * The tiny model's directory in the given form: the built-in one for the plain form with its weights
+ * inside, else a fresh temporary generation (same weights and tokenizer). `remove()` deletes what was made.
  */
-export async function tinyModelDir(form: AttentionForm): Promise<{ dir: string; remove: () => Promise<void> }> {
-  if (form === 'plain') return { dir: await ensureBuiltinModel('tiny'), remove: async () => {} };
-  const dir = await mkdtemp(join(tmpdir(), `sluice-tiny-${form}-`));
-  await generateTinyModel({ preset: 'tiny', outDir: dir, attention: form });
+export async function tinyModelDir(form: AttentionForm | ModelForm): Promise<{ dir: string; remove: () => Promise<void> }> {
+  const { attention, externalData } = typeof form === 'string' ? { attention: form, externalData: false } : form;
+  if (attention === 'plain' && !externalData) return { dir: await ensureBuiltinModel('tiny'), remove: async () => {} };
+  const dir = await mkdtemp(join(tmpdir(), `sluice-tiny-${attention}${externalData ? '-external' : ''}-`));
+  await generateTinyModel({ preset: 'tiny', outDir: dir, attention, externalData });
   return { dir, remove: () => rm(dir, { recursive: true, force: true }) };
 }

@@ -1,9 +1,10 @@
 #!/usr/bin/env node
 /**
- * `npm run model:generate -- --preset tiny|bench --out <dir> [--seed <n>] [--attention plain|gqa]`
+ * `npm run model:generate -- --preset tiny|bench --out <dir> [--seed <n>] [--attention plain|gqa] [--external-data]`
  * `npm run model:generate -- --preset tiny|bench --format gguf --out <file.gguf> [--seed <n>]`
  *
- * Writes a built-in random Llama model directory (config, tokenizer, onnx/model.onnx), or the same
+ * Writes a built-in random Llama model directory (config, tokenizer, onnx/model.onnx, and with
+ * `--external-data` its weights in onnx/model.onnx_data, as large exports come), or the same
  * weights and tokenizer as one GGUF file for llama.cpp (the peer of `npm run bench:serve`).
  * Without `--out`, makes sure the default copy (`models/<preset>`, as workers and tests use it) is
  * there and current, generating it only when it is missing or stale (`npm run build` does this).
@@ -18,7 +19,7 @@ import { isTinyModelPreset, TINY_MODEL_PRESETS } from '../tiny-model/presets.js'
 import type { AttentionForm } from '../tiny-model/llama-graph.js';
 import { describeFsError } from './describe-fs-error.js';
 
-const USAGE = `Usage: npm run model:generate -- --preset <${Object.keys(TINY_MODEL_PRESETS).join('|')}> [--out <dir>] [--seed <n>] [--attention plain|gqa] [--format onnx|gguf]`;
+const USAGE = `Usage: npm run model:generate -- --preset <${Object.keys(TINY_MODEL_PRESETS).join('|')}> [--out <dir>] [--seed <n>] [--attention plain|gqa] [--external-data] [--format onnx|gguf]`;
 
 class UsageError extends Error {}
 
@@ -27,6 +28,7 @@ interface GenerateArgs {
   out: string | undefined;
   seed: number;
   attention: AttentionForm;
+  externalData: boolean;
   format: 'onnx' | 'gguf';
 }
 
@@ -41,6 +43,7 @@ function parse(argv: string[]): GenerateArgs | 'help' {
         seed: { type: 'string' },
         attention: { type: 'string' },
         format: { type: 'string' },
+        'external-data': { type: 'boolean' },
         help: { type: 'boolean', short: 'h' },
       },
       strict: true,
@@ -74,7 +77,11 @@ function parse(argv: string[]): GenerateArgs | 'help' {
   if (format !== 'onnx' && format !== 'gguf') throw new UsageError(`--format must be onnx or gguf (got ${JSON.stringify(format)})`);
   if (format === 'gguf' && values.out === undefined) throw new UsageError('--format gguf needs --out (the file to write)');
   if (format === 'gguf' && attention !== 'plain') throw new UsageError('--attention is for the ONNX graph; a GGUF file has none');
-  return { preset: values.preset, out: values.out === undefined ? undefined : resolve(values.out), seed, attention, format };
+  const externalData = values['external-data'] === true;
+  if (externalData && values.out === undefined)
+    throw new UsageError('--external-data needs --out (the default copy keeps its weights in model.onnx)');
+  if (externalData && format === 'gguf') throw new UsageError('--external-data is for the ONNX files; a GGUF file holds its weights');
+  return { preset: values.preset, out: values.out === undefined ? undefined : resolve(values.out), seed, attention, externalData, format };
 }
 
 async function main(): Promise<void> {
@@ -118,14 +125,16 @@ async function generate(args: GenerateArgs): Promise<void> {
     );
     return;
   }
-  const { files, parameters, architecture } = buildTinyModelFiles(args.preset, args.seed, args.attention);
+  const { files, parameters, architecture } = buildTinyModelFiles(args.preset, args.seed, args);
   await writeTinyModelFiles(files, args.out);
   const seconds = (performance.now() - started) / 1000;
-  const onnxBytes = (await stat(join(args.out, 'onnx', 'model.onnx'))).size;
+  let onnxBytes = 0;
+  for (const path of files.keys()) if (path.startsWith('onnx/')) onnxBytes += (await stat(join(args.out, path))).size;
   process.stdout.write(
     `Wrote the ${args.preset} model to ${args.out} in ${seconds.toFixed(1)} s: ` +
       `${parameters.toLocaleString('en-US')} parameters, ${architecture.numLayers} layers, ` +
-      `vocab ${architecture.vocabSize}, ${args.attention} attention, onnx/model.onnx ${(onnxBytes / 2 ** 20).toFixed(1)} MiB\n`,
+      `vocab ${architecture.vocabSize}, ${args.attention} attention, ` +
+      `${args.externalData ? 'onnx/model.onnx + model.onnx_data' : 'onnx/model.onnx'} ${(onnxBytes / 2 ** 20).toFixed(1)} MiB\n`,
   );
 }
 

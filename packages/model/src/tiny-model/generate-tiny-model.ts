@@ -3,6 +3,7 @@ import { dirname, join } from 'node:path';
 import type { TinyModelPreset } from '../types.js';
 import { trainByteLevelBpe, type ByteLevelBpe } from './bpe-trainer.js';
 import { CORPUS } from './corpus.js';
+import { withExternalData } from './external-data.js';
 import { buildLlamaGraph, type AttentionForm } from './llama-graph.js';
 import { countParameters, initLlamaWeights, type LlamaWeights } from './llama-weights.js';
 import { TINY_MODEL_PRESETS, type LlamaArchitecture } from './presets.js';
@@ -39,7 +40,18 @@ export interface GenerateTinyModelOptions {
   seed?: number;
   /** How the graph writes attention (see {@link AttentionForm}). @defaultValue 'plain' */
   attention?: AttentionForm;
+  /**
+   * Write the weights into `onnx/model.onnx_data` beside a graph-only `onnx/model.onnx`, as exports of
+   * models past protobuf's 2 GB limit (and some smaller ones) come. @defaultValue false
+   */
+  externalData?: boolean;
 }
+
+/** Where the weights of the ONNX graph go when {@link GenerateTinyModelOptions.externalData} is set. */
+export const EXTERNAL_DATA_FILE = 'model.onnx_data';
+
+/** How a generated model's ONNX files are laid out (the options besides preset and seed). */
+export type TinyModelLayout = Pick<GenerateTinyModelOptions, 'attention' | 'externalData'>;
 
 /** The generated files, by path relative to the model directory, plus what they hold. */
 export interface TinyModelFiles {
@@ -49,9 +61,10 @@ export interface TinyModelFiles {
 }
 
 /** The stamp written into every generated directory; equal stamps mean identical files. */
-export function generatorStamp(preset: TinyModelPreset, seed = DEFAULT_SEED, attention: AttentionForm = 'plain'): string {
-  const form = attention === 'plain' ? {} : { attention };
-  return `${JSON.stringify({ generator: '@sluice/model tiny-model', version: GENERATOR_VERSION, preset, seed, ...form })}\n`;
+export function generatorStamp(preset: TinyModelPreset, seed = DEFAULT_SEED, layout: TinyModelLayout = {}): string {
+  const form = (layout.attention ?? 'plain') === 'plain' ? {} : { attention: layout.attention };
+  const external = layout.externalData === true ? { externalData: true } : {};
+  return `${JSON.stringify({ generator: '@sluice/model tiny-model', version: GENERATOR_VERSION, preset, seed, ...form, ...external })}\n`;
 }
 
 const json = (value: unknown): Uint8Array => new TextEncoder().encode(`${JSON.stringify(value, null, 2)}\n`);
@@ -95,7 +108,8 @@ export function buildTinyModelParts(preset: TinyModelPreset, seed = DEFAULT_SEED
  * Builds every file of a generated model in memory, deterministically: the same preset and seed
  * give byte-identical files on every run.
  */
-export function buildTinyModelFiles(preset: TinyModelPreset, seed = DEFAULT_SEED, attention: AttentionForm = 'plain'): TinyModelFiles {
+export function buildTinyModelFiles(preset: TinyModelPreset, seed = DEFAULT_SEED, layout: TinyModelLayout = {}): TinyModelFiles {
+  const attention = layout.attention ?? 'plain';
   const { architecture: arch, bpe, weights } = buildTinyModelParts(preset, seed);
   const tokenizer = buildTokenizerFiles(bpe, arch.maxPositionEmbeddings);
 
@@ -133,7 +147,7 @@ export function buildTinyModelFiles(preset: TinyModelPreset, seed = DEFAULT_SEED
     pad_token_id: SPECIAL_IDS.endOfText,
     transformers_version: '4.46.0',
   };
-  const onnx = buildLlamaGraph(
+  const graph = buildLlamaGraph(
     arch,
     weights,
     {
@@ -143,6 +157,7 @@ export function buildTinyModelFiles(preset: TinyModelPreset, seed = DEFAULT_SEED
     },
     attention,
   );
+  const onnx = layout.externalData === true ? withExternalData(graph, EXTERNAL_DATA_FILE) : { onnx: graph, data: undefined };
 
   const stamped: Record<(typeof STAMPED_FILES)[number], Uint8Array> = {
     'config.json': json(config),
@@ -150,11 +165,12 @@ export function buildTinyModelFiles(preset: TinyModelPreset, seed = DEFAULT_SEED
     'tokenizer.json': json(tokenizer.tokenizer),
     'tokenizer_config.json': json(tokenizer.tokenizerConfig),
     'special_tokens_map.json': json(tokenizer.specialTokensMap),
-    'onnx/model.onnx': onnx,
+    'onnx/model.onnx': onnx.onnx,
   };
   const files = new Map<string, Uint8Array>([
     ...STAMPED_FILES.map((path) => [path, stamped[path]] as const),
-    [GENERATOR_STAMP_FILE, new TextEncoder().encode(generatorStamp(preset, seed, attention))],
+    ...(onnx.data === undefined ? [] : [[`onnx/${EXTERNAL_DATA_FILE}`, onnx.data] as const]),
+    [GENERATOR_STAMP_FILE, new TextEncoder().encode(generatorStamp(preset, seed, layout))],
   ]);
   return { files, architecture: arch, parameters: countParameters(weights) };
 }
@@ -165,7 +181,7 @@ export function buildTinyModelFiles(preset: TinyModelPreset, seed = DEFAULT_SEED
  * English corpus and a ChatML chat template.
  */
 export async function generateTinyModel(options: GenerateTinyModelOptions): Promise<void> {
-  const { files } = buildTinyModelFiles(options.preset, options.seed ?? DEFAULT_SEED, options.attention ?? 'plain');
+  const { files } = buildTinyModelFiles(options.preset, options.seed ?? DEFAULT_SEED, options);
   await writeTinyModelFiles(files, options.outDir);
 }
 
