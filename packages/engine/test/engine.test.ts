@@ -29,6 +29,7 @@ describe('createEngine on the tiny model', () => {
       executionProvider: 'cpu',
       kvReservedBytes: 0,
       intraOpThreads: 1,
+      kvCache: 'engine-owned',
     });
   });
 
