@@ -3,10 +3,9 @@
  * `onnx-session.ts`): new key/value slices as outputs instead of `present.*`, nodes nothing reads
  * removed, logits of the last position only. Why each: docs/engine.md, "KV cache".
  */
-import { readFile } from 'node:fs/promises';
-import { basename, dirname, resolve } from 'node:path';
+import { dirname, resolve } from 'node:path';
 import onnxProto from 'onnx-proto';
-import { exactOnnxInt64, referExternalData } from '@sluice/model';
+import { exactOnnxInt64, readOnnxGraphOnly } from '@sluice/model';
 import { orderedKvNames, PAST_INPUT, PRESENT_OUTPUT } from './kv-names.js';
 
 const { onnx } = onnxProto;
@@ -20,9 +19,6 @@ export interface RewrittenGraph {
   /** Set when initializers are external data (see {@link RewrittenGraph.bytes}): the folder their locations are relative to. */
   externalDataFolder?: string;
 }
-
-/** Weights at least this large are read by onnxruntime from the model file, not copied into the rewritten graph. */
-const IN_PLACE_MIN_BYTES = 1024;
 
 /** Graph outputs added for GroupQueryAttention layers: the step's new key/value in [batch, kvHeads, new, headDim]. */
 const NEW_KV_OUTPUT = (layer: number, kind: string): string => `sluice_new_kv.${layer}.${kind}`;
@@ -43,19 +39,20 @@ const NEW_KV_OUTPUT = (layer: number, kind: string): string => `sluice_new_kv.${
  * whole, see docs/engine.md). Otherwise (another pattern, rotary inside GroupQueryAttention)
  * undefined: the engine then fetches `present.*`.
  *
- * The weights are never re-encoded: those in external-data files (`model.onnx_data`: every export
+ * The weights are never read here: those in external-data files (`model.onnx_data`: every export
  * past protobuf's 2 GB, and smaller ones such as Qwen2.5-0.5B's) keep naming their files, and those
  * inside the model file become external data that names the model file itself, at the offset where
- * their bytes already lie ({@link weightsInPlace}). So the returned graph is small, and onnxruntime
- * reads every weight from disk, where the graph's folder (`externalDataFolder`) says.
+ * their bytes lie (`readOnnxGraphOnly`). So the returned graph is small, and onnxruntime reads every
+ * weight from disk, where the graph's folder (`externalDataFolder`) says. Before, the whole file was
+ * read and its weights re-encoded into the rewritten graph: the file, its re-encoding and
+ * onnxruntime's copy were in memory at once, about three times the model's size (docs/benchmarks.md,
+ * "Stop 56").
  */
 export async function rewriteDecoderGraph(modelPath: string): Promise<RewrittenGraph | undefined> {
   exactOnnxInt64();
   let model: onnxProto.onnx.ModelProto;
-  let file: Uint8Array;
   try {
-    file = await readFile(modelPath);
-    model = onnx.ModelProto.decode(file);
+    model = onnx.ModelProto.decode(readOnnxGraphOnly(modelPath));
   } catch {
     return undefined;
   }
@@ -131,31 +128,12 @@ export async function rewriteDecoderGraph(modelPath: string): Promise<RewrittenG
   }
   graph.node = withoutDeadNodes(nodes, graph.output);
   graph.initializer = [...(graph.initializer ?? []), ...constants.map((tensor) => onnx.TensorProto.create(tensor))];
-  weightsInPlace(graph.initializer, file, basename(modelPath));
   const external = (graph.initializer ?? []).some((tensor) => tensor.dataLocation === onnx.TensorProto.DataLocation.EXTERNAL);
   return {
     bytes: onnx.ModelProto.encode(model).finish(),
     newKvNames,
     ...(external ? { externalDataFolder: dirname(resolve(modelPath)) } : {}),
   };
-}
-
-/**
- * Turns every large initializer whose bytes lie inside `file` (the model file as read) into external
- * data naming that file (`location`, relative to the graph's folder) at their offset. protobufjs
- * decodes `raw_data` as a view of the buffer it reads, so the offset is the view's; a tensor whose bytes
- * are not such a view (another decoder, `float_data`) stays as it is. Without this, the rewritten
- * graph carried every weight again: the file, its re-encoding and onnxruntime's copy of it were in
- * memory at once, about three times the model's size (docs/benchmarks.md, "Stop 56").
- */
-function weightsInPlace(initializers: onnxProto.onnx.ITensorProto[], file: Uint8Array, location: string): void {
-  for (const tensor of initializers) {
-    const raw = tensor.rawData;
-    if (raw == null || raw.length < IN_PLACE_MIN_BYTES || raw.buffer !== file.buffer) continue;
-    const offset = raw.byteOffset - file.byteOffset;
-    if (offset < 0 || offset + raw.length > file.length) continue;
-    referExternalData(tensor, location, offset);
-  }
 }
 
 /** Ops between the final hidden state and `logits` (the lm_head and its reshapes). */

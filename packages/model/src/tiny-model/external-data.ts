@@ -1,5 +1,4 @@
 import onnxProto from 'onnx-proto';
-import { referExternalData } from '../external-data-ref.js';
 import { exactOnnxInt64 } from '../onnx-proto.js';
 
 const { onnx } = onnxProto;
@@ -22,7 +21,13 @@ export function withExternalData(model: Uint8Array, location: string): { onnx: U
   for (const tensor of decoded.graph?.initializer ?? []) {
     const raw = tensor.rawData;
     if (raw == null || raw.length < EXTERNAL_DATA_MIN_BYTES) continue;
-    referExternalData(tensor, location, offset);
+    tensor.externalData = [
+      { key: 'location', value: location },
+      { key: 'offset', value: String(offset) },
+      { key: 'length', value: String(raw.length) },
+    ];
+    tensor.dataLocation = onnx.TensorProto.DataLocation.EXTERNAL;
+    tensor.rawData = new Uint8Array(0);
     chunks.push(raw);
     offset += raw.length;
   }
