@@ -3,20 +3,21 @@
  * `onnx-session.ts`): new key/value slices as outputs instead of `present.*`, nodes nothing reads
  * removed, logits of the last position only. Why each: docs/engine.md, "KV cache".
  */
+import { readFile } from 'node:fs/promises';
 import { dirname, resolve } from 'node:path';
 import onnxProto from 'onnx-proto';
-import { exactOnnxInt64, readOnnxGraphOnly } from '@sluice/model';
+import { exactOnnxInt64 } from '@sluice/model';
 import { orderedKvNames, PAST_INPUT, PRESENT_OUTPUT } from './kv-names.js';
 
 const { onnx } = onnxProto;
 
 /** A decoder graph rewritten by {@link rewriteDecoderGraph}. */
 export interface RewrittenGraph {
-  /** The re-encoded graph: its weights are external data, in their own files or in the model file itself. */
+  /** The re-encoded graph (its external-data initializers still name their files). */
   bytes: Uint8Array;
   /** Each layer's new key and value slice outputs, in layer order. */
   newKvNames: string[];
-  /** Set when initializers are external data (see {@link RewrittenGraph.bytes}): the folder their locations are relative to. */
+  /** Set when initializers live in external-data files: the folder their locations are relative to. */
   externalDataFolder?: string;
 }
 
@@ -39,20 +40,16 @@ const NEW_KV_OUTPUT = (layer: number, kind: string): string => `sluice_new_kv.${
  * whole, see docs/engine.md). Otherwise (another pattern, rotary inside GroupQueryAttention)
  * undefined: the engine then fetches `present.*`.
  *
- * The weights are never read here: those in external-data files (`model.onnx_data`: every export
- * past protobuf's 2 GB, and smaller ones such as Qwen2.5-0.5B's) keep naming their files, and those
- * inside the model file become external data that names the model file itself, at the offset where
- * their bytes lie (`readOnnxGraphOnly`). So the returned graph is small, and onnxruntime reads every
- * weight from disk, where the graph's folder (`externalDataFolder`) says. Before, the whole file was
- * read and its weights re-encoded into the rewritten graph: the file, its re-encoding and
- * onnxruntime's copy were in memory at once, about three times the model's size (docs/benchmarks.md,
- * "Stop 56").
+ * Weights in external-data files (`model.onnx_data`: every export past protobuf's 2 GB, and smaller
+ * ones such as Qwen2.5-0.5B's) stay where they are: only the graph file is read and re-encoded, its
+ * initializers keep naming their files, and `externalDataFolder` says where those files are for a
+ * session created from the returned bytes.
  */
 export async function rewriteDecoderGraph(modelPath: string): Promise<RewrittenGraph | undefined> {
   exactOnnxInt64();
   let model: onnxProto.onnx.ModelProto;
   try {
-    model = onnx.ModelProto.decode(readOnnxGraphOnly(modelPath));
+    model = onnx.ModelProto.decode(await readFile(modelPath));
   } catch {
     return undefined;
   }

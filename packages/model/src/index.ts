@@ -12,7 +12,6 @@ export {
 } from './prompt-files.js';
 export { readOnnxIo } from './onnx-io.js';
 export { exactOnnxInt64 } from './onnx-proto.js';
-export { readOnnxGraphOnly } from './onnx-graph-only.js';
 export { TextStreamer, type TextStreamerOptions } from './text-streamer.js';
 export { generateTinyModel, type GenerateTinyModelOptions } from './tiny-model/generate-tiny-model.js';
 export type { AttentionForm } from './tiny-model/llama-graph.js';
