@@ -202,11 +202,7 @@ export class SessionManager {
     this.log.read(session.requestId, session.nextSeq).then(
       ({ entries, known }) => {
         session.repairing = false;
-        const now = Date.now();
-        for (const entry of entries) {
-          if (session.state === 'closed') return;
-          this.deliver(session, entry, true, now);
-        }
+        this.deliverLogged(session, entries);
         if (session.state === 'closed') return;
         // A queued session may be repaired before its meta is even written (it opens first): nothing
         // is lost until a worker accepted it.
@@ -501,13 +497,18 @@ export class SessionManager {
       this.fail(session, new GatewayError('worker_lost'), 'stream_failed');
     };
     this.log.read(session.requestId, session.nextSeq).then(({ entries }) => {
-      const now = Date.now();
-      for (const entry of entries) {
-        if (session.state === 'closed') return;
-        this.deliver(session, entry, true, now);
-      }
+      this.deliverLogged(session, entries);
       lost();
     }, lost);
+  }
+
+  /** Delivers entries read from the token log, in order, until one of them ends the stream. */
+  private deliverLogged(session: RequestSession, entries: readonly GatewayEntry[]): void {
+    const now = Date.now();
+    for (const entry of entries) {
+      if (session.state === 'closed') return;
+      this.deliver(session, entry, true, now);
+    }
   }
 
   /** Resolves once no session is open (graceful drain). */
