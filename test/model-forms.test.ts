@@ -71,6 +71,10 @@ const FORMS: Array<{ label: string } & Pick<GenerateTinyModelOptions, 'attention
   { label: 'the GroupQueryAttention form', attention: 'gqa' },
   { label: 'the plain form with its weights in model.onnx_data', externalData: true },
   { label: 'the GroupQueryAttention form with its weights in model.onnx_data', attention: 'gqa', externalData: true },
+  {
+    label: 'onnxruntime-genai’s CPU form (GroupQueryAttention rotating inside, q/k/v packed, no position_ids)',
+    attention: 'gqa-fused',
+  },
 ];
 
 describe.skipIf(FAKE_ENGINE)('a model directory in another form', () => {

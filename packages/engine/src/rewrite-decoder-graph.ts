@@ -8,6 +8,7 @@ import { dirname, resolve } from 'node:path';
 import onnxProto from 'onnx-proto';
 import { exactOnnxInt64 } from '@sluice/model';
 import { orderedKvNames, PAST_INPUT, PRESENT_OUTPUT } from './kv-names.js';
+import { appliesRotaryInside, positionIdsInput, rotaryBeforeAttention } from './rotary-before-attention.js';
 
 const { onnx } = onnxProto;
 
@@ -32,13 +33,16 @@ const NEW_KV_OUTPUT = (layer: number, kind: string): string => `sluice_new_kv.${
  *   `past_key_values.{i}.key|value` and the new slice (the Concat's second input);
  * - onnxruntime's GroupQueryAttention (`com.microsoft`) with `present.{i}.*` as its outputs 1 and 2,
  *   the past as inputs 3 and 4, and separate key/value inputs already rotated (`do_rotary` off):
- *   those inputs are [batch, new, kvHeads·headDim], so a Reshape and a Transpose are added.
+ *   those inputs are [batch, new, kvHeads·headDim], so a Reshape and a Transpose are added. A node
+ *   that rotates inside (`do_rotary` 1, q/k/v packed or not: onnxruntime-genai's CPU exports) is
+ *   first given its rotary as nodes before it, at the positions of a `position_ids` input the
+ *   rewritten graph then takes ({@link rotaryBeforeAttention}).
  * Dropping `present.*` from the outputs lets onnxruntime prune what only fed them: a graph that
  * attends over the past and the new slice separately (the generator's `plain` form) then never
  * copies the cache; Optimum's form still concatenates for attention. GroupQueryAttention still
  * writes its present internally (onnxruntime-node would copy a pre-bound shared buffer back out
- * whole, see docs/engine.md). Otherwise (another pattern, rotary inside GroupQueryAttention)
- * undefined: the engine then fetches `present.*`.
+ * whole, see docs/engine.md). Otherwise (another pattern) undefined: the engine then fetches
+ * `present.*`.
  *
  * Weights in external-data files (`model.onnx_data`: every export past protobuf's 2 GB, and smaller
  * ones such as Qwen2.5-0.5B's) stay where they are: only the graph file is read and re-encoded, its
@@ -72,6 +76,17 @@ export async function rewriteDecoderGraph(modelPath: string): Promise<RewrittenG
   const newKvNames: string[] = [];
   const added: onnxProto.onnx.INodeProto[] = [];
   const constants: onnxProto.onnx.ITensorProto[] = [];
+  // Nodes to run right before a rewritten node (the rotary taken out of GroupQueryAttention).
+  const before = new Map<onnxProto.onnx.INodeProto, onnxProto.onnx.INodeProto[]>();
+  const initializerByName = new Map((graph.initializer ?? []).map((tensor) => [tensor.name ?? '', tensor]));
+  const defaultOpset = Number(model.opsetImport?.find((entry) => (entry.domain ?? '') === '')?.version ?? 1);
+  for (const node of new Set(presentNames.map((name) => producers.get(name)))) {
+    if (node === undefined || !appliesRotaryInside(node)) continue;
+    const taken = rotaryBeforeAttention(node, positionIdsInput(graph), headDim, initializerByName, defaultOpset);
+    if (taken === undefined) return undefined;
+    before.set(node, taken.nodes);
+    constants.push(...taken.constants);
+  }
   for (let k = 0; k < presentNames.length; k++) {
     const node = producers.get(presentNames[k]!);
     const inputs = node?.input ?? [];
@@ -116,7 +131,10 @@ export async function rewriteDecoderGraph(modelPath: string): Promise<RewrittenG
     ...(graph.output ?? []).filter((output) => !presents.has(output.name ?? '')),
     ...newKvNames.map((name) => onnx.ValueInfoProto.create({ name, type: { tensorType: { elemType } } })),
   ];
-  const nodes = [...(graph.node ?? []), ...added.map((node) => onnx.NodeProto.create(node))];
+  const nodes = [
+    ...(graph.node ?? []).flatMap((node) => [...(before.get(node) ?? []).map((first) => onnx.NodeProto.create(first)), node]),
+    ...added.map((node) => onnx.NodeProto.create(node)),
+  ];
   const initializers = new Set((graph.initializer ?? []).map((tensor) => tensor.name ?? ''));
   const lastOnly = lastPositionLogits(nodes, initializers);
   if (lastOnly !== undefined) {

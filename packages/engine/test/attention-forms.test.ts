@@ -10,9 +10,10 @@ import { resolveRequest } from '../src/resolve-request.js';
 import { MODEL_FORMS, tinyModelDir } from './support/model-forms.js';
 
 /**
- * Real exports come in two forms, Optimum's plain operators and onnxruntime's GroupQueryAttention,
- * each with its weights inside `model.onnx` or in a `model.onnx_data` file beside it (every export past
- * protobuf's 2 GB, and smaller ones); the generator writes all four. For each, the engine rewrites
+ * Real exports come in these forms: Optimum's plain operators, and onnxruntime's GroupQueryAttention
+ * with rotary before it or inside it (q/k/v packed, no `position_ids` input: onnxruntime-genai's CPU
+ * exports), each with its weights inside `model.onnx` or in a `model.onnx_data` file beside it (every
+ * export past protobuf's 2 GB, and smaller ones); the generator writes all six. For each, the engine rewrites
  * the graph at load to return only the
  * step's new keys/values and serves the decode rows from its own cache; each request must get the
  * tokens of the plainest possible decoder (raw onnxruntime, one request alone, present.* fed back
@@ -39,7 +40,7 @@ describe.each(MODEL_FORMS)('the $label form', (form) => {
   });
 
   it('is served from the engine-owned cache (new key/value slices, no present.* fetched)', () => {
-    expect(model.io.usesGroupQueryAttention).toBe(form.attention === 'gqa');
+    expect(model.io.usesGroupQueryAttention).toBe(form.attention !== 'plain');
     expect(model.onnxDataPaths).toHaveLength(form.externalData ? 1 : 0);
     expect(session.outputsNewKv).toBe(true);
   });

@@ -2,6 +2,7 @@ import { mkdtemp, readFile, rm, stat, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import onnxProto from 'onnx-proto';
+import * as ort from 'onnxruntime-node';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { rewriteDecoderGraph } from '../src/rewrite-decoder-graph.js';
 import { MODEL_FORMS, tinyModelDir } from './support/model-forms.js';
@@ -32,7 +33,7 @@ describe.each(MODEL_FORMS)('the load-time rewrite of a decoder in the $label for
     const outputs = (graph.output ?? []).map((output) => output.name);
     expect(outputs).toEqual(['logits', ...rewritten!.newKvNames]);
     const produced = new Set((graph.node ?? []).flatMap((node) => node.output ?? []));
-    expect([...produced].some((name) => name.startsWith('present.'))).toBe(form.attention === 'gqa'); // GQA's own outputs stay
+    expect([...produced].some((name) => name.startsWith('present.'))).toBe(form.attention !== 'plain'); // GQA's own outputs stay
     if (form.attention === 'plain')
       expect(
         (graph.node ?? []).some((node) => node.opType === 'Concat' && (node.input ?? []).some((i) => i.startsWith('past_key_values.'))),
@@ -59,15 +60,102 @@ describe.each(MODEL_FORMS)('the load-time rewrite of a decoder in the $label for
     expect(rewritten.bytes.length).toBeLessThan((await stat(join(dirname(modelPath), 'model.onnx_data'))).size / 4);
   });
 
-  it('leaves a GroupQueryAttention graph with rotary inside the op to the present.* path', async () => {
-    if (form.attention !== 'gqa') return;
-    const model = onnx.ModelProto.decode(await readFile(modelPath));
-    for (const node of model.graph?.node ?? []) {
-      if (node.opType === 'GroupQueryAttention')
-        node.attribute = [...(node.attribute ?? []), { name: 'do_rotary', type: onnx.AttributeProto.AttributeType.INT, i: 1 }];
+  it('takes the rotary out of a GroupQueryAttention that rotates inside: RotaryEmbedding nodes before it at a position_ids input, q/k/v unpacked, the same logits to the bit', async () => {
+    if (form.attention !== 'gqa-fused') return;
+    const rewritten = (await rewriteDecoderGraph(modelPath))!;
+    const graph = onnx.ModelProto.decode(rewritten.bytes).graph!;
+    expect((graph.input ?? []).map((input) => input.name)).toContain('position_ids');
+    const attention = (graph.node ?? []).filter((node) => node.opType === 'GroupQueryAttention');
+    expect(attention).toHaveLength(2);
+    for (const node of attention) {
+      expect((node.attribute ?? []).map((entry) => entry.name)).not.toContain('do_rotary');
+      expect(node.input).toHaveLength(7); // q, k, v, past key, past value, seqlens_k, total: no rotary tables
     }
-    const path = join(scratch, 'rotary-inside.onnx');
+    const count = (opType: string) => (graph.node ?? []).filter((node) => node.opType === opType).length;
+    expect(count('RotaryEmbedding')).toBe(4); // q and k of each layer
+    expect(count('Split')).toBeGreaterThanOrEqual(2);
+
+    // One request, prefill then decode steps: the original graph with present.* fed back, the
+    // rewritten one with its new slices appended to a cache kept here, at the same positions.
+    const options = { intraOpNumThreads: 1, logSeverityLevel: 3 as const };
+    const original = await ort.InferenceSession.create(modelPath, options);
+    const rewrittenSession = await ort.InferenceSession.create(rewritten.bytes, {
+      ...options,
+      ...(rewritten.externalDataFolder === undefined
+        ? {}
+        : { extra: { session: { model_external_initializers_file_folder_path: rewritten.externalDataFolder } } }),
+    });
+    try {
+      const pastNames = original.inputNames.filter((name) => name.startsWith('past_key_values.'));
+      const meta = original.inputMetadata.find((entry) => entry.name === pastNames[0]);
+      if (meta === undefined || !meta.isTensor) throw new Error('no past_key_values input');
+      const [, kvHeads, , headDim] = meta.shape as [number, number, number, number];
+      const int64 = (values: readonly number[]) => new ort.Tensor('int64', BigInt64Array.from(values, BigInt), [1, values.length]);
+      let originalPast: Record<string, ort.Tensor> = Object.fromEntries(
+        pastNames.map((name) => [name, new ort.Tensor('float32', new Float32Array(0), [1, kvHeads, 0, headDim])]),
+      );
+      let cache: Float32Array[] = pastNames.map(() => new Float32Array(0));
+      let tokens = [5, 6, 7, 8, 9, 10, 11];
+      let cached = 0;
+      for (let step = 0; step < 40; step++) {
+        const total = cached + tokens.length;
+        const feeds = { input_ids: int64(tokens), attention_mask: int64(Array<number>(total).fill(1)) };
+        const expected = await original.run({ ...feeds, ...originalPast });
+        const got = await rewrittenSession.run({
+          ...feeds,
+          position_ids: int64(tokens.map((_, j) => cached + j)),
+          ...Object.fromEntries(pastNames.map((name, k) => [name, new ort.Tensor('float32', cache[k]!, [1, kvHeads, cached, headDim])])),
+        });
+        const logits = got['logits']!.data as Float32Array;
+        const all = expected['logits']!.data as Float32Array;
+        expect(logits, `step ${step}`).toEqual(all.subarray(all.length - logits.length));
+        originalPast = Object.fromEntries(pastNames.map((name) => [name, expected[name.replace('past_key_values.', 'present.')]!]));
+        cache = cache.map((past, k) =>
+          appendSlots(past, got[rewritten.newKvNames[k]!]!.data as Float32Array, kvHeads, cached, tokens.length, headDim),
+        );
+        cached = total;
+        tokens = [logits.indexOf(Math.max(...logits))];
+      }
+    } finally {
+      await original.release();
+      await rewrittenSession.release();
+    }
+  });
+
+  it('leaves a GroupQueryAttention that rotates inside to the present.* path when its rotary tables are not initializers', async () => {
+    if (form.attention !== 'gqa-fused') return;
+    const model = onnx.ModelProto.decode(await readFile(modelPath));
+    const graph = model.graph!;
+    graph.node = [
+      onnx.NodeProto.create({ name: 'cos_cache/Identity', opType: 'Identity', input: ['cos_cache'], output: ['cos_cache/computed'] }),
+      ...(graph.node ?? []).map((node) =>
+        node.opType === 'GroupQueryAttention'
+          ? { ...node, input: (node.input ?? []).map((input) => (input === 'cos_cache' ? 'cos_cache/computed' : input)) }
+          : node,
+      ),
+    ].map((node) => onnx.NodeProto.create(node));
+    const path = join(scratch, 'rotary-tables-computed.onnx');
     await writeFile(path, onnx.ModelProto.encode(model).finish());
     expect(await rewriteDecoderGraph(path)).toBeUndefined();
   });
 });
+
+/** [kvHeads, past, headDim] and [kvHeads, added, headDim] slots → [kvHeads, past + added, headDim]. */
+function appendSlots(
+  past: Float32Array,
+  added: Float32Array,
+  kvHeads: number,
+  pastLength: number,
+  addedLength: number,
+  headDim: number,
+): Float32Array {
+  const out = new Float32Array(kvHeads * (pastLength + addedLength) * headDim);
+  for (let head = 0; head < kvHeads; head++) {
+    out.set(past.subarray(head * pastLength * headDim, (head + 1) * pastLength * headDim), head * (pastLength + addedLength) * headDim);
+    out.set(
+      added.subarray(head * addedLength * headDim, (head + 1) * addedLength * headDim),
+      (head * (pastLength + addedLength) + pastLength) * headDim,
+    );
+  }
+  return out;
+}

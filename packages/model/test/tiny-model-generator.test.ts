@@ -95,6 +95,45 @@ describe('generateTinyModel', () => {
     }
   });
 
+  it('with attention gqa-fused, writes onnxruntime-genai’s CPU form: GroupQueryAttention on the packed projection, rotating inside from cos/sin tables, no position_ids input', async () => {
+    await generateTinyModel({ preset: 'tiny', outDir: join(scratch, 'gqa'), attention: 'gqa' });
+    await generateTinyModel({ preset: 'tiny', outDir: join(scratch, 'gqa-fused'), attention: 'gqa-fused' });
+    const model = onnxProto.onnx.ModelProto.decode(await readFile(join(scratch, 'gqa-fused', 'onnx', 'model.onnx')));
+    const graph = model.graph!;
+    expect((graph.input ?? []).map((input) => input.name)).not.toContain('position_ids');
+    const attention = (graph.node ?? []).filter((node) => node.opType === 'GroupQueryAttention');
+    expect(attention).toHaveLength(2);
+    for (const node of attention) {
+      expect(node.domain).toBe('com.microsoft');
+      expect(node.input?.slice(1, 3)).toEqual(['', '']); // q/k/v packed into the first input
+      expect(node.input?.slice(7)).toEqual(['cos_cache', 'sin_cache']);
+      expect(Number(node.attribute?.find((entry) => entry.name === 'do_rotary')?.i)).toBe(1);
+    }
+    const config = JSON.parse(await readFile(join(scratch, 'gqa-fused', 'config.json'), 'utf8')) as Record<string, number>;
+    const cos = graph.initializer?.find((tensor) => tensor.name === 'cos_cache');
+    expect(cos?.dims?.map(Number)).toEqual([config['max_position_embeddings'], config['head_dim']! / 2]);
+
+    // The same model as the gqa form (rotary computed by another routine: equal to float32 rounding).
+    const [gqa, fused] = [await RawOnnxModel.load(join(scratch, 'gqa')), await RawOnnxModel.load(join(scratch, 'gqa-fused'))];
+    try {
+      const prompt = [[5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]];
+      const positions = [prompt[0]!.map((_, i) => i)];
+      const mask = [prompt[0]!.map(() => 1)];
+      const [a, b] = [
+        await gqa.forward(prompt, mask, positions, gqa.emptyCache(1)),
+        await fused.forward(prompt, mask, positions, fused.emptyCache(1)),
+      ];
+      const [x, y] = [a.logits.data as Float32Array, b.logits.data as Float32Array];
+      expect(y.length).toBe(x.length);
+      let diff = 0;
+      for (let i = 0; i < x.length; i++) diff = Math.max(diff, Math.abs(x[i]! - y[i]!));
+      expect(diff).toBeLessThan(1e-4);
+    } finally {
+      await gqa.release();
+      await fused.release();
+    }
+  });
+
   it('writes a Llama config that matches the tokenizer', async () => {
     const dir = join(scratch, 'a');
     const config = JSON.parse(await readFile(join(dir, 'config.json'), 'utf8')) as Record<string, unknown>;
@@ -211,7 +250,7 @@ describe('npm run model:generate', () => {
     expect(unknownPreset.status).toBe(2);
     expect(unknownPreset.stderr).toContain('--preset must be one of: tiny, bench, smollm2-135m (got "huge")');
     const badForm = run('--preset', 'tiny', '--out', join(scratch, 'x'), '--attention', 'flash');
-    expect(badForm.stderr).toContain('--attention must be plain or gqa (got "flash")');
+    expect(badForm.stderr).toContain('--attention must be plain, gqa or gqa-fused (got "flash")');
     const emptyOut = run('--preset', 'tiny', '--out', '');
     expect(emptyOut.status).toBe(2);
     expect(emptyOut.stderr).toContain('--out must name the directory');

@@ -3,8 +3,12 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { ensureBuiltinModel, generateTinyModel, type AttentionForm } from '@sluice/model';
 
-/** Both attention forms the generator writes, as real exports come in (Optimum's plain ops, onnxruntime-genai's GQA). */
-export const ATTENTION_FORMS: readonly AttentionForm[] = ['plain', 'gqa'];
+/**
+ * The attention forms the generator writes, as real exports come in: Optimum's plain ops, and
+ * onnxruntime's GroupQueryAttention with rotary before it or inside it (q/k/v packed: what
+ * onnxruntime-genai's model builder writes for CPU).
+ */
+export const ATTENTION_FORMS: readonly AttentionForm[] = ['plain', 'gqa', 'gqa-fused'];
 
 /** How a generated model's files come: its attention form, and its weights inside the graph file or in `model.onnx_data`. */
 export interface ModelForm {

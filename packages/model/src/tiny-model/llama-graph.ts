@@ -30,8 +30,12 @@ export const MASK_VALUE = -3.4028234663852886e38;
  *   exports (rotary applied before it, `do_rotary` off). It takes each row's real length from the
  *   attention mask's sum (`seqlens_k`), so rows must be right-padded or unpadded (its real slots
  *   first); the mask's positions are not read.
+ * - `gqa-fused`: the form onnxruntime-genai's model builder writes for CPU: GroupQueryAttention
+ *   takes the packed q/k/v projection as its only query input and applies rotary itself
+ *   (`do_rotary` 1, from `cos_cache`/`sin_cache` initializers and each row's `seqlens_k`), so the
+ *   graph has no `position_ids` input. Rows must be unpadded or right-padded, as in `gqa`.
  */
-export type AttentionForm = 'plain' | 'gqa';
+export type AttentionForm = 'plain' | 'gqa' | 'gqa-fused';
 
 /**
  * Builds the ONNX graph of a Llama decoder with a KV cache, from standard opset-17 operators
@@ -39,8 +43,8 @@ export type AttentionForm = 'plain' | 'gqa';
  *
  * Inputs and outputs follow Optimum's `text-generation-with-past` export, so the graph can be run
  * by anything that runs those (our engine, transformers.js):
- * `input_ids`, `attention_mask`, `position_ids`, `past_key_values.{i}.key|value` →
- * `logits`, `present.{i}.key|value`.
+ * `input_ids`, `attention_mask`, `position_ids` (not in the `gqa-fused` form),
+ * `past_key_values.{i}.key|value` → `logits`, `present.{i}.key|value`.
  *
  * The attention mask is causal on cache slots (query slot `past + s` sees key slots `<= past + s`)
  * AND the caller's `attention_mask[b, key]`, so left-padded batches and masked gaps are exact.
@@ -56,7 +60,8 @@ export function buildLlamaGraph(
 
   const inputIds = g.input('input_ids', 'int64', [DIM.batch, DIM.sequence]);
   const attentionMask = g.input('attention_mask', 'int64', [DIM.batch, DIM.total]);
-  const positionIds = g.input('position_ids', 'int64', [DIM.batch, DIM.sequence]);
+  const fusedRotary = attention === 'gqa-fused';
+  const positionIds = fusedRotary ? undefined : g.input('position_ids', 'int64', [DIM.batch, DIM.sequence]);
   const past: Array<{ key: string; value: string }> = [];
   for (let i = 0; i < arch.numLayers; i++) {
     past.push({
@@ -106,7 +111,7 @@ export function buildLlamaGraph(
   const total1d = g.op('Unsqueeze', [total, g.int64([0])]);
   // GroupQueryAttention's per-row real lengths: mask sum − 1 (its `seqlens_k`), and the batch's total.
   const gqaLengths =
-    attention === 'gqa'
+    attention !== 'plain'
       ? {
           seqlensK: g.op('Cast', [g.op('Sub', [g.op('ReduceSum', [attentionMask, g.int64([1])], { keepdims: { int: 0 } }), one])], {
             to: { int: 6 },
@@ -116,21 +121,11 @@ export function buildLlamaGraph(
       : undefined;
 
   // Rotary embeddings from position_ids: cos/sin [batch, 1, sequence, head_dim] (rotate-half layout).
+  // The fused form's operator reads cos/sin tables [max position, head_dim / 2] instead.
   g.scope = '/model/rotary_emb';
-  const invFreq = weight('model.rotary_emb.inv_freq');
-  const positions = g.op('Cast', [g.op('Unsqueeze', [positionIds, g.int64([2])])], { to: { int: 1 } }); // [B,S,1]
-  const freqs = g.op('Mul', [positions, invFreq]); // [B, S, hd/2]
-  // [B, 1, S, hd] for the [batch, heads, sequence, hd] layout; [B, S, 1, hd] for GQA's [batch, sequence, heads, hd].
-  const angles = g.op('Unsqueeze', [g.op('Concat', [freqs, freqs], { axis: { int: -1 } }), g.int64([attention === 'gqa' ? 2 : 1])]);
-  const cos = g.op('Cos', [angles]);
-  const sin = g.op('Sin', [angles]);
-  // rotate_half(x) = concat(-x2, x1) as x·R: R is a signed permutation, so the product is exact.
-  const rotateHalf = new Float32Array(hd * hd);
-  for (let j = 0; j < hd / 2; j++) {
-    rotateHalf[(j + hd / 2) * hd + j] = -1; // out[j] = -x[j + hd/2]
-    rotateHalf[j * hd + j + hd / 2] = 1; // out[j + hd/2] = x[j]
-  }
-  const rotateHalfMatrix = g.initializer('/model/rotary_emb/rotate_half', rotateHalf, [hd, hd]);
+  const rotary =
+    positionIds === undefined ? undefined : rotaryFromPositions(g, positionIds, weight('model.rotary_emb.inv_freq'), hd, attention);
+  const rotaryTables = fusedRotary ? cosSinTables(g, weights, arch.maxPositionEmbeddings) : undefined;
 
   const rmsNorm = (x: string, weightName: string): string => {
     // Pow(x, 2), not x·x: onnxruntime fuses Pow → ReduceMean → Add → Sqrt → Div → Mul into one
@@ -153,15 +148,33 @@ export function buildLlamaGraph(
     const qkvWeight = fused(`${p}.self_attn.q_proj.weight`, `${p}.self_attn.k_proj.weight`, `${p}.self_attn.v_proj.weight`);
     const qkvFlat = g.op('MatMul', [x, qkvWeight]);
     let merged: string;
-    if (gqaLengths !== undefined) {
+    if (gqaLengths !== undefined && rotaryTables !== undefined) {
+      // The packed [B, S, (h + 2·kvh)·hd] projection is the operator's only q/k/v input; it rotates q and k itself.
+      const [context, presentKey, presentValue] = g.node(
+        'GroupQueryAttention',
+        [qkvFlat, '', '', layerPast.key, layerPast.value, gqaLengths.seqlensK, gqaLengths.total, rotaryTables.cos, rotaryTables.sin],
+        {
+          domain: 'com.microsoft',
+          attributes: {
+            num_heads: { int: h },
+            kv_num_heads: { int: kvh },
+            scale: { float: 1 / Math.sqrt(hd) },
+            do_rotary: { int: 1 },
+            rotary_interleaved: { int: 0 },
+          },
+          outputNames: [`${g.scope}/GroupQueryAttention_${i}/output_0`, `present.${i}.key`, `present.${i}.value`],
+        },
+      ) as [string, string, string];
+      presents.push({ key: presentKey, value: presentValue });
+      merged = context;
+    } else if (gqaLengths !== undefined && rotary !== undefined) {
       // [B, S, h + 2·kvh, hd]: rotary on q and k, then GroupQueryAttention on [B, S, heads·hd].
       const qkv = g.op('Reshape', [qkvFlat, g.int64([0, 0, h + 2 * kvh, hd])]);
       const [qk, value] = g.node('Split', [qkv, g.int64([h + kvh, kvh])], { attributes: { axis: { int: 2 } }, outputs: 2 }) as [
         string,
         string,
       ];
-      const rotated = g.op('Add', [g.op('Mul', [qk, cos]), g.op('Mul', [g.op('MatMul', [qk, rotateHalfMatrix]), sin])]);
-      const [query, key] = g.node('Split', [rotated, g.int64([h, kvh])], { attributes: { axis: { int: 2 } }, outputs: 2 }) as [
+      const [query, key] = g.node('Split', [rotary.apply(qk), g.int64([h, kvh])], { attributes: { axis: { int: 2 } }, outputs: 2 }) as [
         string,
         string,
       ];
@@ -177,15 +190,14 @@ export function buildLlamaGraph(
       ) as [string, string, string];
       presents.push({ key: presentKey, value: presentValue });
       merged = context;
-    } else {
+    } else if (rotary !== undefined) {
       // [B, h + 2·kvh, S, hd].
       const qkv = g.op('Transpose', [g.op('Reshape', [qkvFlat, g.int64([0, 0, h + 2 * kvh, hd])])], { perm: { ints: [0, 2, 1, 3] } });
       const [qk, value] = g.node('Split', [qkv, g.int64([h + kvh, kvh])], { attributes: { axis: { int: 1 } }, outputs: 2 }) as [
         string,
         string,
       ];
-      const rotated = g.op('Add', [g.op('Mul', [qk, cos]), g.op('Mul', [g.op('MatMul', [qk, rotateHalfMatrix]), sin])]);
-      const [query, key] = g.node('Split', [rotated, g.int64([h, kvh])], { attributes: { axis: { int: 1 } }, outputs: 2 }) as [
+      const [query, key] = g.node('Split', [rotary.apply(qk), g.int64([h, kvh])], { attributes: { axis: { int: 1 } }, outputs: 2 }) as [
         string,
         string,
       ];
@@ -213,6 +225,8 @@ export function buildLlamaGraph(
       const weighted = g.op('Add', [g.op('MatMul', [probsPast, perGroup(layerPast.value)]), g.op('MatMul', [probsNew, perGroup(value)])]); // [B, kvh, rep, S, hd]
       const context = g.op('Reshape', [weighted, g.int64([0, h, -1, hd])]); // [B, h, S, hd]
       merged = g.op('Reshape', [g.op('Transpose', [context], { perm: { ints: [0, 2, 1, 3] } }), g.int64([0, 0, h * hd])]);
+    } else {
+      throw new Error(`attention form ${attention} has no rotary`);
     }
     hidden = g.op('Add', [hidden, g.op('MatMul', [merged, weight(`${p}.self_attn.o_proj.weight`)])]);
 
@@ -245,4 +259,54 @@ export function buildLlamaGraph(
     g.output(present.value, `present.${i}.value`, 'float32', [DIM.batch, kvh, DIM.total, hd]);
   });
   return g.toBytes(info);
+}
+
+/**
+ * Rotary embedding from `position_ids` in the graph (rotate-half layout): `apply(x)` = x·cos +
+ * rotate_half(x)·sin, with cos/sin [B, 1, S, hd] for the plain form's [batch, heads, sequence, hd]
+ * and [B, S, 1, hd] for GQA's [batch, sequence, heads, hd].
+ */
+function rotaryFromPositions(
+  g: OnnxGraphBuilder,
+  positionIds: string,
+  invFreq: string,
+  hd: number,
+  attention: AttentionForm,
+): { apply: (x: string) => string } {
+  const positions = g.op('Cast', [g.op('Unsqueeze', [positionIds, g.int64([2])])], { to: { int: 1 } }); // [B,S,1]
+  const freqs = g.op('Mul', [positions, invFreq]); // [B, S, hd/2]
+  const angles = g.op('Unsqueeze', [g.op('Concat', [freqs, freqs], { axis: { int: -1 } }), g.int64([attention === 'gqa' ? 2 : 1])]);
+  const cos = g.op('Cos', [angles]);
+  const sin = g.op('Sin', [angles]);
+  // rotate_half(x) = concat(-x2, x1) as x·R: R is a signed permutation, so the product is exact.
+  const rotateHalf = new Float32Array(hd * hd);
+  for (let j = 0; j < hd / 2; j++) {
+    rotateHalf[(j + hd / 2) * hd + j] = -1; // out[j] = -x[j + hd/2]
+    rotateHalf[j * hd + j + hd / 2] = 1; // out[j + hd/2] = x[j]
+  }
+  const rotateHalfMatrix = g.initializer('/model/rotary_emb/rotate_half', rotateHalf, [hd, hd]);
+  return { apply: (x) => g.op('Add', [g.op('Mul', [x, cos]), g.op('Mul', [g.op('MatMul', [x, rotateHalfMatrix]), sin])]) };
+}
+
+/**
+ * GroupQueryAttention's rotary tables, `cos_cache` and `sin_cache` [maxPositions, hd / 2]: the
+ * angle of position p and frequency j is p · inv_freq[j], rounded to float32 as the graph forms do.
+ */
+function cosSinTables(g: OnnxGraphBuilder, weights: LlamaWeights, maxPositions: number): { cos: string; sin: string } {
+  const invFreq = weights.get('model.rotary_emb.inv_freq')?.data;
+  if (!(invFreq instanceof Float32Array)) throw new Error('missing weight model.rotary_emb.inv_freq');
+  const half = invFreq.length;
+  const cos = new Float32Array(maxPositions * half);
+  const sin = new Float32Array(maxPositions * half);
+  for (let p = 0; p < maxPositions; p++) {
+    for (let j = 0; j < half; j++) {
+      const angle = Math.fround(p * invFreq[j]!);
+      cos[p * half + j] = Math.cos(angle);
+      sin[p * half + j] = Math.sin(angle);
+    }
+  }
+  return {
+    cos: g.initializer('cos_cache', cos, [maxPositions, half]),
+    sin: g.initializer('sin_cache', sin, [maxPositions, half]),
+  };
 }

@@ -72,8 +72,9 @@ export class RawOnnxModel {
     const feeds: Record<string, ort.Tensor> = {
       input_ids: int64(inputIds),
       attention_mask: int64(attentionMask),
-      position_ids: int64(positionIds),
     };
+    // GroupQueryAttention with rotary inside (onnxruntime-genai's CPU exports) takes no positions.
+    if (this.session.inputNames.includes('position_ids')) feeds['position_ids'] = int64(positionIds);
     for (let i = 0; i < this.numLayers; i++) {
       feeds[`past_key_values.${i}.key`] = past.get(`${i}.key`) as ort.Tensor;
       feeds[`past_key_values.${i}.value`] = past.get(`${i}.value`) as ort.Tensor;
