@@ -32,7 +32,7 @@ interface Served {
 }
 
 /** Texts of every prompt served by a worker on `modelDir`: streamed concurrently, then one alone (stream: false). */
-async function serve(modelDir: string | undefined): Promise<Served> {
+async function serve(modelDir: string | undefined, env: Record<string, string> = {}): Promise<Served> {
   const cluster = await Cluster.start();
   try {
     const worker = await cluster.worker({
@@ -40,6 +40,7 @@ async function serve(modelDir: string | undefined): Promise<Served> {
       MODEL_ID: MODEL,
       LOG_LEVEL: 'info',
       ...(modelDir === undefined ? {} : { MODEL_DIR: modelDir }),
+      ...env,
     });
     const ready = await waitFor('the worker ready line', async () => {
       const line = worker.process
@@ -67,13 +68,18 @@ async function serve(modelDir: string | undefined): Promise<Served> {
   }
 }
 
-const FORMS: Array<{ label: string } & Pick<GenerateTinyModelOptions, 'attention' | 'externalData'>> = [
+const FORMS: Array<{ label: string; env?: Record<string, string> } & Pick<GenerateTinyModelOptions, 'attention' | 'externalData'>> = [
   { label: 'the GroupQueryAttention form', attention: 'gqa' },
   { label: 'the plain form with its weights in model.onnx_data', externalData: true },
   { label: 'the GroupQueryAttention form with its weights in model.onnx_data', attention: 'gqa', externalData: true },
   {
     label: 'onnxruntime-genai’s CPU form (GroupQueryAttention rotating inside, q/k/v packed, no position_ids)',
     attention: 'gqa-fused',
+  },
+  {
+    label: 'onnxruntime-genai’s CPU form with GQA_ATTENTION=decomposed (the plain form’s attention ops instead of the operator)',
+    attention: 'gqa-fused',
+    env: { GQA_ATTENTION: 'decomposed' },
   },
 ];
 
@@ -91,11 +97,11 @@ describe.skipIf(FAKE_ENGINE)('a model directory in another form', () => {
 
   it.each(FORMS.map((form) => [form.label, form] as const))(
     'in %s is served through gateway and worker from the engine-owned cache, with the plain form’s text',
-    async (_, form) => {
+    async (_, { label, env, ...layout }) => {
       const dir = await mkdtemp(join(tmpdir(), 'sluice-e2e-form-'));
       dirs.push(dir);
-      await generateTinyModel({ preset: 'tiny', outDir: dir, ...form });
-      const served = await serve(dir);
+      await generateTinyModel({ preset: 'tiny', outDir: dir, ...layout });
+      const served = await serve(dir, env);
       expect(plain.ready.kvCache).toBe('engine-owned');
       expect(served.ready.kvCache).toBe('engine-owned');
       expect(served.concurrent.every((text) => text.length > 0)).toBe(true);

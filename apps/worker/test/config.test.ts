@@ -57,6 +57,7 @@ describe('worker configuration', () => {
       intraOpSpinning: 'during-run',
       continuationMode: 'replay',
       kvGrowth: 'in-place',
+      gqaAttention: 'op',
       kvPreallocate: false,
       maxPrefillBatch: 32,
       earlyFirstTokens: true,
@@ -67,6 +68,7 @@ describe('worker configuration', () => {
       INTRA_OP_SPINNING: '1',
       KV_GROWTH: 'spread',
       CONTINUATION_MODE: 'prefill',
+      GQA_ATTENTION: 'decomposed',
     };
     expect(engineOptions(loadWorkerConfig(env), '/m')).toMatchObject({
       maxCachedTokens: 4096,
@@ -74,12 +76,14 @@ describe('worker configuration', () => {
       intraOpSpinning: true,
       kvGrowth: 'spread',
       continuationMode: 'prefill',
+      gqaAttention: 'decomposed',
     });
   });
 
   it('names the invalid variable', () => {
     expect(() => loadWorkerConfig({ MAX_BATCH_SIZE: '0' })).toThrow(/MAX_BATCH_SIZE/);
     expect(() => loadWorkerConfig({ EXECUTION_PROVIDER: 'tpu' })).toThrow(/EXECUTION_PROVIDER/);
+    expect(() => loadWorkerConfig({ GQA_ATTENTION: 'flash' })).toThrow(/GQA_ATTENTION/);
     expect(() => loadWorkerConfig({ WORKER_TTL_MS: '500', WORKER_HEARTBEAT_MS: '1000' })).toThrow(ConfigError);
   });
 

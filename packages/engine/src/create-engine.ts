@@ -59,6 +59,9 @@ function checkOptions(options: EngineOptions): void {
       `EngineOptions.continuationMode must be replay or prefill, got ${String(options.continuationMode)}.`,
     );
   }
+  if (options.gqaAttention !== undefined && !['op', 'decomposed'].includes(options.gqaAttention)) {
+    throw new EngineError('invalid_request', `EngineOptions.gqaAttention must be op or decomposed, got ${String(options.gqaAttention)}.`);
+  }
   if (options.kvGrowth !== undefined && !['spread', 'in-place'].includes(options.kvGrowth)) {
     throw new EngineError('invalid_request', `EngineOptions.kvGrowth must be spread or in-place, got ${String(options.kvGrowth)}.`);
   }

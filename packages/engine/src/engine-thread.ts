@@ -45,6 +45,7 @@ async function main(port: MessagePort, { options }: EngineThreadData): Promise<v
       intraOpThreads,
       interOpThreads: options.interOpThreads ?? 0,
       intraOpSpinning: options.intraOpSpinning ?? true,
+      gqaAttention: options.gqaAttention ?? 'op',
     });
     const maxBatchSize = options.maxBatchSize ?? DEFAULT_MAX_BATCH_SIZE;
     const maxCachedTokens = options.maxCachedTokens ?? maxBatchSize * model.generation.maxContextLength;

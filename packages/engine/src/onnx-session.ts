@@ -8,7 +8,7 @@ import { rewriteDecoderGraph } from './rewrite-decoder-graph.js';
 import { EngineError } from './engine-error.js';
 import type { KvData, KvShape } from './kv-batch.js';
 import type { PackedInputs } from './pack-inputs.js';
-import type { ExecutionProvider, IntraOpSpinning } from './types.js';
+import type { ExecutionProvider, GqaAttention, IntraOpSpinning } from './types.js';
 
 export interface OnnxSessionOptions {
   modelPath: string;
@@ -21,6 +21,8 @@ export interface OnnxSessionOptions {
   intraOpSpinning?: IntraOpSpinning;
   /** Add new key/value slice outputs when the graph allows (default true; false forces the present.* path). */
   newKvOutputs?: boolean;
+  /** See EngineOptions.gqaAttention (default 'op'). */
+  gqaAttention?: GqaAttention;
 }
 
 /** What the graph declares, read from the session's input and output metadata. */
@@ -122,7 +124,10 @@ export class OnnxSession {
     let session: ort.InferenceSession;
     let newKvNames: string[] | undefined;
     try {
-      const rewritten = options.newKvOutputs === false ? undefined : await rewriteDecoderGraph(options.modelPath);
+      const rewritten =
+        options.newKvOutputs === false
+          ? undefined
+          : await rewriteDecoderGraph(options.modelPath, { decomposeGroupQueryAttention: options.gqaAttention === 'decomposed' });
       newKvNames = rewritten?.newKvNames;
       // A graph created from bytes finds its external-data files only through this folder.
       if (rewritten?.externalDataFolder !== undefined)

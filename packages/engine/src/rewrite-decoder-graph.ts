@@ -8,7 +8,8 @@ import { dirname, resolve } from 'node:path';
 import onnxProto from 'onnx-proto';
 import { exactOnnxInt64 } from '@sluice/model';
 import { orderedKvNames, PAST_INPUT, PRESENT_OUTPUT } from './kv-names.js';
-import { appliesRotaryInside, positionIdsInput, rotaryBeforeAttention } from './rotary-before-attention.js';
+import { appliesRotaryInside, intAttribute, positionIdsInput, rotaryBeforeAttention } from './rotary-before-attention.js';
+import { attentionMask, plainAttention, type AttentionMask } from './plain-attention.js';
 
 const { onnx } = onnxProto;
 
@@ -49,7 +50,10 @@ const NEW_KV_OUTPUT = (layer: number, kind: string): string => `sluice_new_kv.${
  * initializers keep naming their files, and `externalDataFolder` says where those files are for a
  * session created from the returned bytes.
  */
-export async function rewriteDecoderGraph(modelPath: string): Promise<RewrittenGraph | undefined> {
+export async function rewriteDecoderGraph(
+  modelPath: string,
+  options: { decomposeGroupQueryAttention?: boolean } = {},
+): Promise<RewrittenGraph | undefined> {
   exactOnnxInt64();
   let model: onnxProto.onnx.ModelProto;
   try {
@@ -74,9 +78,8 @@ export async function rewriteDecoderGraph(modelPath: string): Promise<RewrittenG
   const pastInfo = new Map((graph.input ?? []).map((input) => [input.name ?? '', input]));
   const headDim = Number(pastInfo.get(pastNames[0]!)?.type?.tensorType?.shape?.dim?.[3]?.dimValue ?? NaN);
   const newKvNames: string[] = [];
-  const added: onnxProto.onnx.INodeProto[] = [];
   const constants: onnxProto.onnx.ITensorProto[] = [];
-  // Nodes to run right before a rewritten node (the rotary taken out of GroupQueryAttention).
+  // Nodes to run right before a node: the rotary taken out of GroupQueryAttention, its new key/value, the shared mask.
   const before = new Map<onnxProto.onnx.INodeProto, onnxProto.onnx.INodeProto[]>();
   const initializerByName = new Map((graph.initializer ?? []).map((tensor) => [tensor.name ?? '', tensor]));
   const defaultOpset = Number(model.opsetImport?.find((entry) => (entry.domain ?? '') === '')?.version ?? 1);
@@ -110,7 +113,9 @@ export async function rewriteDecoderGraph(modelPath: string): Promise<RewrittenG
       const name = NEW_KV_OUTPUT(layer, kind);
       const shapeName = `${name}/shape`;
       constants.push({ name: shapeName, dims: [4], dataType: onnx.TensorProto.DataType.INT64, int64Data: [0, 0, kvHeads, headDim] });
-      added.push(
+      const first = before.get(node) ?? [];
+      before.set(node, first);
+      first.push(
         { name: `${name}/Reshape`, opType: 'Reshape', input: [slice, shapeName], output: [`${name}/4d`] },
         {
           name: `${name}/Transpose`,
@@ -126,15 +131,51 @@ export async function rewriteDecoderGraph(modelPath: string): Promise<RewrittenG
     }
   }
   const elemType = pastInfo.get(pastNames[0]!)?.type?.tensorType?.elemType ?? onnx.TensorProto.DataType.FLOAT;
+  // With `decomposeGroupQueryAttention`, GroupQueryAttention (its new key/value now read off above)
+  // is replaced by the plain form's attention (plain-attention.ts).
+  const replaced = new Map<onnxProto.onnx.INodeProto, onnxProto.onnx.INodeProto[]>();
+  let mask: AttentionMask | undefined;
+  const graphInputs = new Set((graph.input ?? []).map((input) => input.name ?? ''));
+  for (let layer = 0; layer < presentNames.length / 2; layer++) {
+    const node = producers.get(presentNames[2 * layer]!);
+    if (options.decomposeGroupQueryAttention !== true) break;
+    if (node?.opType !== 'GroupQueryAttention' || !inPlainOps(node, defaultOpset, elemType, graphInputs)) continue;
+    if (mask === undefined) {
+      const made = attentionMask('attention_mask', 'input_ids');
+      mask = made.mask;
+      before.get(node)?.push(...made.nodes);
+      constants.push(...made.constants);
+    }
+    const heads = Number(intAttribute(node, 'num_heads'));
+    const kvHeads = Number(intAttribute(node, 'kv_num_heads'));
+    const scale = Number((node.attribute ?? []).find((entry) => entry.name === 'scale')?.f ?? 0) || 1 / Math.sqrt(headDim);
+    const inputs = node.input ?? [];
+    const attention = plainAttention(
+      `sluice_attention/${layer}`,
+      {
+        query: inputs[0]!,
+        newKey: newKvNames[2 * layer]!,
+        newValue: newKvNames[2 * layer + 1]!,
+        pastKey: inputs[3]!,
+        pastValue: inputs[4]!,
+      },
+      { heads, kvHeads, headDim, scale },
+      mask,
+      node.output![0]!,
+    );
+    replaced.set(node, attention.nodes);
+    constants.push(...attention.constants);
+  }
   const presents = new Set(presentNames);
   graph.output = [
     ...(graph.output ?? []).filter((output) => !presents.has(output.name ?? '')),
     ...newKvNames.map((name) => onnx.ValueInfoProto.create({ name, type: { tensorType: { elemType } } })),
   ];
-  const nodes = [
-    ...(graph.node ?? []).flatMap((node) => [...(before.get(node) ?? []).map((first) => onnx.NodeProto.create(first)), node]),
-    ...added.map((node) => onnx.NodeProto.create(node)),
-  ];
+  // Added nodes go right before the node they were made for, so the list stays in topological order.
+  const nodes: onnxProto.onnx.INodeProto[] = (graph.node ?? []).flatMap((node) => [
+    ...(before.get(node) ?? []).map((entry) => onnx.NodeProto.create(entry)),
+    ...(replaced.get(node)?.map((entry) => onnx.NodeProto.create(entry)) ?? [node]),
+  ]);
   const initializers = new Set((graph.initializer ?? []).map((tensor) => tensor.name ?? ''));
   const lastOnly = lastPositionLogits(nodes, initializers);
   if (lastOnly !== undefined) {
@@ -232,4 +273,32 @@ function withoutDeadNodes(
     if (next.length === live.length) return live;
     live = next;
   }
+}
+
+/**
+ * True when a GroupQueryAttention node (rotary before it, q/k/v unpacked: inputs q, k, v, past key,
+ * past value, seqlens_k, total length and nothing more) computes exactly what {@link plainAttention}
+ * writes: no sliding window, softcap, smooth softmax or extra output, a float32 cache, opset 13 or
+ * later, and the graph's `attention_mask` and `input_ids` to build the mask from.
+ */
+function inPlainOps(node: onnxProto.onnx.INodeProto, defaultOpset: number, elemType: number, graphInputs: ReadonlySet<string>): boolean {
+  const inputs = node.input ?? [];
+  const window = Number(intAttribute(node, 'local_window_size') ?? -1);
+  const off = (name: string) => Number(intAttribute(node, name) ?? 0) === 0;
+  const softcap = Number((node.attribute ?? []).find((entry) => entry.name === 'softcap')?.f ?? 0);
+  return (
+    defaultOpset >= 13 &&
+    elemType === Number(onnx.TensorProto.DataType.FLOAT) &&
+    graphInputs.has('attention_mask') &&
+    graphInputs.has('input_ids') &&
+    inputs.length <= 7 &&
+    inputs.slice(0, 5).every((input) => input !== '') &&
+    (node.output ?? []).length <= 3 &&
+    (window === -1 || window === 0) &&
+    softcap === 0 &&
+    off('smooth_softmax') &&
+    off('qk_output') &&
+    Number.isInteger(Number(intAttribute(node, 'num_heads'))) &&
+    Number.isInteger(Number(intAttribute(node, 'kv_num_heads')))
+  );
 }

@@ -123,6 +123,7 @@ export function rotaryBeforeAttention(
   return { nodes, constants };
 }
 
-function intAttribute(node: onnxProto.onnx.INodeProto, name: string): onnxProto.onnx.IAttributeProto['i'] {
+/** A node's integer attribute, if set. */
+export function intAttribute(node: onnxProto.onnx.INodeProto, name: string): onnxProto.onnx.IAttributeProto['i'] {
   return (node.attribute ?? []).find((entry) => entry.name === name)?.i;
 }

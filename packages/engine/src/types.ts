@@ -67,6 +67,18 @@ export interface EngineOptions {
    */
   kvGrowth?: KvGrowth;
   /**
+   * How a model's GroupQueryAttention (onnxruntime-genai's exports) runs: `op` — onnxruntime's
+   * operator, which reads each row's real length only, so a request's numbers do not depend on its
+   * batch to the last bit (a continuation on another worker is bit-identical); `decomposed` — the
+   * load-time rewrite replaces it by the plain form's attention ops over the engine-owned cache,
+   * because the operator copies every row's cache into its `present` outputs in every layer of every
+   * step: measured on the bench model in that form, 2.3× the tokens/s at 32 × 768 and 1.6× at 32 ×
+   * 128, with the plain form's numerics (logprobs vary with the batch in the last bits, so token
+   * identity rests on margins as in the plain form: docs/engine.md). Other graphs are unaffected.
+   * @defaultValue 'op'
+   */
+  gqaAttention?: GqaAttention;
+  /**
    * Reserve the KV cache at start (engine-owned cache only): allocate the decode lane's buffers for
    * `maxBatchSize` rows of the context length and write their first `maxCachedTokens` slots (all
    * of them when the lane holds fewer), so the first burst after start does not fault its cache in
@@ -108,6 +120,9 @@ export interface EngineOptions {
 export type ContinuationMode = 'replay' | 'prefill';
 
 export type KvGrowth = 'spread' | 'in-place';
+
+/** See {@link EngineOptions.gqaAttention}. */
+export type GqaAttention = 'op' | 'decomposed';
 
 /** Sampling and stopping parameters of one request (OpenAI / vLLM semantics). */
 export interface SamplingParams {

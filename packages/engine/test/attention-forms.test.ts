@@ -13,7 +13,8 @@ import { MODEL_FORMS, tinyModelDir } from './support/model-forms.js';
  * Real exports come in these forms: Optimum's plain operators, and onnxruntime's GroupQueryAttention
  * with rotary before it or inside it (q/k/v packed, no `position_ids` input: onnxruntime-genai's CPU
  * exports), each with its weights inside `model.onnx` or in a `model.onnx_data` file beside it (every
- * export past protobuf's 2 GB, and smaller ones); the generator writes all six. For each, the engine rewrites
+ * export past protobuf's 2 GB, and smaller ones); the generator writes all six. The GroupQueryAttention
+ * forms also run with the operator replaced by the plain form's ops (`gqaAttention: 'decomposed'`). For each, the engine rewrites
  * the graph at load to return only the
  * step's new keys/values and serves the decode rows from its own cache; each request must get the
  * tokens of the plainest possible decoder (raw onnxruntime, one request alone, present.* fed back
@@ -29,7 +30,13 @@ describe.each(MODEL_FORMS)('the $label form', (form) => {
     const made = await tinyModelDir(form);
     remove = made.remove;
     model = await loadModelDir(made.dir);
-    session = await OnnxSession.create({ modelPath: model.onnxPath, executionProvider: 'cpu', intraOpThreads: 1, interOpThreads: 0 });
+    session = await OnnxSession.create({
+      modelPath: model.onnxPath,
+      executionProvider: 'cpu',
+      intraOpThreads: 1,
+      interOpThreads: 0,
+      ...(form.gqaAttention === undefined ? {} : { gqaAttention: form.gqaAttention }),
+    });
     raw = await RawOnnxModel.load(made.dir);
   });
 

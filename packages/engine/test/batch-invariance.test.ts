@@ -1,6 +1,6 @@
 import type { AttentionForm } from '@sluice/model';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { createEngine, type Engine, type GenerateRequest, type SamplingParams, type StepStats } from '../src/index.js';
+import { createEngine, type Engine, type GenerateRequest, type GqaAttention, type SamplingParams, type StepStats } from '../src/index.js';
 import { collect, type Collected } from './support/collect.js';
 import { ATTENTION_FORMS, tinyModelDir } from './support/model-forms.js';
 
@@ -9,7 +9,8 @@ import { ATTENTION_FORMS, tinyModelDir } from './support/model-forms.js';
  * requests arrive staggered into an engine with a small batch, a small step budget (long prompts
  * are prefilled in chunks while others decode) and a small KV cap (requests wait); each one's
  * greedy and seeded-sampled tokens must equal what it gets running alone on an engine that
- * prefills every prompt in one call. Both attention forms (plain operators, GroupQueryAttention).
+ * prefills every prompt in one call. Every attention form (plain operators, GroupQueryAttention with
+ * rotary before or inside it, the latter also decomposed into the plain form's ops).
  */
 
 interface Case {
@@ -111,7 +112,12 @@ async function addStops(alone: Engine, cases: Case[]): Promise<void> {
   }
 }
 
-describe.each(ATTENTION_FORMS)('batch invariance, %s attention', (form: AttentionForm) => {
+const INVARIANCE_FORMS: ReadonlyArray<{ form: AttentionForm; gqaAttention: GqaAttention; label: string }> = [
+  ...ATTENTION_FORMS.map((form) => ({ form, gqaAttention: 'op' as const, label: form })),
+  { form: 'gqa-fused', gqaAttention: 'decomposed', label: 'gqa-fused, decomposed' },
+];
+
+describe.each(INVARIANCE_FORMS)('batch invariance, $label attention', ({ form, gqaAttention }) => {
   let batched: Engine;
   let alone: Engine;
   let remove: () => Promise<void>;
@@ -120,8 +126,8 @@ describe.each(ATTENTION_FORMS)('batch invariance, %s attention', (form: Attentio
     const made = await tinyModelDir(form);
     remove = made.remove;
     [batched, alone] = await Promise.all([
-      createEngine({ modelDir: made.dir, maxBatchSize: 8, maxStepTokens: 40, maxCachedTokens: 1200, intraOpThreads: 1 }),
-      createEngine({ modelDir: made.dir, maxBatchSize: 8, maxStepTokens: 2048, intraOpThreads: 1 }),
+      createEngine({ modelDir: made.dir, maxBatchSize: 8, maxStepTokens: 40, maxCachedTokens: 1200, intraOpThreads: 1, gqaAttention }),
+      createEngine({ modelDir: made.dir, maxBatchSize: 8, maxStepTokens: 2048, intraOpThreads: 1, gqaAttention }),
     ]);
   });
 

@@ -13,6 +13,8 @@ describe.each(MODEL_FORMS)('the load-time rewrite of a decoder in the $label for
   let modelPath: string;
   let remove: () => Promise<void>;
   let scratch: string;
+  const decomposed = form.gqaAttention === 'decomposed';
+  const rewrite = (path: string) => rewriteDecoderGraph(path, { decomposeGroupQueryAttention: decomposed });
 
   beforeAll(async () => {
     const made = await tinyModelDir(form);
@@ -27,13 +29,15 @@ describe.each(MODEL_FORMS)('the load-time rewrite of a decoder in the $label for
   });
 
   it('returns each layer’s new key/value slice instead of present.*, keeps no node that only fed present.*, and slices the last position before the head', async () => {
-    const rewritten = await rewriteDecoderGraph(modelPath);
+    const rewritten = await rewrite(modelPath);
     expect(rewritten?.newKvNames).toHaveLength(4); // 2 layers × key, value
     const graph = onnx.ModelProto.decode(rewritten!.bytes).graph!;
     const outputs = (graph.output ?? []).map((output) => output.name);
     expect(outputs).toEqual(['logits', ...rewritten!.newKvNames]);
     const produced = new Set((graph.node ?? []).flatMap((node) => node.output ?? []));
-    expect([...produced].some((name) => name.startsWith('present.'))).toBe(form.attention !== 'plain'); // GQA's own outputs stay
+    // The GroupQueryAttention operator still writes its own present outputs; decomposed, nothing does.
+    expect([...produced].some((name) => name.startsWith('present.'))).toBe(form.attention !== 'plain' && !decomposed);
+    expect((graph.node ?? []).some((node) => node.opType === 'GroupQueryAttention')).toBe(form.attention !== 'plain' && !decomposed);
     if (form.attention === 'plain')
       expect(
         (graph.node ?? []).some((node) => node.opType === 'Concat' && (node.input ?? []).some((i) => i.startsWith('past_key_values.'))),
@@ -44,7 +48,7 @@ describe.each(MODEL_FORMS)('the load-time rewrite of a decoder in the $label for
   });
 
   it('keeps external weights where they are: only the graph is re-encoded, and the session is told their folder', async () => {
-    const rewritten = (await rewriteDecoderGraph(modelPath))!;
+    const rewritten = (await rewrite(modelPath))!;
     const external = (onnx.ModelProto.decode(rewritten.bytes).graph!.initializer ?? []).filter(
       (tensor) => tensor.dataLocation === onnx.TensorProto.DataLocation.EXTERNAL,
     );
@@ -60,13 +64,13 @@ describe.each(MODEL_FORMS)('the load-time rewrite of a decoder in the $label for
     expect(rewritten.bytes.length).toBeLessThan((await stat(join(dirname(modelPath), 'model.onnx_data'))).size / 4);
   });
 
-  it('takes the rotary out of a GroupQueryAttention that rotates inside: RotaryEmbedding nodes before it at a position_ids input, q/k/v unpacked, the same logits to the bit', async () => {
+  it('takes the rotary out of a GroupQueryAttention that rotates inside: RotaryEmbedding nodes before it at a position_ids input, q/k/v unpacked', async () => {
     if (form.attention !== 'gqa-fused') return;
-    const rewritten = (await rewriteDecoderGraph(modelPath))!;
+    const rewritten = (await rewrite(modelPath))!;
     const graph = onnx.ModelProto.decode(rewritten.bytes).graph!;
     expect((graph.input ?? []).map((input) => input.name)).toContain('position_ids');
     const attention = (graph.node ?? []).filter((node) => node.opType === 'GroupQueryAttention');
-    expect(attention).toHaveLength(2);
+    expect(attention).toHaveLength(decomposed ? 0 : 2);
     for (const node of attention) {
       expect((node.attribute ?? []).map((entry) => entry.name)).not.toContain('do_rotary');
       expect(node.input).toHaveLength(7); // q, k, v, past key, past value, seqlens_k, total: no rotary tables
@@ -74,6 +78,11 @@ describe.each(MODEL_FORMS)('the load-time rewrite of a decoder in the $label for
     const count = (opType: string) => (graph.node ?? []).filter((node) => node.opType === opType).length;
     expect(count('RotaryEmbedding')).toBe(4); // q and k of each layer
     expect(count('Split')).toBeGreaterThanOrEqual(2);
+  });
+
+  it('gives the original graph’s logits, to the bit where the GroupQueryAttention operator stays, over a prefill and decode steps', async () => {
+    if (form.attention === 'plain') return;
+    const rewritten = (await rewrite(modelPath))!;
 
     // One request, prefill then decode steps: the original graph with present.* fed back, the
     // rewritten one with its new slices appended to a cache kept here, at the same positions.
@@ -99,16 +108,27 @@ describe.each(MODEL_FORMS)('the load-time rewrite of a decoder in the $label for
       let cached = 0;
       for (let step = 0; step < 40; step++) {
         const total = cached + tokens.length;
+        const positions = { position_ids: int64(tokens.map((_, j) => cached + j)) };
         const feeds = { input_ids: int64(tokens), attention_mask: int64(Array<number>(total).fill(1)) };
-        const expected = await original.run({ ...feeds, ...originalPast });
+        const expected = await original.run({
+          ...feeds,
+          ...(original.inputNames.includes('position_ids') ? positions : {}),
+          ...originalPast,
+        });
         const got = await rewrittenSession.run({
           ...feeds,
-          position_ids: int64(tokens.map((_, j) => cached + j)),
+          ...positions,
           ...Object.fromEntries(pastNames.map((name, k) => [name, new ort.Tensor('float32', cache[k]!, [1, kvHeads, cached, headDim])])),
         });
         const logits = got['logits']!.data as Float32Array;
         const all = expected['logits']!.data as Float32Array;
-        expect(logits, `step ${step}`).toEqual(all.subarray(all.length - logits.length));
+        const want = all.subarray(all.length - logits.length);
+        if (!decomposed) expect(logits, `step ${step}`).toEqual(want);
+        // Decomposed: the same arithmetic in another order (float32 rounding apart), the same greedy token.
+        else {
+          expect(Math.max(...logits.map((value, i) => Math.abs(value - want[i]!))), `step ${step}`).toBeLessThan(1e-4);
+          expect(logits.indexOf(Math.max(...logits)), `step ${step}`).toBe(want.indexOf(Math.max(...want)));
+        }
         originalPast = Object.fromEntries(pastNames.map((name) => [name, expected[name.replace('past_key_values.', 'present.')]!]));
         cache = cache.map((past, k) =>
           appendSlots(past, got[rewritten.newKvNames[k]!]!.data as Float32Array, kvHeads, cached, tokens.length, headDim),
@@ -120,6 +140,22 @@ describe.each(MODEL_FORMS)('the load-time rewrite of a decoder in the $label for
       await original.release();
       await rewrittenSession.release();
     }
+  });
+
+  it('keeps the GroupQueryAttention operator where the plain ops would compute something else (a sliding window)', async () => {
+    if (form.attention !== 'gqa' || !decomposed) return;
+    const model = onnx.ModelProto.decode(await readFile(modelPath));
+    for (const node of model.graph?.node ?? []) {
+      if (node.opType === 'GroupQueryAttention')
+        node.attribute = [...(node.attribute ?? []), { name: 'local_window_size', type: onnx.AttributeProto.AttributeType.INT, i: 16 }];
+    }
+    const path = join(scratch, 'sliding-window.onnx');
+    await writeFile(path, onnx.ModelProto.encode(model).finish());
+    const rewritten = (await rewrite(path))!;
+    expect(rewritten.newKvNames).toHaveLength(4);
+    expect(
+      (onnx.ModelProto.decode(rewritten.bytes).graph!.node ?? []).filter((node) => node.opType === 'GroupQueryAttention'),
+    ).toHaveLength(2);
   });
 
   it('leaves a GroupQueryAttention that rotates inside to the present.* path when its rotary tables are not initializers', async () => {
@@ -136,7 +172,7 @@ describe.each(MODEL_FORMS)('the load-time rewrite of a decoder in the $label for
     ].map((node) => onnx.NodeProto.create(node));
     const path = join(scratch, 'rotary-tables-computed.onnx');
     await writeFile(path, onnx.ModelProto.encode(model).finish());
-    expect(await rewriteDecoderGraph(path)).toBeUndefined();
+    expect(await rewrite(path)).toBeUndefined();
   });
 });
 

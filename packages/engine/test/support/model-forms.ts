@@ -2,6 +2,7 @@ import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { ensureBuiltinModel, generateTinyModel, type AttentionForm } from '@sluice/model';
+import type { GqaAttention } from '../../src/types.js';
 
 /**
  * The attention forms the generator writes, as real exports come in: Optimum's plain ops, and
@@ -14,13 +15,24 @@ export const ATTENTION_FORMS: readonly AttentionForm[] = ['plain', 'gqa', 'gqa-f
 export interface ModelForm {
   attention: AttentionForm;
   externalData: boolean;
+  /** How the engine runs GroupQueryAttention (EngineOptions.gqaAttention; default 'op'). */
+  gqaAttention?: GqaAttention;
 }
 
 /** Each attention form with its weights in the graph file and in an external-data file (as large exports come). */
-export const MODEL_FORMS: ReadonlyArray<ModelForm & { label: string }> = ATTENTION_FORMS.flatMap((attention) => [
-  { attention, externalData: false, label: attention },
-  { attention, externalData: true, label: `${attention}, weights in model.onnx_data` },
-]);
+export const MODEL_FORMS: ReadonlyArray<ModelForm & { label: string }> = [
+  ...ATTENTION_FORMS.flatMap((attention) => [
+    { attention, externalData: false, label: attention },
+    { attention, externalData: true, label: `${attention}, weights in model.onnx_data` },
+  ]),
+  // The GroupQueryAttention forms with the operator replaced by the plain form's ops (gqaAttention: 'decomposed').
+  ...(['gqa', 'gqa-fused'] as const).map((attention) => ({
+    attention,
+    externalData: false,
+    gqaAttention: 'decomposed' as const,
+    label: `${attention}, decomposed`,
+  })),
+];
 
 /**
  * The tiny model's directory in the given form: the built-in one for the plain form with its weights
