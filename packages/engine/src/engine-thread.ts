@@ -57,7 +57,7 @@ async function main(port: MessagePort, { options }: EngineThreadData): Promise<v
       maxStepTokens: options.maxStepTokens ?? DEFAULT_MAX_STEP_TOKENS,
       maxCachedTokens,
       laneCost: await estimateLaneCost(model, session),
-      exactLengthBatches: model.io.usesGroupQueryAttention,
+      exactLengthBatches: session.groupQueryAttention ?? model.io.usesGroupQueryAttention,
       continuationMode: options.continuationMode ?? 'replay',
       kvGrowth: options.kvGrowth ?? 'in-place',
       kvPreallocate: options.kvPreallocate ?? false,

@@ -60,9 +60,16 @@ export class OnnxSession {
   readonly #presentNames: string[];
   /** Graph outputs holding each layer's new key/value slice (added at load), or undefined. */
   readonly #newKvNames: string[] | undefined;
+  /**
+   * Whether the rewritten graph runs GroupQueryAttention, which reads each row's length from the
+   * mask's sum and so cannot take padded rows (false once `gqaAttention: 'decomposed'` replaced it);
+   * undefined when the graph was not rewritten (the model's own graph says).
+   */
+  readonly groupQueryAttention: boolean | undefined;
 
-  private constructor(session: ort.InferenceSession, newKvNames: string[] | undefined) {
+  private constructor(session: ort.InferenceSession, newKvNames: string[] | undefined, groupQueryAttention: boolean | undefined) {
     this.#session = session;
+    this.groupQueryAttention = groupQueryAttention;
     this.#pastNames = orderedKvNames(session.inputNames, PAST_INPUT);
     this.#presentNames = orderedKvNames(session.outputNames, PRESENT_OUTPUT);
     this.#newKvNames = newKvNames !== undefined && newKvNames.every((name) => session.outputNames.includes(name)) ? newKvNames : undefined;
@@ -123,12 +130,14 @@ export class OnnxSession {
     }
     let session: ort.InferenceSession;
     let newKvNames: string[] | undefined;
+    let groupQueryAttention: boolean | undefined;
     try {
       const rewritten =
         options.newKvOutputs === false
           ? undefined
           : await rewriteDecoderGraph(options.modelPath, { decomposeGroupQueryAttention: options.gqaAttention === 'decomposed' });
       newKvNames = rewritten?.newKvNames;
+      groupQueryAttention = rewritten?.groupQueryAttention;
       // A graph created from bytes finds its external-data files only through this folder.
       if (rewritten?.externalDataFolder !== undefined)
         sessionConfig.model_external_initializers_file_folder_path = rewritten.externalDataFolder;
@@ -150,7 +159,7 @@ export class OnnxSession {
         { cause },
       );
     }
-    return new OnnxSession(session, newKvNames);
+    return new OnnxSession(session, newKvNames, groupQueryAttention);
   }
 
   /**

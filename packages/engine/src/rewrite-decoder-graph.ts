@@ -21,6 +21,8 @@ export interface RewrittenGraph {
   newKvNames: string[];
   /** Set when initializers live in external-data files: the folder their locations are relative to. */
   externalDataFolder?: string;
+  /** Whether the graph still runs GroupQueryAttention (which cannot express padded rows). */
+  groupQueryAttention: boolean;
 }
 
 /** Graph outputs added for GroupQueryAttention layers: the step's new key/value in [batch, kvHeads, new, headDim]. */
@@ -42,8 +44,9 @@ const NEW_KV_OUTPUT = (layer: number, kind: string): string => `sluice_new_kv.${
  * attends over the past and the new slice separately (the generator's `plain` form) then never
  * copies the cache; Optimum's form still concatenates for attention. GroupQueryAttention still
  * writes its present internally (onnxruntime-node would copy a pre-bound shared buffer back out
- * whole, see docs/engine.md). Otherwise (another pattern) undefined: the engine then fetches
- * `present.*`.
+ * whole, see docs/engine.md), unless `decomposeGroupQueryAttention` replaces it by the plain form's
+ * attention ops ({@link plainAttention}; EngineOptions.gqaAttention says what that trades). Otherwise
+ * (another pattern) undefined: the engine then fetches `present.*`.
  *
  * Weights in external-data files (`model.onnx_data`: every export past protobuf's 2 GB, and smaller
  * ones such as Qwen2.5-0.5B's) stay where they are: only the graph file is read and re-encoded, its
@@ -136,9 +139,8 @@ export async function rewriteDecoderGraph(
   const replaced = new Map<onnxProto.onnx.INodeProto, onnxProto.onnx.INodeProto[]>();
   let mask: AttentionMask | undefined;
   const graphInputs = new Set((graph.input ?? []).map((input) => input.name ?? ''));
-  for (let layer = 0; layer < presentNames.length / 2; layer++) {
+  for (let layer = 0; options.decomposeGroupQueryAttention === true && layer < presentNames.length / 2; layer++) {
     const node = producers.get(presentNames[2 * layer]!);
-    if (options.decomposeGroupQueryAttention !== true) break;
     if (node?.opType !== 'GroupQueryAttention' || !inPlainOps(node, defaultOpset, elemType, graphInputs)) continue;
     if (mask === undefined) {
       const made = attentionMask('attention_mask', 'input_ids');
@@ -188,6 +190,7 @@ export async function rewriteDecoderGraph(
   return {
     bytes: onnx.ModelProto.encode(model).finish(),
     newKvNames,
+    groupQueryAttention: graph.node.some((node) => node.opType === 'GroupQueryAttention'),
     ...(external ? { externalDataFolder: dirname(resolve(modelPath)) } : {}),
   };
 }
@@ -283,7 +286,7 @@ function withoutDeadNodes(
  */
 function inPlainOps(node: onnxProto.onnx.INodeProto, defaultOpset: number, elemType: number, graphInputs: ReadonlySet<string>): boolean {
   const inputs = node.input ?? [];
-  const window = Number(intAttribute(node, 'local_window_size') ?? -1);
+  const window = Number(intAttribute(node, 'local_window_size') ?? -1); // -1: no sliding window
   const off = (name: string) => Number(intAttribute(node, name) ?? 0) === 0;
   const softcap = Number((node.attribute ?? []).find((entry) => entry.name === 'softcap')?.f ?? 0);
   return (
@@ -294,7 +297,7 @@ function inPlainOps(node: onnxProto.onnx.INodeProto, defaultOpset: number, elemT
     inputs.length <= 7 &&
     inputs.slice(0, 5).every((input) => input !== '') &&
     (node.output ?? []).length <= 3 &&
-    (window === -1 || window === 0) &&
+    window === -1 &&
     softcap === 0 &&
     off('smooth_softmax') &&
     off('qk_output') &&

@@ -37,6 +37,8 @@ describe('prompts prefilled together (maxPrefillBatch)', () => {
   let alone: Engine;
   let together: Engine;
   let gqaTogether: Engine;
+  let decomposedAlone: Engine;
+  let decomposedTogether: Engine;
 
   beforeAll(async () => {
     const plain = await tinyModelDir('plain');
@@ -45,24 +47,30 @@ describe('prompts prefilled together (maxPrefillBatch)', () => {
     plainDir = plain.dir;
     gqaDir = gqa.dir;
     const options = { maxBatchSize: 16, maxStepTokens: 40, intraOpThreads: 1 };
-    [alone, together, gqaTogether] = await Promise.all([
+    [alone, together, gqaTogether, decomposedAlone, decomposedTogether] = await Promise.all([
       createEngine({ modelDir: plainDir, ...options, maxPrefillBatch: 1 }),
       createEngine({ modelDir: plainDir, ...options, maxPrefillBatch: 8 }),
       createEngine({ modelDir: gqaDir, ...options, maxPrefillBatch: 8 }),
+      createEngine({ modelDir: gqaDir, ...options, maxPrefillBatch: 1, gqaAttention: 'decomposed' }),
+      createEngine({ modelDir: gqaDir, ...options, maxPrefillBatch: 8, gqaAttention: 'decomposed' }),
     ]);
   });
 
   afterAll(async () => {
-    await Promise.all([alone?.close(), together?.close(), gqaTogether?.close()]);
+    await Promise.all([alone, together, gqaTogether, decomposedAlone, decomposedTogether].map((engine) => engine?.close()));
     for (const entry of made) await entry.remove();
   });
 
-  it('gives each prompt prefilled with others in one padded call the tokens and text it gets alone', async () => {
+  it.each([
+    ['plain', () => [alone, together] as const],
+    ['GroupQueryAttention decomposed into the plain form’s ops', () => [decomposedAlone, decomposedTogether] as const],
+  ])('gives each prompt prefilled with others in one padded call the tokens and text it gets alone (%s)', async (_, engines) => {
+    const [one, many] = engines();
     const batch = requests();
     const reference = [];
-    for (const request of batch) reference.push(await collect(alone.generate(request)));
+    for (const request of batch) reference.push(await collect(one.generate(request)));
 
-    const { results, steps } = await runTogether(together, batch);
+    const { results, steps } = await runTogether(many, batch);
     for (const [i, request] of batch.entries()) {
       const got = results[i]!;
       const want = reference[i]!;
