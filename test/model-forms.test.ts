@@ -28,7 +28,7 @@ interface Served {
   concurrent: string[];
   alone: string;
   /** The worker's `worker ready` log line. */
-  ready: { kvCache?: string };
+  ready: { kvCache?: string; groupQueryAttention?: string };
 }
 
 /** Texts of every prompt served by a worker on `modelDir`: streamed concurrently, then one alone (stream: false). */
@@ -104,6 +104,10 @@ describe.skipIf(FAKE_ENGINE)('a model directory in another form', () => {
       const served = await serve(dir, env);
       expect(plain.ready.kvCache).toBe('engine-owned');
       expect(served.ready.kvCache).toBe('engine-owned');
+      expect(plain.ready.groupQueryAttention).toBe('none');
+      expect(served.ready.groupQueryAttention).toBe(
+        layout.attention === undefined ? 'none' : env?.['GQA_ATTENTION'] === 'decomposed' ? 'decomposed' : 'op',
+      );
       expect(served.concurrent.every((text) => text.length > 0)).toBe(true);
       expect(served.concurrent).toEqual(plain.concurrent);
       expect(served.alone).toEqual(plain.alone);

@@ -140,6 +140,7 @@ export function createFakeEngine(options: FakeEngineOptions): Engine {
       kvReservedBytes: 0,
       intraOpThreads: 0,
       kvCache: 'engine-owned',
+      groupQueryAttention: 'none',
     },
     generate(request, signal) {
       const queue = new EventQueue();

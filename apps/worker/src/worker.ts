@@ -213,6 +213,7 @@ export async function startWorker(
       concurrency: config.concurrency,
       kvReservedMiB: Math.round(engine.info.kvReservedBytes / 2 ** 20),
       kvCache: engine.info.kvCache,
+      groupQueryAttention: engine.info.groupQueryAttention,
       intraOpThreads: engine.info.intraOpThreads,
       healthPort,
     },

@@ -55,6 +55,7 @@ async function harness(connection: Redis = redis, refuse?: (request: GenerateReq
         executionProvider: 'cpu',
         kvReservedBytes: 0,
         kvCache: 'engine-owned',
+        groupQueryAttention: 'none',
         intraOpThreads: 1,
       },
       submit: (request, signal) => {

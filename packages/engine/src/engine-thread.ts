@@ -76,6 +76,7 @@ async function main(port: MessagePort, { options }: EngineThreadData): Promise<v
         kvReservedBytes: core.kvReservedBytes,
         intraOpThreads,
         kvCache: session.outputsNewKv ? 'engine-owned' : 'present',
+        groupQueryAttention: !model.io.usesGroupQueryAttention ? 'none' : session.groupQueryAttention === false ? 'decomposed' : 'op',
       },
       vocabSize: session.io.vocabSize ?? model.tokenizer.vocabSize,
       maxCachedTokens: limits.maxCachedTokens,

@@ -278,6 +278,11 @@ export interface EngineInfo {
    * every step copies the whole cache; docs/engine.md, "KV cache").
    */
   kvCache: 'engine-owned' | 'present';
+  /**
+   * What the model's GroupQueryAttention runs as: `none` (the model has none), `op` (onnxruntime's
+   * operator), `decomposed` (replaced by the plain form's ops: {@link EngineOptions.gqaAttention}).
+   */
+  groupQueryAttention: 'none' | 'op' | 'decomposed';
 }
 
 export interface Engine {

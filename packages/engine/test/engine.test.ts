@@ -30,6 +30,7 @@ describe('createEngine on the tiny model', () => {
       kvReservedBytes: 0,
       intraOpThreads: 1,
       kvCache: 'engine-owned',
+      groupQueryAttention: 'none',
     });
   });
 
