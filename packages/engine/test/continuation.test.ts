@@ -186,11 +186,13 @@ describe.each(['replay', 'prefill'] as const)('a continuation on another engine 
  * numbers do not depend on its neighbours or on how its prompt was chunked: a continuation replayed
  * on a busy engine with a small step budget is bit-identical to the original run alone. (With the
  * plain form, padding to the batch's capacity changes reduction lengths inside onnxruntime's kernels,
- * so logprobs vary in the last bits with the batch, migration or not: docs/durable-streams.md.)
+ * so logprobs vary in the last bits with the batch, migration or not: docs/durable-streams.md.) Both
+ * GroupQueryAttention forms: rotary before the op, and inside it with q/k/v packed (onnxruntime-genai's
+ * CPU exports, rewritten at load to rotate before the op).
  */
-describe('a replayed continuation amid other requests, GroupQueryAttention form', () => {
+describe.each(['gqa', 'gqa-fused'] as const)('a replayed continuation amid other requests, GroupQueryAttention form (%s)', (form) => {
   it('is bit-identical to the original run alone: tokens, logprobs and top logprobs', async () => {
-    const made = await tinyModelDir('gqa');
+    const made = await tinyModelDir(form);
     const [alone, busy] = await Promise.all([
       createEngine({ modelDir: made.dir, maxBatchSize: 8, maxStepTokens: 2048, intraOpThreads: 1 }),
       createEngine({ modelDir: made.dir, maxBatchSize: 8, maxStepTokens: 16, intraOpThreads: 1 }),
@@ -235,7 +237,7 @@ describe('a replayed continuation amid other requests, GroupQueryAttention form'
     // 25 and 49 tokens in 24-token steps were cut 24 + 1 and 24 + 24 + 1: a one-token call takes
     // GroupQueryAttention's decode path, and every logprob after it differed in the last bits.
     // (Lengths of 32k + 1 still differ, in onnxruntime's kernels: docs/engine.md, "Batch invariance".)
-    const made = await tinyModelDir('gqa');
+    const made = await tinyModelDir(form);
     const [alone, chunked] = await Promise.all([
       createEngine({ modelDir: made.dir, maxBatchSize: 4, maxStepTokens: 1024, intraOpThreads: 1 }),
       createEngine({ modelDir: made.dir, maxBatchSize: 4, maxStepTokens: 24, intraOpThreads: 1 }),
