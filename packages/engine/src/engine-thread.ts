@@ -47,6 +47,8 @@ async function main(port: MessagePort, { options }: EngineThreadData): Promise<v
       intraOpSpinning: options.intraOpSpinning ?? true,
       gqaAttention: options.gqaAttention ?? 'op',
     });
+    // What the served graph runs: the rewrite may have replaced the model's GroupQueryAttention.
+    const groupQueryAttention = !model.io.usesGroupQueryAttention ? 'none' : session.groupQueryAttention === false ? 'decomposed' : 'op';
     const maxBatchSize = options.maxBatchSize ?? DEFAULT_MAX_BATCH_SIZE;
     const maxCachedTokens = options.maxCachedTokens ?? maxBatchSize * model.generation.maxContextLength;
     // A sequence never holds more than the whole cache: that is the context a request can have here
@@ -57,7 +59,7 @@ async function main(port: MessagePort, { options }: EngineThreadData): Promise<v
       maxStepTokens: options.maxStepTokens ?? DEFAULT_MAX_STEP_TOKENS,
       maxCachedTokens,
       laneCost: await estimateLaneCost(model, session),
-      exactLengthBatches: session.groupQueryAttention ?? model.io.usesGroupQueryAttention,
+      exactLengthBatches: groupQueryAttention === 'op',
       continuationMode: options.continuationMode ?? 'replay',
       kvGrowth: options.kvGrowth ?? 'in-place',
       kvPreallocate: options.kvPreallocate ?? false,
@@ -76,7 +78,7 @@ async function main(port: MessagePort, { options }: EngineThreadData): Promise<v
         kvReservedBytes: core.kvReservedBytes,
         intraOpThreads,
         kvCache: session.outputsNewKv ? 'engine-owned' : 'present',
-        groupQueryAttention: !model.io.usesGroupQueryAttention ? 'none' : session.groupQueryAttention === false ? 'decomposed' : 'op',
+        groupQueryAttention,
       },
       vocabSize: session.io.vocabSize ?? model.tokenizer.vocabSize,
       maxCachedTokens: limits.maxCachedTokens,

@@ -13,7 +13,7 @@ const { onnx } = onnxProto;
 const GQA_INPUT = { query: 0, key: 1, value: 2, cosCache: 7, sinCache: 8, positionIds: 9 } as const;
 
 /** The graph input the engine feeds each new token's position through. */
-export const POSITION_IDS = 'position_ids';
+const POSITION_IDS = 'position_ids';
 
 /** True for a `com.microsoft` GroupQueryAttention node with `do_rotary` set. */
 export function appliesRotaryInside(node: onnxProto.onnx.INodeProto): boolean {
