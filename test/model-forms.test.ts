@@ -1,4 +1,4 @@
-import { mkdtemp, rm } from 'node:fs/promises';
+import { mkdtemp, rename, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { generateTinyModel, type GenerateTinyModelOptions } from '@sluice/model';
@@ -11,7 +11,9 @@ import { checkChunkSequence, postRaw } from './support/sse.js';
  * Model directories in the forms real exports come in are served end to end (gateway, Redis, worker,
  * engine) from the engine's own KV cache: the GroupQueryAttention form (onnxruntime's `com.microsoft`
  * op, as onnxruntime-genai's builder writes), and either form with its weights in `model.onnx_data`
- * beside a graph-only `model.onnx` (every export past protobuf's 2 GB). The same weights in the
+ * beside a graph-only `model.onnx` (every export past protobuf's 2 GB), and Optimum's merged decoder
+ * (`onnx/decoder_model_merged.onnx`, one `If` on `use_cache_branch`) as transformers.js-era repos
+ * ship it. The same weights in the
  * built-in plain form, served the same way, give the same text for the same requests, alone and
  * concurrently.
  */
@@ -68,7 +70,12 @@ async function serve(modelDir: string | undefined, env: Record<string, string> =
   }
 }
 
-const FORMS: Array<{ label: string; env?: Record<string, string> } & Pick<GenerateTinyModelOptions, 'attention' | 'externalData'>> = [
+const FORMS: Array<
+  { label: string; env?: Record<string, string>; onnxFile?: string } & Pick<
+    GenerateTinyModelOptions,
+    'attention' | 'externalData' | 'merged'
+  >
+> = [
   { label: 'the GroupQueryAttention form', attention: 'gqa' },
   { label: 'the plain form with its weights in model.onnx_data', externalData: true },
   { label: 'the GroupQueryAttention form with its weights in model.onnx_data', attention: 'gqa', externalData: true },
@@ -80,6 +87,11 @@ const FORMS: Array<{ label: string; env?: Record<string, string> } & Pick<Genera
     label: 'onnxruntime-genai’s CPU form with GQA_ATTENTION=decomposed (the plain form’s attention ops instead of the operator)',
     attention: 'gqa-fused',
     env: { GQA_ATTENTION: 'decomposed' },
+  },
+  {
+    label: 'Optimum’s merged decoder, as onnx/decoder_model_merged.onnx with no model.onnx',
+    merged: true,
+    onnxFile: 'decoder_model_merged.onnx',
   },
 ];
 
@@ -97,10 +109,11 @@ describe.skipIf(FAKE_ENGINE)('a model directory in another form', () => {
 
   it.each(FORMS.map((form) => [form.label, form] as const))(
     'in %s is served through gateway and worker from the engine-owned cache, with the plain form’s text',
-    async (_, { label, env, ...layout }) => {
+    async (_, { label, env, onnxFile, ...layout }) => {
       const dir = await mkdtemp(join(tmpdir(), 'sluice-e2e-form-'));
       dirs.push(dir);
       await generateTinyModel({ preset: 'tiny', outDir: dir, ...layout });
+      if (onnxFile !== undefined) await rename(join(dir, 'onnx', 'model.onnx'), join(dir, 'onnx', onnxFile));
       const served = await serve(dir, env);
       expect(plain.ready.kvCache).toBe('engine-owned');
       expect(served.ready.kvCache).toBe('engine-owned');

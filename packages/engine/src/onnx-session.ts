@@ -3,6 +3,7 @@
  * runs one call over a left-padded batch.
  */
 import * as ort from 'onnxruntime-node';
+import { USE_CACHE_BRANCH } from '@sluice/model';
 import { orderedKvNames, PAST_INPUT, PRESENT_OUTPUT } from './kv-names.js';
 import { rewriteDecoderGraph } from './rewrite-decoder-graph.js';
 import { EngineError } from './engine-error.js';
@@ -101,7 +102,7 @@ export class OnnxSession {
       kv: { numLayers: this.#pastNames.length / 2, numKvHeads: heads, headDim, dtype: pastMeta.type },
       vocabSize: typeof vocab === 'number' ? vocab : undefined,
       hasPositionIds: session.inputNames.includes('position_ids'),
-      hasUseCacheBranch: session.inputNames.includes('use_cache_branch'),
+      hasUseCacheBranch: session.inputNames.includes(USE_CACHE_BRANCH),
       hasNumLogitsToKeep: session.inputNames.includes('num_logits_to_keep'),
     };
   }
@@ -221,7 +222,7 @@ export class OnnxSession {
       attention_mask: new ort.Tensor('int64', inputs.attentionMask, [rows, pastLength + newTokens]),
     };
     if (this.io.hasPositionIds) feeds['position_ids'] = new ort.Tensor('int64', inputs.positionIds, [rows, newTokens]);
-    if (this.io.hasUseCacheBranch) feeds['use_cache_branch'] = new ort.Tensor('bool', new Uint8Array([pastLength > 0 ? 1 : 0]), [1]);
+    if (this.io.hasUseCacheBranch) feeds[USE_CACHE_BRANCH] = new ort.Tensor('bool', new Uint8Array([pastLength > 0 ? 1 : 0]), [1]);
     if (this.io.hasNumLogitsToKeep) feeds['num_logits_to_keep'] = new ort.Tensor('int64', new BigInt64Array([1n]), []);
     const pastDims = [rows, numKvHeads, pastLength, headDim];
     this.#pastNames.forEach((name, k) => {

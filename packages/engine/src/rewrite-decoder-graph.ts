@@ -10,6 +10,7 @@ import { exactOnnxInt64 } from '@sluice/model';
 import { orderedKvNames, PAST_INPUT, PRESENT_OUTPUT } from './kv-names.js';
 import { appliesRotaryInside, intAttribute, positionIdsInput, rotaryBeforeAttention } from './rotary-before-attention.js';
 import { attentionMask, plainAttention, type AttentionMask } from './plain-attention.js';
+import { inlineCacheBranch } from './inline-cache-branch.js';
 
 const { onnx } = onnxProto;
 
@@ -40,6 +41,8 @@ const NEW_KV_OUTPUT = (layer: number, kind: string): string => `sluice_new_kv.${
  *   that rotates inside (`do_rotary` 1, q/k/v packed or not: onnxruntime-genai's CPU exports) is
  *   first given its rotary as nodes before it, at the positions of a `position_ids` input the
  *   rewritten graph then takes ({@link rotaryBeforeAttention}).
+ * A merged decoder (the decoder in an `If` on `use_cache_branch`) is first replaced by its with-past
+ * branch ({@link inlineCacheBranch}).
  * Dropping `present.*` from the outputs lets onnxruntime prune what only fed them: a graph that
  * attends over the past and the new slice separately (the generator's `plain` form) then never
  * copies the cache; Optimum's form still concatenates for attention. GroupQueryAttention still
@@ -75,6 +78,7 @@ export async function rewriteDecoderGraph(
     PRESENT_OUTPUT,
   );
   if (pastNames.length === 0 || pastNames.length !== presentNames.length) return undefined;
+  if (inlineCacheBranch(graph, pastNames) === 'refused') return undefined;
   const producers = new Map<string, onnxProto.onnx.INodeProto>();
   for (const node of graph.node ?? []) for (const output of node.output ?? []) producers.set(output, node);
   const graphNames = new Set([...(graph.input ?? []), ...(graph.output ?? [])].map((value) => value.name ?? ''));

@@ -80,8 +80,20 @@ describe.each(MODEL_FORMS)('the load-time rewrite of a decoder in the $label for
     expect(count('Split')).toBeGreaterThanOrEqual(2);
   });
 
+  it('replaces a merged decoder’s If by its with-past branch: no If and no use_cache_branch input left', async () => {
+    if (form.merged !== true) return;
+    const original = onnx.ModelProto.decode(await readFile(modelPath)).graph!;
+    expect((original.node ?? []).map((node) => node.opType)).toEqual(['If']);
+    expect((original.input ?? []).map((input) => input.name)).toContain('use_cache_branch');
+    const graph = onnx.ModelProto.decode((await rewrite(modelPath))!.bytes).graph!;
+    expect((graph.input ?? []).map((input) => input.name)).not.toContain('use_cache_branch');
+    expect((graph.node ?? []).some((node) => node.opType === 'If')).toBe(false);
+    // The decoder's own nodes now: 4 projections a layer (2 layers) and the head.
+    expect((graph.node ?? []).filter((node) => node.opType === 'MatMul').length).toBeGreaterThanOrEqual(9);
+  });
+
   it('gives the original graph’s logits, to the bit where the GroupQueryAttention operator stays, over a prefill and decode steps', async () => {
-    if (form.attention === 'plain') return;
+    if (form.attention === 'plain' && form.merged !== true) return;
     const rewritten = (await rewrite(modelPath))!;
 
     // One request, prefill then decode steps: the original graph with present.* fed back, the
@@ -113,6 +125,10 @@ describe.each(MODEL_FORMS)('the load-time rewrite of a decoder in the $label for
         const expected = await original.run({
           ...feeds,
           ...(original.inputNames.includes('position_ids') ? positions : {}),
+          // A merged decoder: its no-past branch first, then its with-past one (as Optimum and transformers.js call it).
+          ...(original.inputNames.includes('use_cache_branch')
+            ? { use_cache_branch: new ort.Tensor('bool', new Uint8Array([cached > 0 ? 1 : 0]), [1]) }
+            : {}),
           ...originalPast,
         });
         const got = await rewrittenSession.run({

@@ -10,7 +10,7 @@ export {
   type PromptFiles,
   type PromptModel,
 } from './prompt-files.js';
-export { readOnnxIo } from './onnx-io.js';
+export { readOnnxIo, USE_CACHE_BRANCH } from './onnx-io.js';
 export { exactOnnxInt64 } from './onnx-proto.js';
 export { TextStreamer, type TextStreamerOptions } from './text-streamer.js';
 export { generateTinyModel, type GenerateTinyModelOptions } from './tiny-model/generate-tiny-model.js';

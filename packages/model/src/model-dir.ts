@@ -15,7 +15,8 @@ export interface LoadModelDirOptions {
   id?: string;
   /**
    * ONNX file to run, looked up in `onnx/` and then in the directory itself (Optimum's own exports
-   * put it there), e.g. `model_fp16.onnx` or `model_quantized.onnx`. @defaultValue 'model.onnx'
+   * put it there), e.g. `model_fp16.onnx` or `model_quantized.onnx`. @defaultValue 'model.onnx', or
+   * where there is none `decoder_model_merged.onnx`
    */
   onnxFileName?: string;
   /** Cap on prompt + completion tokens. @defaultValue config.json max_position_embeddings */
@@ -109,7 +110,7 @@ export async function loadModelDir(path: string, options: LoadModelDirOptions = 
 
   const specialTokens = specialTokenStrings(tokenizerConfig);
   const chatTemplate = await loadChatTemplate(dir, tokenizerConfig.chat_template, specialTokens);
-  const { onnxPath, onnxName } = await findOnnxFile(dir, options.onnxFileName ?? 'model.onnx');
+  const { onnxPath, onnxName } = await findOnnxFile(dir, options.onnxFileName === undefined ? DEFAULT_ONNX_FILES : [options.onnxFileName]);
   const io = readOnnxIoSync(onnxPath, onnxName);
   const onnxDataPaths: string[] = [];
   for (const location of io.externalDataFiles) {
@@ -255,8 +256,15 @@ export function pickNamedTemplate(list: Array<{ name: string; template: string }
   return (list ?? []).find((entry) => entry.name === 'default')?.template ?? list?.[0]?.template;
 }
 
-async function findOnnxFile(dir: string, fileName: string): Promise<{ onnxPath: string; onnxName: string }> {
-  const candidates = fileName.includes('/') ? [fileName] : [`onnx/${fileName}`, fileName];
+/**
+ * The files a directory's decoder is looked for in when none is named: Optimum's single-file export,
+ * then the merged decoder of transformers.js-era repos (`decoder_model_merged.onnx`, one `If` on
+ * `use_cache_branch`; the engine serves its with-past branch).
+ */
+const DEFAULT_ONNX_FILES = ['model.onnx', 'decoder_model_merged.onnx'];
+
+async function findOnnxFile(dir: string, fileNames: readonly string[]): Promise<{ onnxPath: string; onnxName: string }> {
+  const candidates = fileNames.flatMap((fileName) => (fileName.includes('/') ? [fileName] : [`onnx/${fileName}`, fileName]));
   for (const name of candidates) {
     if (await isFile(join(dir, name))) return { onnxPath: join(dir, name), onnxName: name };
   }

@@ -28,6 +28,10 @@ const PAST_KEY = /^past_key_values\.(\d+)\.key$/;
 const PAST_KV = /^past_key_values\.\d+\.(key|value)$/;
 const INT64 = 7;
 const BOOL = 9;
+
+/** The boolean input that picks the branch of a merged decoder (Optimum's `decoder_model_merged.onnx`). */
+export const USE_CACHE_BRANCH = 'use_cache_branch';
+
 /**
  * Every graph input the engine feeds besides `past_key_values.*`, with the element type it feeds
  * (onnx-session.ts `#feeds`). A graph that declares any other input, or one of these with another
@@ -37,7 +41,7 @@ const FED_INPUTS: Readonly<Record<string, number>> = {
   input_ids: INT64,
   attention_mask: INT64,
   position_ids: INT64,
-  use_cache_branch: BOOL,
+  [USE_CACHE_BRANCH]: BOOL,
   num_logits_to_keep: INT64,
 };
 
@@ -125,7 +129,7 @@ function describeDecoder(graph: ScannedGraph, file: string): OnnxIo {
     headDim,
     kvDtype: kvDtype!,
     hasPositionIds: inputs.has('position_ids'),
-    hasUseCacheBranch: inputs.has('use_cache_branch'),
+    hasUseCacheBranch: inputs.has(USE_CACHE_BRANCH),
     hasNumLogitsToKeep: inputs.has('num_logits_to_keep'),
     usesGroupQueryAttention: graph.opTypes.has('GroupQueryAttention'),
     externalDataFiles: [...graph.externalDataFiles],

@@ -162,6 +162,13 @@ describe('loadModelDir', () => {
     expect((await loadModelDir(fp16, { onnxFileName: 'model_fp16.onnx' })).onnxPath).toBe(join(fp16, 'onnx', 'model_fp16.onnx'));
   });
 
+  it('takes onnx/decoder_model_merged.onnx (transformers.js-era repos) where there is no model.onnx, and model.onnx before it', async () => {
+    const merged = smolDir((d) => renameSync(join(d, 'onnx', 'model.onnx'), join(d, 'onnx', 'decoder_model_merged.onnx')));
+    expect((await loadModelDir(merged)).onnxPath).toBe(join(merged, 'onnx', 'decoder_model_merged.onnx'));
+    const both = smolDir((d) => copyFileSync(join(d, 'onnx', 'model.onnx'), join(d, 'onnx', 'decoder_model_merged.onnx')));
+    expect((await loadModelDir(both)).onnxPath).toBe(join(both, 'onnx', 'model.onnx'));
+  });
+
   it('loads a model whose logits are larger than its tokenizer (a padded vocabulary)', async () => {
     const model = await loadModelDir(smolDir());
     expect(model.io.vocabSize).toBe(49152);

@@ -134,6 +134,44 @@ describe('generateTinyModel', () => {
     }
   });
 
+  it('with merged, writes Optimum’s merged decoder: one If on use_cache_branch around the decoder, weights outside it, the plain decoder’s logits either way', async () => {
+    await generateTinyModel({ preset: 'tiny', outDir: join(scratch, 'merged'), merged: true });
+    const graph = onnxProto.onnx.ModelProto.decode(await readFile(join(scratch, 'merged', 'onnx', 'model.onnx'))).graph!;
+    expect((graph.node ?? []).map((node) => node.opType)).toEqual(['If']);
+    const [node] = graph.node!;
+    expect(node!.input).toEqual(['use_cache_branch']);
+    expect(node!.output).toEqual((graph.output ?? []).map((output) => output.name));
+    const branches = Object.fromEntries((node!.attribute ?? []).map((entry) => [entry.name, entry.g!]));
+    expect(Object.keys(branches)).toEqual(['then_branch', 'else_branch']);
+    expect(branches['then_branch']!.name).toBe('with_past');
+    expect(branches['else_branch']!.name).toBe('no_past');
+    // Weights in the outer graph, scalars and int64 vectors in each branch (as Optimum's merge keeps them).
+    expect((graph.initializer ?? []).map((tensor) => tensor.name)).toContain('model.embed_tokens.weight');
+    for (const tensor of branches['then_branch']!.initializer ?? []) expect((tensor.dims ?? []).length).toBeLessThanOrEqual(1);
+    expect((graph.input ?? []).at(-1)?.name).toBe('use_cache_branch');
+
+    // The plain decoder's logits: its no-past branch on the prompt, its with-past branch on the next token.
+    const [plain, merged] = [await RawOnnxModel.load(await ensureBuiltinModel('tiny')), await RawOnnxModel.load(join(scratch, 'merged'))];
+    try {
+      const prompt = [[5, 6, 7, 8, 9, 10, 11]];
+      const [first, again] = [
+        await plain.forward(prompt, [prompt[0]!.map(() => 1)], [prompt[0]!.map((_, i) => i)], plain.emptyCache(1)),
+        await merged.forward(prompt, [prompt[0]!.map(() => 1)], [prompt[0]!.map((_, i) => i)], merged.emptyCache(1)),
+      ];
+      expect(again.logits.data).toEqual(first.logits.data);
+      const next = [[12]];
+      const mask = [Array<number>(8).fill(1)];
+      const [second, secondAgain] = [
+        await plain.forward(next, mask, [[7]], first.present),
+        await merged.forward(next, mask, [[7]], again.present),
+      ];
+      expect(secondAgain.logits.data).toEqual(second.logits.data);
+    } finally {
+      await plain.release();
+      await merged.release();
+    }
+  });
+
   it('writes a Llama config that matches the tokenizer', async () => {
     const dir = join(scratch, 'a');
     const config = JSON.parse(await readFile(join(dir, 'config.json'), 'utf8')) as Record<string, unknown>;
@@ -266,6 +304,18 @@ describe('npm run model:generate', () => {
     const externalGguf = run('--preset', 'tiny', '--format', 'gguf', '--out', join(scratch, 'x.gguf'), '--external-data');
     expect(externalGguf.status).toBe(2);
     expect(externalGguf.stderr).toContain('--external-data is for the ONNX files');
+    const mergedWithoutOut = run('--preset', 'tiny', '--merged');
+    expect(mergedWithoutOut.status).toBe(2);
+    expect(mergedWithoutOut.stderr).toContain('--merged needs --out');
+  });
+
+  it('writes Optimum’s merged decoder with --merged', async () => {
+    const out = join(scratch, 'cli-merged');
+    const result = run('--preset', 'tiny', '--out', out, '--merged');
+    expect(result.stderr).toBe('');
+    expect(result.status).toBe(0);
+    expect(result.stdout).toContain('plain attention, merged decoder');
+    expect(await hashTree(out)).toEqual(await hashTree(join(scratch, 'merged')));
   });
 
   it('writes the weights into model.onnx_data with --external-data', async () => {

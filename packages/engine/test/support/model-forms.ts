@@ -17,6 +17,8 @@ export interface ModelForm {
   externalData: boolean;
   /** How the engine runs GroupQueryAttention (EngineOptions.gqaAttention; default 'op'). */
   gqaAttention?: GqaAttention;
+  /** The decoder inside an `If` on `use_cache_branch`, as Optimum's `decoder_model_merged.onnx` lays it out. */
+  merged?: boolean;
 }
 
 /** Each attention form with its weights in the graph file and in an external-data file (as large exports come). */
@@ -32,6 +34,10 @@ export const MODEL_FORMS: ReadonlyArray<ModelForm & { label: string }> = [
     gqaAttention: 'decomposed' as const,
     label: `${attention}, decomposed`,
   })),
+  // Optimum's merged decoders (transformers.js-era repos), with the weights inside and outside the graph file.
+  { attention: 'plain', externalData: false, merged: true, label: 'plain, merged decoder' },
+  { attention: 'plain', externalData: true, merged: true, label: 'plain, merged decoder, weights in model.onnx_data' },
+  { attention: 'gqa', externalData: false, merged: true, label: 'gqa, merged decoder' },
 ];
 
 /**
@@ -39,9 +45,9 @@ export const MODEL_FORMS: ReadonlyArray<ModelForm & { label: string }> = [
  * inside, else a fresh temporary generation (same weights and tokenizer). `remove()` deletes what was made.
  */
 export async function tinyModelDir(form: AttentionForm | ModelForm): Promise<{ dir: string; remove: () => Promise<void> }> {
-  const { attention, externalData } = typeof form === 'string' ? { attention: form, externalData: false } : form;
-  if (attention === 'plain' && !externalData) return { dir: await ensureBuiltinModel('tiny'), remove: async () => {} };
-  const dir = await mkdtemp(join(tmpdir(), `sluice-tiny-${attention}${externalData ? '-external' : ''}-`));
-  await generateTinyModel({ preset: 'tiny', outDir: dir, attention, externalData });
+  const { attention, externalData, merged = false } = typeof form === 'string' ? { attention: form, externalData: false } : form;
+  if (attention === 'plain' && !externalData && !merged) return { dir: await ensureBuiltinModel('tiny'), remove: async () => {} };
+  const dir = await mkdtemp(join(tmpdir(), `sluice-tiny-${attention}${externalData ? '-external' : ''}${merged ? '-merged' : ''}-`));
+  await generateTinyModel({ preset: 'tiny', outDir: dir, attention, externalData, merged });
   return { dir, remove: () => rm(dir, { recursive: true, force: true }) };
 }

@@ -1,10 +1,11 @@
 #!/usr/bin/env node
 /**
- * `npm run model:generate -- --preset tiny|bench --out <dir> [--seed <n>] [--attention plain|gqa|gqa-fused] [--external-data]`
+ * `npm run model:generate -- --preset tiny|bench --out <dir> [--seed <n>] [--attention plain|gqa|gqa-fused] [--external-data] [--merged]`
  * `npm run model:generate -- --preset tiny|bench --format gguf --out <file.gguf> [--seed <n>]`
  *
  * Writes a built-in random Llama model directory (config, tokenizer, onnx/model.onnx, and with
- * `--external-data` its weights in onnx/model.onnx_data, as large exports come), or the same
+ * `--external-data` its weights in onnx/model.onnx_data, as large exports come; with `--merged` the
+ * decoder laid out as Optimum's `decoder_model_merged.onnx`, one `If` on `use_cache_branch`), or the same
  * weights and tokenizer as one GGUF file for llama.cpp (the peer of `npm run bench:serve`).
  * Without `--out`, makes sure the default copy (`models/<preset>`, as workers and tests use it) is
  * there and current, generating it only when it is missing or stale (`npm run build` does this).
@@ -19,7 +20,7 @@ import { isTinyModelPreset, TINY_MODEL_PRESETS } from '../tiny-model/presets.js'
 import type { AttentionForm } from '../tiny-model/llama-graph.js';
 import { describeFsError } from './describe-fs-error.js';
 
-const USAGE = `Usage: npm run model:generate -- --preset <${Object.keys(TINY_MODEL_PRESETS).join('|')}> [--out <dir>] [--seed <n>] [--attention plain|gqa|gqa-fused] [--external-data] [--format onnx|gguf]`;
+const USAGE = `Usage: npm run model:generate -- --preset <${Object.keys(TINY_MODEL_PRESETS).join('|')}> [--out <dir>] [--seed <n>] [--attention plain|gqa|gqa-fused] [--external-data] [--merged] [--format onnx|gguf]`;
 
 class UsageError extends Error {}
 
@@ -29,6 +30,7 @@ interface GenerateArgs {
   seed: number;
   attention: AttentionForm;
   externalData: boolean;
+  merged: boolean;
   format: 'onnx' | 'gguf';
 }
 
@@ -44,6 +46,7 @@ function parse(argv: string[]): GenerateArgs | 'help' {
         attention: { type: 'string' },
         format: { type: 'string' },
         'external-data': { type: 'boolean' },
+        merged: { type: 'boolean' },
         help: { type: 'boolean', short: 'h' },
       },
       strict: true,
@@ -81,7 +84,18 @@ function parse(argv: string[]): GenerateArgs | 'help' {
   if (externalData && values.out === undefined)
     throw new UsageError('--external-data needs --out (the default copy keeps its weights in model.onnx)');
   if (externalData && format === 'gguf') throw new UsageError('--external-data is for the ONNX files; a GGUF file holds its weights');
-  return { preset: values.preset, out: values.out === undefined ? undefined : resolve(values.out), seed, attention, externalData, format };
+  const merged = values.merged === true;
+  if (merged && values.out === undefined) throw new UsageError('--merged needs --out (the default copy is a plain decoder)');
+  if (merged && format === 'gguf') throw new UsageError('--merged is for the ONNX graph; a GGUF file has none');
+  return {
+    preset: values.preset,
+    out: values.out === undefined ? undefined : resolve(values.out),
+    seed,
+    attention,
+    externalData,
+    merged,
+    format,
+  };
 }
 
 async function main(): Promise<void> {
@@ -133,7 +147,7 @@ async function generate(args: GenerateArgs): Promise<void> {
   process.stdout.write(
     `Wrote the ${args.preset} model to ${args.out} in ${seconds.toFixed(1)} s: ` +
       `${parameters.toLocaleString('en-US')} parameters, ${architecture.numLayers} layers, ` +
-      `vocab ${architecture.vocabSize}, ${args.attention} attention, ` +
+      `vocab ${architecture.vocabSize}, ${args.attention} attention${args.merged ? ', merged decoder' : ''}, ` +
       `${args.externalData ? 'onnx/model.onnx + model.onnx_data' : 'onnx/model.onnx'} ${(onnxBytes / 2 ** 20).toFixed(1)} MiB\n`,
   );
 }

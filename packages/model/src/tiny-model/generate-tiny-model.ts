@@ -5,6 +5,7 @@ import { trainByteLevelBpe, type ByteLevelBpe } from './bpe-trainer.js';
 import { CORPUS } from './corpus.js';
 import { withExternalData } from './external-data.js';
 import { buildLlamaGraph, type AttentionForm } from './llama-graph.js';
+import { asMergedDecoder } from './merged-decoder.js';
 import { countParameters, initLlamaWeights, type LlamaWeights } from './llama-weights.js';
 import { TINY_MODEL_PRESETS, type LlamaArchitecture } from './presets.js';
 import { buildTokenizerFiles, SPECIAL_IDS, SPECIAL_TOKENS } from './tokenizer-files.js';
@@ -45,13 +46,18 @@ export interface GenerateTinyModelOptions {
    * models past protobuf's 2 GB limit (and some smaller ones) come. @defaultValue false
    */
   externalData?: boolean;
+  /**
+   * Write the decoder as Optimum's merged decoder (`decoder_model_merged.onnx`'s layout, still at
+   * `onnx/model.onnx`): one `If` on a `use_cache_branch` input (see {@link asMergedDecoder}). @defaultValue false
+   */
+  merged?: boolean;
 }
 
 /** Where the weights of the ONNX graph go when {@link GenerateTinyModelOptions.externalData} is set. */
 export const EXTERNAL_DATA_FILE = 'model.onnx_data';
 
 /** How a generated model's ONNX files are laid out (the options besides preset and seed). */
-export type TinyModelLayout = Pick<GenerateTinyModelOptions, 'attention' | 'externalData'>;
+export type TinyModelLayout = Pick<GenerateTinyModelOptions, 'attention' | 'externalData' | 'merged'>;
 
 /** The generated files, by path relative to the model directory, plus what they hold. */
 export interface TinyModelFiles {
@@ -64,7 +70,8 @@ export interface TinyModelFiles {
 export function generatorStamp(preset: TinyModelPreset, seed = DEFAULT_SEED, layout: TinyModelLayout = {}): string {
   const form = (layout.attention ?? 'plain') === 'plain' ? {} : { attention: layout.attention };
   const external = layout.externalData === true ? { externalData: true } : {};
-  return `${JSON.stringify({ generator: '@sluice/model tiny-model', version: GENERATOR_VERSION, preset, seed, ...form, ...external })}\n`;
+  const merged = layout.merged === true ? { merged: true } : {};
+  return `${JSON.stringify({ generator: '@sluice/model tiny-model', version: GENERATOR_VERSION, preset, seed, ...form, ...external, ...merged })}\n`;
 }
 
 const json = (value: unknown): Uint8Array => new TextEncoder().encode(`${JSON.stringify(value, null, 2)}\n`);
@@ -147,7 +154,7 @@ export function buildTinyModelFiles(preset: TinyModelPreset, seed = DEFAULT_SEED
     pad_token_id: SPECIAL_IDS.endOfText,
     transformers_version: '4.46.0',
   };
-  const graph = buildLlamaGraph(
+  const decoder = buildLlamaGraph(
     arch,
     weights,
     {
@@ -157,6 +164,7 @@ export function buildTinyModelFiles(preset: TinyModelPreset, seed = DEFAULT_SEED
     },
     attention,
   );
+  const graph = layout.merged === true ? asMergedDecoder(decoder) : decoder;
   const onnx = layout.externalData === true ? withExternalData(graph, EXTERNAL_DATA_FILE) : { onnx: graph, data: undefined };
 
   const stamped: Record<(typeof STAMPED_FILES)[number], Uint8Array> = {

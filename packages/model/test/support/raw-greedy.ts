@@ -1,5 +1,6 @@
 import { join } from 'node:path';
 import * as ort from 'onnxruntime-node';
+import { USE_CACHE_BRANCH } from '../../src/onnx-io.js';
 
 /**
  * A deliberately plain greedy decoder over raw onnxruntime-node: prefill the (left-padded) prompts,
@@ -75,6 +76,11 @@ export class RawOnnxModel {
     };
     // GroupQueryAttention with rotary inside (onnxruntime-genai's CPU exports) takes no positions.
     if (this.session.inputNames.includes('position_ids')) feeds['position_ids'] = int64(positionIds);
+    // A merged decoder (Optimum's decoder_model_merged.onnx) runs its with-past branch once there is a past.
+    if (this.session.inputNames.includes(USE_CACHE_BRANCH)) {
+      const pastLength = (past.get('0.key') as ort.Tensor).dims[2] ?? 0;
+      feeds[USE_CACHE_BRANCH] = new ort.Tensor('bool', new Uint8Array([pastLength > 0 ? 1 : 0]), [1]);
+    }
     for (let i = 0; i < this.numLayers; i++) {
       feeds[`past_key_values.${i}.key`] = past.get(`${i}.key`) as ort.Tensor;
       feeds[`past_key_values.${i}.value`] = past.get(`${i}.value`) as ort.Tensor;
