@@ -11,7 +11,8 @@ import { checkChunkSequence, postRaw } from './support/sse.js';
  * Model directories in the forms real exports come in are served end to end (gateway, Redis, worker,
  * engine) from the engine's own KV cache: the GroupQueryAttention form (onnxruntime's `com.microsoft`
  * op, as onnxruntime-genai's builder writes), and either form with its weights in `model.onnx_data`
- * beside a graph-only `model.onnx` (every export past protobuf's 2 GB), and Optimum's merged decoder
+ * beside a graph-only `model.onnx` (every export past protobuf's 2 GB), attention over `present.*` as
+ * Optimum exports transformers' SDPA, and Optimum's merged decoder
  * (`onnx/decoder_model_merged.onnx`, one `If` on `use_cache_branch`) as transformers.js-era repos
  * ship it. The same weights in the
  * built-in plain form, served the same way, give the same text for the same requests, alone and
@@ -88,8 +89,10 @@ const FORMS: Array<
     attention: 'gqa-fused',
     env: { GQA_ATTENTION: 'decomposed' },
   },
+  { label: 'Optimum’s export of transformers’ SDPA attention (over present.*, repeat_kv)', attention: 'sdpa' },
   {
-    label: 'Optimum’s merged decoder, as onnx/decoder_model_merged.onnx with no model.onnx',
+    label: 'Optimum’s merged decoder with that attention, as onnx/decoder_model_merged.onnx with no model.onnx',
+    attention: 'sdpa',
     merged: true,
     onnxFile: 'decoder_model_merged.onnx',
   },
@@ -119,7 +122,11 @@ describe.skipIf(FAKE_ENGINE)('a model directory in another form', () => {
       expect(served.ready.kvCache).toBe('engine-owned');
       expect(plain.ready.groupQueryAttention).toBe('none');
       expect(served.ready.groupQueryAttention).toBe(
-        layout.attention === undefined ? 'none' : env?.['GQA_ATTENTION'] === 'decomposed' ? 'decomposed' : 'op',
+        layout.attention === undefined || layout.attention === 'sdpa'
+          ? 'none'
+          : env?.['GQA_ATTENTION'] === 'decomposed'
+            ? 'decomposed'
+            : 'op',
       );
       expect(served.concurrent.every((text) => text.length > 0)).toBe(true);
       expect(served.concurrent).toEqual(plain.concurrent);

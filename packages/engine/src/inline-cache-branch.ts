@@ -82,19 +82,23 @@ export function inlineCacheBranch(graph: Graph, pastNames: readonly string[]): C
   // A branch output the branch computes is renamed to the If's output; one it passes through
   // (a graph input or initializer) gets an Identity.
   const renames = new Map<string, string>();
-  const identities: Node[] = [];
+  const passed: Array<[from: string, output: string]> = [];
   for (const [i, output] of outputs.entries()) {
     const from = branchOutputs[i]!;
     if (from === output) continue;
     if (producedInBranch.has(from) && !renames.has(from) && !defined.includes(output)) renames.set(from, output);
-    else
-      identities.push(onnx.NodeProto.create({ name: `sluice_if_output/${output}`, opType: 'Identity', input: [from], output: [output] }));
+    else passed.push([from, output]);
   }
   rename(branchNodes, renames);
+  // (A name the branch outputs twice was renamed for the first: the Identity reads it under that name.)
+  const identities = passed.map(([from, output]) =>
+    onnx.NodeProto.create({ name: `sluice_if_output/${output}`, opType: 'Identity', input: [renames.get(from) ?? from], output: [output] }),
+  );
 
   graph.node = nodes.flatMap((other) => (other === node ? [...branchNodes, ...identities] : [other]));
   graph.initializer = [...(graph.initializer ?? []), ...(branch.initializer ?? [])];
-  graph.valueInfo = [...(graph.valueInfo ?? []), ...(branch.valueInfo ?? [])];
+  const described = new Set((graph.valueInfo ?? []).map((entry) => entry.name ?? ''));
+  graph.valueInfo = [...(graph.valueInfo ?? []), ...(branch.valueInfo ?? []).filter((entry) => !described.has(entry.name ?? ''))];
   graph.input = (graph.input ?? []).filter((input) => input.name !== USE_CACHE_BRANCH);
   return 'inlined';
 }

@@ -38,7 +38,8 @@ export interface AttentionOperands {
   pastValue: string;
 }
 
-class NodeList {
+/** Nodes and constants added under one name prefix (names made unique by a counter). */
+export class NodeList {
   readonly nodes: Node[] = [];
   readonly constants: Tensor[] = [];
   #count = 0;
@@ -63,12 +64,12 @@ class NodeList {
   }
 }
 
-const ints = (name: string, values: number[]): onnxProto.onnx.IAttributeProto => ({
+export const ints = (name: string, values: number[]): onnxProto.onnx.IAttributeProto => ({
   name,
   type: onnx.AttributeProto.AttributeType.INTS,
   ints: values,
 });
-const int = (name: string, value: number): onnxProto.onnx.IAttributeProto => ({
+export const int = (name: string, value: number): onnxProto.onnx.IAttributeProto => ({
   name,
   type: onnx.AttributeProto.AttributeType.INT,
   i: value,

@@ -11,6 +11,7 @@ import { orderedKvNames, PAST_INPUT, PRESENT_OUTPUT } from './kv-names.js';
 import { appliesRotaryInside, intAttribute, positionIdsInput, rotaryBeforeAttention } from './rotary-before-attention.js';
 import { attentionMask, plainAttention, type AttentionMask } from './plain-attention.js';
 import { inlineCacheBranch } from './inline-cache-branch.js';
+import { splitPresentAttention } from './split-present-attention.js';
 
 const { onnx } = onnxProto;
 
@@ -171,6 +172,17 @@ export async function rewriteDecoderGraph(
     );
     replaced.set(node, attention.nodes);
     constants.push(...attention.constants);
+  }
+  // An export that attends over present.* (Optimum's) reads the past and the new slots separately instead.
+  const concats = Array.from({ length: presentNames.length / 2 }, (_, layer) => ({
+    key: producers.get(presentNames[2 * layer]!)!,
+    value: producers.get(presentNames[2 * layer + 1]!)!,
+  })).filter(({ key, value }) => key.opType === 'Concat' && value.opType === 'Concat');
+  const kvHeads = Number(pastInfo.get(pastNames[0]!)?.type?.tensorType?.shape?.dim?.[1]?.dimValue ?? NaN);
+  if (concats.length === presentNames.length / 2 && Number.isInteger(kvHeads) && Number.isInteger(headDim)) {
+    const split = splitPresentAttention(graph.node ?? [], concats, { kvHeads, headDim });
+    for (const [node, nodes] of split.replaced) replaced.set(node, nodes);
+    constants.push(...split.constants);
   }
   const presents = new Set(presentNames);
   graph.output = [

@@ -7,7 +7,7 @@ import { KV_BLOCK } from '../src/kv-lane.js';
 import { packInputs } from '../src/pack-inputs.js';
 import { OnnxSession } from '../src/onnx-session.js';
 import { resolveRequest } from '../src/resolve-request.js';
-import { MODEL_FORMS, tinyModelDir } from './support/model-forms.js';
+import { MODEL_FORMS, tinyModelDir, usesGroupQueryAttention } from './support/model-forms.js';
 
 /**
  * Real exports come in these forms: Optimum's plain operators, and onnxruntime's GroupQueryAttention
@@ -47,7 +47,7 @@ describe.each(MODEL_FORMS)('the $label form', (form) => {
   });
 
   it('is served from the engine-owned cache (new key/value slices, no present.* fetched)', () => {
-    expect(model.io.usesGroupQueryAttention).toBe(form.attention !== 'plain');
+    expect(model.io.usesGroupQueryAttention).toBe(usesGroupQueryAttention(form.attention));
     expect(model.onnxDataPaths).toHaveLength(form.externalData ? 1 : 0);
     expect(session.outputsNewKv).toBe(true);
   });

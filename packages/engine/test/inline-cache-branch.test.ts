@@ -89,6 +89,14 @@ describe('inlineCacheBranch (a merged decoder’s If replaced by its with-past b
     expect(graph.node?.at(-1)).toMatchObject({ opType: 'Identity', input: ['input_ids'], output: ['present.0.value'] });
   });
 
+  it('gives a tensor the branch outputs twice to both of the If’s outputs', () => {
+    const graph = merged({ branchOutputs: ['branch/logits', 'branch/key', 'branch/key'] });
+    graph.node![0]!.attribute![0]!.g!.node![2]!.output = ['unused'];
+    expect(inlineCacheBranch(graph, PAST)).toBe('inlined');
+    expect(graph.node?.filter((entry) => entry.opType === 'Concat').map((entry) => entry.output)).toEqual([['present.0.key'], ['unused']]);
+    expect(graph.node?.at(-1)).toMatchObject({ opType: 'Identity', input: ['present.0.key'], output: ['present.0.value'] });
+  });
+
   it('does nothing to a graph without the If', () => {
     const graph: onnxProto.onnx.IGraphProto = { input: [info('input_ids')], node: [node('Identity', ['input_ids'], ['logits'])] };
     const before = snapshot(graph);

@@ -4,8 +4,9 @@ import { dirname, join } from 'node:path';
 import onnxProto from 'onnx-proto';
 import * as ort from 'onnxruntime-node';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { rewriteDecoderGraph } from '../src/rewrite-decoder-graph.js';
-import { MODEL_FORMS, tinyModelDir } from './support/model-forms.js';
+import { rewriteDecoderGraph, type RewrittenGraph } from '../src/rewrite-decoder-graph.js';
+import { generateTinyModel } from '@sluice/model';
+import { MODEL_FORMS, tinyModelDir, usesGroupQueryAttention } from './support/model-forms.js';
 
 const { onnx } = onnxProto;
 
@@ -14,6 +15,7 @@ describe.each(MODEL_FORMS)('the load-time rewrite of a decoder in the $label for
   let remove: () => Promise<void>;
   let scratch: string;
   const decomposed = form.gqaAttention === 'decomposed';
+  const gqa = usesGroupQueryAttention(form.attention);
   const rewrite = (path: string) => rewriteDecoderGraph(path, { decomposeGroupQueryAttention: decomposed });
 
   beforeAll(async () => {
@@ -36,9 +38,10 @@ describe.each(MODEL_FORMS)('the load-time rewrite of a decoder in the $label for
     expect(outputs).toEqual(['logits', ...rewritten!.newKvNames]);
     const produced = new Set((graph.node ?? []).flatMap((node) => node.output ?? []));
     // The GroupQueryAttention operator still writes its own present outputs; decomposed, nothing does.
-    expect([...produced].some((name) => name.startsWith('present.'))).toBe(form.attention !== 'plain' && !decomposed);
-    expect((graph.node ?? []).some((node) => node.opType === 'GroupQueryAttention')).toBe(form.attention !== 'plain' && !decomposed);
-    if (form.attention === 'plain')
+    expect([...produced].some((name) => name.startsWith('present.'))).toBe(gqa && !decomposed);
+    expect((graph.node ?? []).some((node) => node.opType === 'GroupQueryAttention')).toBe(gqa && !decomposed);
+    // No step copies the cache: nothing concatenates the past (sdpa: its attention over present.* rewritten).
+    if (!gqa)
       expect(
         (graph.node ?? []).some((node) => node.opType === 'Concat' && (node.input ?? []).some((i) => i.startsWith('past_key_values.'))),
       ).toBe(false);
@@ -94,68 +97,20 @@ describe.each(MODEL_FORMS)('the load-time rewrite of a decoder in the $label for
 
   it('gives the original graph’s logits, to the bit where the GroupQueryAttention operator stays, over a prefill and decode steps', async () => {
     if (form.attention === 'plain' && form.merged !== true) return;
-    const rewritten = (await rewrite(modelPath))!;
+    // Bit for bit where the same ops run in the same order; the split attention (decomposed, sdpa) sums in another.
+    const exact = !decomposed && form.attention !== 'sdpa';
+    await expectSameLogits(modelPath, (await rewrite(modelPath))!, exact);
+  });
 
-    // One request, prefill then decode steps: the original graph with present.* fed back, the
-    // rewritten one with its new slices appended to a cache kept here, at the same positions.
-    const options = { intraOpNumThreads: 1, logSeverityLevel: 3 as const };
-    const original = await ort.InferenceSession.create(modelPath, options);
-    const rewrittenSession = await ort.InferenceSession.create(rewritten.bytes, {
-      ...options,
-      ...(rewritten.externalDataFolder === undefined
-        ? {}
-        : { extra: { session: { model_external_initializers_file_folder_path: rewritten.externalDataFolder } } }),
-    });
-    try {
-      const pastNames = original.inputNames.filter((name) => name.startsWith('past_key_values.'));
-      const meta = original.inputMetadata.find((entry) => entry.name === pastNames[0]);
-      if (meta === undefined || !meta.isTensor) throw new Error('no past_key_values input');
-      const [, kvHeads, , headDim] = meta.shape as [number, number, number, number];
-      const int64 = (values: readonly number[]) => new ort.Tensor('int64', BigInt64Array.from(values, BigInt), [1, values.length]);
-      let originalPast: Record<string, ort.Tensor> = Object.fromEntries(
-        pastNames.map((name) => [name, new ort.Tensor('float32', new Float32Array(0), [1, kvHeads, 0, headDim])]),
-      );
-      let cache: Float32Array[] = pastNames.map(() => new Float32Array(0));
-      let tokens = [5, 6, 7, 8, 9, 10, 11];
-      let cached = 0;
-      for (let step = 0; step < 40; step++) {
-        const total = cached + tokens.length;
-        const positions = { position_ids: int64(tokens.map((_, j) => cached + j)) };
-        const feeds = { input_ids: int64(tokens), attention_mask: int64(Array<number>(total).fill(1)) };
-        const expected = await original.run({
-          ...feeds,
-          ...(original.inputNames.includes('position_ids') ? positions : {}),
-          // A merged decoder: its no-past branch first, then its with-past one (as Optimum and transformers.js call it).
-          ...(original.inputNames.includes('use_cache_branch')
-            ? { use_cache_branch: new ort.Tensor('bool', new Uint8Array([cached > 0 ? 1 : 0]), [1]) }
-            : {}),
-          ...originalPast,
-        });
-        const got = await rewrittenSession.run({
-          ...feeds,
-          ...positions,
-          ...Object.fromEntries(pastNames.map((name, k) => [name, new ort.Tensor('float32', cache[k]!, [1, kvHeads, cached, headDim])])),
-        });
-        const logits = got['logits']!.data as Float32Array;
-        const all = expected['logits']!.data as Float32Array;
-        const want = all.subarray(all.length - logits.length);
-        if (!decomposed) expect(logits, `step ${step}`).toEqual(want);
-        // Decomposed: the same arithmetic in another order (float32 rounding apart), the same greedy token.
-        else {
-          expect(Math.max(...logits.map((value, i) => Math.abs(value - want[i]!))), `step ${step}`).toBeLessThan(1e-4);
-          expect(logits.indexOf(Math.max(...logits)), `step ${step}`).toBe(want.indexOf(Math.max(...want)));
-        }
-        originalPast = Object.fromEntries(pastNames.map((name) => [name, expected[name.replace('past_key_values.', 'present.')]!]));
-        cache = cache.map((past, k) =>
-          appendSlots(past, got[rewritten.newKvNames[k]!]!.data as Float32Array, kvHeads, cached, tokens.length, headDim),
-        );
-        cached = total;
-        tokens = [logits.indexOf(Math.max(...logits))];
-      }
-    } finally {
-      await original.release();
-      await rewrittenSession.release();
-    }
+  it('attends to the past and the new slots separately where the export attended over present.* (no repeat_kv Expand left)', async () => {
+    if (form.attention !== 'sdpa') return;
+    const original = onnx.ModelProto.decode(await readFile(modelPath)).graph!;
+    const all = (graph: onnxProto.onnx.IGraphProto): onnxProto.onnx.INodeProto[] =>
+      (graph.node ?? []).flatMap((node) => [node, ...(node.attribute ?? []).flatMap((entry) => (entry.g == null ? [] : all(entry.g)))]);
+    expect(all(original).filter((node) => node.opType === 'Expand').length).toBeGreaterThanOrEqual(4); // 2 layers × key, value (× branches)
+    const graph = onnx.ModelProto.decode((await rewrite(modelPath))!.bytes).graph!;
+    expect((graph.node ?? []).filter((node) => node.opType === 'Expand')).toEqual([]);
+    expect((graph.node ?? []).filter((node) => (node.name ?? '').startsWith('sluice_split_attention/')).length).toBeGreaterThan(0);
   });
 
   it('keeps the GroupQueryAttention operator where the plain ops would compute something else (a sliding window)', async () => {
@@ -191,6 +146,144 @@ describe.each(MODEL_FORMS)('the load-time rewrite of a decoder in the $label for
     expect(await rewrite(path)).toBeUndefined();
   });
 });
+
+describe('the split of attention over present.* (Optimum’s exports)', () => {
+  let dir: string;
+  beforeAll(async () => {
+    dir = await mkdtemp(join(tmpdir(), 'sluice-split-attention-'));
+    await generateTinyModel({ preset: 'tiny', outDir: dir, attention: 'sdpa' });
+  });
+  afterAll(async () => {
+    if (dir !== undefined) await rm(dir, { recursive: true, force: true });
+  });
+
+  /** The tiny sdpa model with `edit` applied to its graph, written beside it. */
+  async function edited(name: string, edit: (graph: onnxProto.onnx.IGraphProto) => void): Promise<string> {
+    const model = onnx.ModelProto.decode(await readFile(join(dir, 'onnx', 'model.onnx')));
+    edit(model.graph!);
+    const path = join(dir, 'onnx', name);
+    await writeFile(path, onnx.ModelProto.encode(model).finish());
+    return path;
+  }
+  const expands = (rewritten: RewrittenGraph) =>
+    (onnx.ModelProto.decode(rewritten.bytes).graph!.node ?? []).filter((node) => node.opType === 'Expand').length;
+
+  it('takes transformers’ eager attention too: the scale as a Div after the scores’ MatMul, a Cast to float after the Softmax', async () => {
+    const path = await edited('eager.onnx', (graph) => {
+      const nodes = graph.node!;
+      const producer = new Map(nodes.flatMap((node) => (node.output ?? []).map((output) => [output, node] as const)));
+      const added: Array<[after: onnxProto.onnx.INodeProto, node: onnxProto.onnx.INodeProto]> = [];
+      const dropped = new Set<onnxProto.onnx.INodeProto>();
+      for (const node of nodes.filter((entry) => entry.opType === 'MatMul')) {
+        const [a, b] = (node.input ?? []).map((input) => producer.get(input));
+        if (a?.opType !== 'Mul' || b?.opType !== 'Mul' || producer.get(b.input![0]!)?.opType !== 'Transpose') continue;
+        node.input = [a.input![0]!, b.input![0]!]; // q · kᵀ unscaled
+        dropped.add(a).add(b);
+        const scores = node.output![0]!;
+        const divided = `${scores}/eager_div`;
+        for (const reader of nodes) reader.input = (reader.input ?? []).map((input) => (input === scores ? divided : input));
+        graph.initializer!.push({
+          name: `${divided}/sqrt_hd`,
+          dims: [],
+          dataType: onnx.TensorProto.DataType.FLOAT,
+          floatData: [Math.sqrt(8)],
+        });
+        added.push([node, { name: divided, opType: 'Div', input: [scores, `${divided}/sqrt_hd`], output: [divided] }]);
+      }
+      for (const softmax of nodes.filter((entry) => entry.opType === 'Softmax')) {
+        const probs = softmax.output![0]!;
+        const cast = `${probs}/eager_cast`;
+        for (const reader of nodes) reader.input = (reader.input ?? []).map((input) => (input === probs ? cast : input));
+        added.push([softmax, { name: cast, opType: 'Cast', input: [probs], output: [cast], attribute: [{ name: 'to', type: 2, i: 1 }] }]);
+      }
+      expect(added).toHaveLength(4);
+      graph.node = nodes
+        .filter((node) => !dropped.has(node))
+        .flatMap((node) => [node, ...added.filter(([after]) => after === node).map(([, entry]) => entry)]);
+    });
+    const rewritten = (await rewriteDecoderGraph(path))!;
+    expect(expands(rewritten)).toBe(0);
+    await expectSameLogits(path, rewritten, false);
+  });
+
+  it('leaves a layer whose repeated keys something else also reads as exported, and splits the others', async () => {
+    const path = await edited('extra-reader.onnx', (graph) => {
+      const unsqueeze = graph.node!.find((node) => node.opType === 'Unsqueeze' && node.input?.[0] === 'present.0.key')!;
+      graph.node!.push({ name: 'extra', opType: 'Identity', input: [unsqueeze.output![0]!], output: ['extra'] });
+      graph.output!.push({ name: 'extra', type: { tensorType: { elemType: onnx.TensorProto.DataType.FLOAT } } });
+    });
+    const rewritten = (await rewriteDecoderGraph(path))!;
+    expect(expands(rewritten)).toBe(2); // layer 0's key and value
+    await expectSameLogits(path, rewritten, false);
+  });
+});
+
+/**
+ * One request, prefill then 39 decode steps: the original graph with present.* fed back (and
+ * `use_cache_branch` where it is a merged decoder), the rewritten one with its new slices appended to
+ * a cache kept here, at the same positions; logits equal to the bit (`exact`), or within 1e-4 with the
+ * same greedy token.
+ */
+async function expectSameLogits(modelPath: string, rewritten: RewrittenGraph, exact: boolean): Promise<void> {
+  const options = { intraOpNumThreads: 1, logSeverityLevel: 3 as const };
+  const original = await ort.InferenceSession.create(modelPath, options);
+  const rewrittenSession = await ort.InferenceSession.create(rewritten.bytes, {
+    ...options,
+    ...(rewritten.externalDataFolder === undefined
+      ? {}
+      : { extra: { session: { model_external_initializers_file_folder_path: rewritten.externalDataFolder } } }),
+  });
+  try {
+    const pastNames = original.inputNames.filter((name) => name.startsWith('past_key_values.'));
+    const meta = original.inputMetadata.find((entry) => entry.name === pastNames[0]);
+    if (meta === undefined || !meta.isTensor) throw new Error('no past_key_values input');
+    const [, kvHeads, , headDim] = meta.shape as [number, number, number, number];
+    const int64 = (values: readonly number[]) => new ort.Tensor('int64', BigInt64Array.from(values, BigInt), [1, values.length]);
+    let originalPast: Record<string, ort.Tensor> = Object.fromEntries(
+      pastNames.map((name) => [name, new ort.Tensor('float32', new Float32Array(0), [1, kvHeads, 0, headDim])]),
+    );
+    let cache: Float32Array[] = pastNames.map(() => new Float32Array(0));
+    let tokens = [5, 6, 7, 8, 9, 10, 11];
+    let cached = 0;
+    for (let step = 0; step < 40; step++) {
+      const total = cached + tokens.length;
+      const positions = { position_ids: int64(tokens.map((_, j) => cached + j)) };
+      const feeds = { input_ids: int64(tokens), attention_mask: int64(Array<number>(total).fill(1)) };
+      const expected = await original.run({
+        ...feeds,
+        ...(original.inputNames.includes('position_ids') ? positions : {}),
+        // A merged decoder: its no-past branch first, then its with-past one (as Optimum and transformers.js call it).
+        ...(original.inputNames.includes('use_cache_branch')
+          ? { use_cache_branch: new ort.Tensor('bool', new Uint8Array([cached > 0 ? 1 : 0]), [1]) }
+          : {}),
+        ...originalPast,
+      });
+      const got = await rewrittenSession.run({
+        ...feeds,
+        ...positions,
+        ...Object.fromEntries(pastNames.map((name, k) => [name, new ort.Tensor('float32', cache[k]!, [1, kvHeads, cached, headDim])])),
+      });
+      const logits = got['logits']!.data as Float32Array;
+      const all = expected['logits']!.data as Float32Array;
+      const want = all.subarray(all.length - logits.length);
+      if (exact) expect(logits, `step ${step}`).toEqual(want);
+      // The same arithmetic in another order (float32 rounding apart), the same greedy token.
+      else {
+        expect(Math.max(...logits.map((value, i) => Math.abs(value - want[i]!))), `step ${step}`).toBeLessThan(1e-4);
+        expect(logits.indexOf(Math.max(...logits)), `step ${step}`).toBe(want.indexOf(Math.max(...want)));
+      }
+      originalPast = Object.fromEntries(pastNames.map((name) => [name, expected[name.replace('past_key_values.', 'present.')]!]));
+      cache = cache.map((past, k) =>
+        appendSlots(past, got[rewritten.newKvNames[k]!]!.data as Float32Array, kvHeads, cached, tokens.length, headDim),
+      );
+      cached = total;
+      tokens = [logits.indexOf(Math.max(...logits))];
+    }
+  } finally {
+    await original.release();
+    await rewrittenSession.release();
+  }
+}
 
 /** [kvHeads, past, headDim] and [kvHeads, added, headDim] slots → [kvHeads, past + added, headDim]. */
 function appendSlots(

@@ -134,6 +134,30 @@ describe('generateTinyModel', () => {
     }
   });
 
+  it('with attention sdpa, writes attention over present.* as torch exports transformers’ SDPA (repeat_kv Expand, √scale on queries and keys), with the plain form’s greedy tokens', async () => {
+    await generateTinyModel({ preset: 'tiny', outDir: join(scratch, 'sdpa'), attention: 'sdpa' });
+    const graph = onnxProto.onnx.ModelProto.decode(await readFile(join(scratch, 'sdpa', 'onnx', 'model.onnx'))).graph!;
+    const count = (opType: string) => (graph.node ?? []).filter((node) => node.opType === opType).length;
+    expect(count('Expand')).toBe(4); // key and value of 2 layers
+    expect(count('Softmax')).toBe(2);
+    const present = (graph.node ?? []).find((node) => node.output?.[0] === 'present.0.key')!;
+    expect(present.opType).toBe('Concat');
+    // The present Concat feeds the attention (through repeat_kv), not only the graph output.
+    expect((graph.node ?? []).some((node) => node.opType === 'Unsqueeze' && node.input?.[0] === 'present.0.key')).toBe(true);
+
+    const [plain, sdpa] = [await RawOnnxModel.load(await ensureBuiltinModel('tiny')), await RawOnnxModel.load(join(scratch, 'sdpa'))];
+    try {
+      const prompts = [
+        [5, 6, 7, 8, 9, 10, 11],
+        [40, 41, 42],
+      ];
+      expect(await sdpa.greedy(prompts, { maxNewTokens: 24 })).toEqual(await plain.greedy(prompts, { maxNewTokens: 24 }));
+    } finally {
+      await plain.release();
+      await sdpa.release();
+    }
+  });
+
   it('with merged, writes Optimum’s merged decoder: one If on use_cache_branch around the decoder, weights outside it, the plain decoder’s logits either way', async () => {
     await generateTinyModel({ preset: 'tiny', outDir: join(scratch, 'merged'), merged: true });
     const graph = onnxProto.onnx.ModelProto.decode(await readFile(join(scratch, 'merged', 'onnx', 'model.onnx'))).graph!;
@@ -288,7 +312,7 @@ describe('npm run model:generate', () => {
     expect(unknownPreset.status).toBe(2);
     expect(unknownPreset.stderr).toContain('--preset must be one of: tiny, bench, smollm2-135m (got "huge")');
     const badForm = run('--preset', 'tiny', '--out', join(scratch, 'x'), '--attention', 'flash');
-    expect(badForm.stderr).toContain('--attention must be plain, gqa or gqa-fused (got "flash")');
+    expect(badForm.stderr).toContain('--attention must be plain, gqa, gqa-fused or sdpa (got "flash")');
     const emptyOut = run('--preset', 'tiny', '--out', '');
     expect(emptyOut.status).toBe(2);
     expect(emptyOut.stderr).toContain('--out must name the directory');

@@ -5,11 +5,15 @@ import { ensureBuiltinModel, generateTinyModel, type AttentionForm } from '@slui
 import type { GqaAttention } from '../../src/types.js';
 
 /**
- * The attention forms the generator writes, as real exports come in: Optimum's plain ops, and
- * onnxruntime's GroupQueryAttention with rotary before it or inside it (q/k/v packed: what
- * onnxruntime-genai's model builder writes for CPU).
+ * The attention forms the generator writes, as real exports come in: plain ops (the generator's own,
+ * and `sdpa`, attending over `present.*` as Optimum's exports of transformers do), and onnxruntime's
+ * GroupQueryAttention with rotary before it or inside it (q/k/v packed: what onnxruntime-genai's model
+ * builder writes for CPU).
  */
-export const ATTENTION_FORMS: readonly AttentionForm[] = ['plain', 'gqa', 'gqa-fused'];
+export const ATTENTION_FORMS: readonly AttentionForm[] = ['plain', 'sdpa', 'gqa', 'gqa-fused'];
+
+/** Whether the form runs onnxruntime's GroupQueryAttention operator. */
+export const usesGroupQueryAttention = (attention: AttentionForm): boolean => attention === 'gqa' || attention === 'gqa-fused';
 
 /** How a generated model's files come: its attention form, and its weights inside the graph file or in `model.onnx_data`. */
 export interface ModelForm {
@@ -36,7 +40,7 @@ export const MODEL_FORMS: ReadonlyArray<ModelForm & { label: string }> = [
   })),
   // Optimum's merged decoders (transformers.js-era repos), with the weights inside and outside the graph file.
   { attention: 'plain', externalData: false, merged: true, label: 'plain, merged decoder' },
-  { attention: 'plain', externalData: true, merged: true, label: 'plain, merged decoder, weights in model.onnx_data' },
+  { attention: 'sdpa', externalData: true, merged: true, label: 'sdpa, merged decoder, weights in model.onnx_data' },
   { attention: 'gqa', externalData: false, merged: true, label: 'gqa, merged decoder' },
 ];
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env node
 /**
- * `npm run model:generate -- --preset tiny|bench --out <dir> [--seed <n>] [--attention plain|gqa|gqa-fused] [--external-data] [--merged]`
+ * `npm run model:generate -- --preset tiny|bench --out <dir> [--seed <n>] [--attention plain|gqa|gqa-fused|sdpa] [--external-data] [--merged]`
  * `npm run model:generate -- --preset tiny|bench --format gguf --out <file.gguf> [--seed <n>]`
  *
  * Writes a built-in random Llama model directory (config, tokenizer, onnx/model.onnx, and with
@@ -20,7 +20,7 @@ import { isTinyModelPreset, TINY_MODEL_PRESETS } from '../tiny-model/presets.js'
 import type { AttentionForm } from '../tiny-model/llama-graph.js';
 import { describeFsError } from './describe-fs-error.js';
 
-const USAGE = `Usage: npm run model:generate -- --preset <${Object.keys(TINY_MODEL_PRESETS).join('|')}> [--out <dir>] [--seed <n>] [--attention plain|gqa|gqa-fused] [--external-data] [--merged] [--format onnx|gguf]`;
+const USAGE = `Usage: npm run model:generate -- --preset <${Object.keys(TINY_MODEL_PRESETS).join('|')}> [--out <dir>] [--seed <n>] [--attention plain|gqa|gqa-fused|sdpa] [--external-data] [--merged] [--format onnx|gguf]`;
 
 class UsageError extends Error {}
 
@@ -72,8 +72,8 @@ function parse(argv: string[]): GenerateArgs | 'help' {
   if (values.out === undefined && values.seed !== undefined)
     throw new UsageError('--seed needs --out (the default copy uses the default seed)');
   const attention = values.attention ?? 'plain';
-  if (attention !== 'plain' && attention !== 'gqa' && attention !== 'gqa-fused')
-    throw new UsageError(`--attention must be plain, gqa or gqa-fused (got ${JSON.stringify(attention)})`);
+  if (attention !== 'plain' && attention !== 'gqa' && attention !== 'gqa-fused' && attention !== 'sdpa')
+    throw new UsageError(`--attention must be plain, gqa, gqa-fused or sdpa (got ${JSON.stringify(attention)})`);
   if (values.out === undefined && attention !== 'plain')
     throw new UsageError('--attention needs --out (the default copy uses the plain form)');
   const format = values.format ?? 'onnx';

@@ -34,8 +34,14 @@ export const MASK_VALUE = -3.4028234663852886e38;
  *   takes the packed q/k/v projection as its only query input and applies rotary itself
  *   (`do_rotary` 1, from `cos_cache`/`sin_cache` initializers and each row's `seqlens_k`), so the
  *   graph has no `position_ids` input. Rows must be unpadded or right-padded, as in `gqa`.
+ * - `sdpa`: what Optimum exports of Hugging Face models (onnx-community's plain files) hold, standard
+ *   operators as torch's TorchScript exporter writes transformers' SDPA attention: the keys and
+ *   values of the `present.*` Concat repeated over each group's query heads (`repeat_kv`: Unsqueeze,
+ *   Expand, Reshape), the keys transposed, queries and transposed keys each multiplied by the square
+ *   root of a scale computed from the query's shape, MatMul, the additive mask [B, 1, S, T], Softmax,
+ *   MatMul. Attention reads the concatenated cache, so every step copies it.
  */
-export type AttentionForm = 'plain' | 'gqa' | 'gqa-fused';
+export type AttentionForm = 'plain' | 'gqa' | 'gqa-fused' | 'sdpa';
 
 /**
  * Builds the ONNX graph of a Llama decoder with a KV cache, from standard opset-17 operators
@@ -111,7 +117,7 @@ export function buildLlamaGraph(
   const total1d = g.op('Unsqueeze', [total, g.int64([0])]);
   // GroupQueryAttention's per-row real lengths: mask sum − 1 (its `seqlens_k`), and the batch's total.
   const gqaLengths =
-    attention !== 'plain'
+    attention === 'gqa' || attention === 'gqa-fused'
       ? {
           seqlensK: g.op('Cast', [g.op('Sub', [g.op('ReduceSum', [attentionMask, g.int64([1])], { keepdims: { int: 0 } }), one])], {
             to: { int: 6 },
@@ -204,27 +210,31 @@ export function buildLlamaGraph(
       const concat = (pastTensor: string, current: string, name: string): string =>
         g.node('Concat', [pastTensor, current], { name, attributes: { axis: { int: 2 } } })[0] as string;
       presents.push({ key: concat(layerPast.key, key, `present.${i}.key`), value: concat(layerPast.value, value, `present.${i}.value`) });
-
-      // Attention over the past and the new slots separately (never over present.*): the scores
-      // are joined before the softmax, the weighted sums added after it.
-      // [B, kvh, rep, S, hd]: each KV head's group of query heads (a view of [B, h, S, hd]).
-      const groupQueries = g.op('Reshape', [query, g.int64([0, kvh, rep, -1, hd])]);
-      const perGroup = (t: string): string => g.op('Unsqueeze', [t, g.int64([2])]); // [B, kvh, 1, T, hd]
-      // query · keysᵀ per query head: onnxruntime fuses the Transpose into its MatMul, and a decode
-      // step (S = 1, alpha 1) is MLAS's one-row kernel over the keys as they lie, no packing. The
-      // scale comes after the Concat: next to the MatMul it would be folded into alpha, which sends
-      // MLAS back to its packing path (docs/engine.md).
-      const scoresOver = (keys: string): string =>
-        g.op('MatMul', [groupQueries, g.op('Transpose', [perGroup(keys)], { perm: { ints: [0, 1, 2, 4, 3] } })]); // [B, kvh, rep, S, T]
-      const scale = g.float32([1 / Math.sqrt(hd)], []);
-      const scores = g.op('Mul', [g.op('Concat', [scoresOver(layerPast.key), scoresOver(key)], { axis: { int: -1 } }), scale]);
-      const probs = g.op('Softmax', [g.op('Add', [scores, additiveMask])], { axis: { int: -1 } });
-      const minusOne = g.int64([-1]);
-      const probsPast = g.op('Slice', [probs, zero1d, past1d, minusOne]);
-      const probsNew = g.op('Slice', [probs, past1d, total1d, minusOne]);
-      const weighted = g.op('Add', [g.op('MatMul', [probsPast, perGroup(layerPast.value)]), g.op('MatMul', [probsNew, perGroup(value)])]); // [B, kvh, rep, S, hd]
-      const context = g.op('Reshape', [weighted, g.int64([0, h, -1, hd])]); // [B, h, S, hd]
-      merged = g.op('Reshape', [g.op('Transpose', [context], { perm: { ints: [0, 2, 1, 3] } }), g.int64([0, 0, h * hd])]);
+      if (attention === 'sdpa') {
+        // Over the present, as Optimum's exports attend (see {@link sdpaAttention}).
+        merged = sdpaAttention(g, query, presents[i]!, g.op('Squeeze', [additiveMask, g.int64([1])]), { h, kvh, hd });
+      } else {
+        // Attention over the past and the new slots separately (never over present.*): the scores
+        // are joined before the softmax, the weighted sums added after it.
+        // [B, kvh, rep, S, hd]: each KV head's group of query heads (a view of [B, h, S, hd]).
+        const groupQueries = g.op('Reshape', [query, g.int64([0, kvh, rep, -1, hd])]);
+        const perGroup = (t: string): string => g.op('Unsqueeze', [t, g.int64([2])]); // [B, kvh, 1, T, hd]
+        // query · keysᵀ per query head: onnxruntime fuses the Transpose into its MatMul, and a decode
+        // step (S = 1, alpha 1) is MLAS's one-row kernel over the keys as they lie, no packing. The
+        // scale comes after the Concat: next to the MatMul it would be folded into alpha, which sends
+        // MLAS back to its packing path (docs/engine.md).
+        const scoresOver = (keys: string): string =>
+          g.op('MatMul', [groupQueries, g.op('Transpose', [perGroup(keys)], { perm: { ints: [0, 1, 2, 4, 3] } })]); // [B, kvh, rep, S, T]
+        const scale = g.float32([1 / Math.sqrt(hd)], []);
+        const scores = g.op('Mul', [g.op('Concat', [scoresOver(layerPast.key), scoresOver(key)], { axis: { int: -1 } }), scale]);
+        const probs = g.op('Softmax', [g.op('Add', [scores, additiveMask])], { axis: { int: -1 } });
+        const minusOne = g.int64([-1]);
+        const probsPast = g.op('Slice', [probs, zero1d, past1d, minusOne]);
+        const probsNew = g.op('Slice', [probs, past1d, total1d, minusOne]);
+        const weighted = g.op('Add', [g.op('MatMul', [probsPast, perGroup(layerPast.value)]), g.op('MatMul', [probsNew, perGroup(value)])]); // [B, kvh, rep, S, hd]
+        const context = g.op('Reshape', [weighted, g.int64([0, h, -1, hd])]); // [B, h, S, hd]
+        merged = g.op('Reshape', [g.op('Transpose', [context], { perm: { ints: [0, 2, 1, 3] } }), g.int64([0, 0, h * hd])]);
+      }
     } else {
       throw new Error(`attention form ${attention} has no rotary`);
     }
@@ -309,4 +319,37 @@ function cosSinTables(g: OnnxGraphBuilder, weights: LlamaWeights, maxPositions: 
     cos: g.initializer('cos_cache', cos, [maxPositions, half]),
     sin: g.initializer('sin_cache', sin, [maxPositions, half]),
   };
+}
+
+/**
+ * Attention as torch's TorchScript exporter writes transformers' SDPA path (Optimum's exports):
+ * `repeat_kv` on the present keys and values ([B, kvh, T, hd] → Unsqueeze → Expand [B, kvh, rep, T,
+ * hd] → Reshape [B, h, T, hd]), the keys transposed, queries and transposed keys each multiplied by
+ * √scale with scale = 1 / √(the query's last dimension, read from its Shape), MatMul, the additive
+ * mask [B, 1, S, T], Softmax, MatMul; [B, S, h·hd] out.
+ */
+function sdpaAttention(
+  g: OnnxGraphBuilder,
+  query: string,
+  present: { key: string; value: string },
+  mask: string,
+  shape: { h: number; kvh: number; hd: number },
+): string {
+  const { h, kvh, hd } = shape;
+  const dim = (t: string, index: number): string => g.op('Gather', [g.op('Shape', [t]), g.int64([index])], { axis: { int: 0 } }); // [1]
+  const repeatKv = (t: string): string => {
+    const [batch, slots] = [dim(t, 0), dim(t, 2)];
+    const expandTo = g.op('Concat', [batch, g.int64([kvh, h / kvh]), slots, g.int64([hd])], { axis: { int: 0 } });
+    const expanded = g.op('Expand', [g.op('Unsqueeze', [t, g.int64([2])]), expandTo]);
+    return g.op('Reshape', [expanded, g.op('Concat', [batch, g.int64([h]), slots, g.int64([hd])], { axis: { int: 0 } })]);
+  };
+  const queryWidth = g.op('Cast', [g.op('Slice', [g.op('Shape', [query]), g.int64([-1]), g.int64([Number.MAX_SAFE_INTEGER])])], {
+    to: { int: 1 },
+  });
+  const scale = g.op('Div', [g.float32([1], []), g.op('Sqrt', [queryWidth])]);
+  const keysT = g.op('Transpose', [repeatKv(present.key)], { perm: { ints: [0, 1, 3, 2] } });
+  const scores = g.op('MatMul', [g.op('Mul', [query, g.op('Sqrt', [scale])]), g.op('Mul', [keysT, g.op('Sqrt', [scale])])]);
+  const probs = g.op('Softmax', [g.op('Add', [scores, mask])], { axis: { int: -1 } });
+  const context = g.op('MatMul', [probs, repeatKv(present.value)]); // [B, h, S, hd]
+  return g.op('Reshape', [g.op('Transpose', [context], { perm: { ints: [0, 2, 1, 3] } }), g.int64([0, 0, h * hd])]);
 }
