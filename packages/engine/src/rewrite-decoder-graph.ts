@@ -46,7 +46,8 @@ const NEW_KV_OUTPUT = (layer: number, kind: string): string => `sluice_new_kv.${
  * branch ({@link inlineCacheBranch}).
  * Dropping `present.*` from the outputs lets onnxruntime prune what only fed them: a graph that
  * attends over the past and the new slice separately (the generator's `plain` form) then never
- * copies the cache; Optimum's form still concatenates for attention. GroupQueryAttention still
+ * copies the cache; an export that attends over the Concat (Optimum's) is first made to read the past
+ * and the new slots separately ({@link splitPresentAttention}). GroupQueryAttention still
  * writes its present internally (onnxruntime-node would copy a pre-bound shared buffer back out
  * whole, see docs/engine.md), unless `decomposeGroupQueryAttention` replaces it by the plain form's
  * attention ops ({@link plainAttention}; EngineOptions.gqaAttention says what that trades). Otherwise
