@@ -31,7 +31,7 @@ interface Served {
   concurrent: string[];
   alone: string;
   /** The worker's `worker ready` log line. */
-  ready: { kvCache?: string; groupQueryAttention?: string };
+  ready: { kvCache?: string; groupQueryAttention?: string; splitAttentionLayers?: number };
 }
 
 /** Texts of every prompt served by a worker on `modelDir`: streamed concurrently, then one alone (stream: false). */
@@ -128,6 +128,9 @@ describe.skipIf(FAKE_ENGINE)('a model directory in another form', () => {
             ? 'decomposed'
             : 'op',
       );
+      // Attention over present.* (Optimum's form) split in both layers of the tiny model; no other form has it.
+      expect(plain.ready.splitAttentionLayers).toBe(0);
+      expect(served.ready.splitAttentionLayers).toBe(layout.attention === 'sdpa' ? 2 : 0);
       expect(served.concurrent.every((text) => text.length > 0)).toBe(true);
       expect(served.concurrent).toEqual(plain.concurrent);
       expect(served.alone).toEqual(plain.alone);

@@ -141,6 +141,7 @@ export function createFakeEngine(options: FakeEngineOptions): Engine {
       intraOpThreads: 0,
       kvCache: 'engine-owned',
       groupQueryAttention: 'none',
+      splitAttentionLayers: 0,
     },
     generate(request, signal) {
       const queue = new EventQueue();

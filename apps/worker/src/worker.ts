@@ -214,6 +214,7 @@ export async function startWorker(
       kvReservedMiB: Math.round(engine.info.kvReservedBytes / 2 ** 20),
       kvCache: engine.info.kvCache,
       groupQueryAttention: engine.info.groupQueryAttention,
+      splitAttentionLayers: engine.info.splitAttentionLayers,
       intraOpThreads: engine.info.intraOpThreads,
       healthPort,
     },

@@ -56,6 +56,7 @@ async function harness(connection: Redis = redis, refuse?: (request: GenerateReq
         kvReservedBytes: 0,
         kvCache: 'engine-owned',
         groupQueryAttention: 'none',
+        splitAttentionLayers: 0,
         intraOpThreads: 1,
       },
       submit: (request, signal) => {

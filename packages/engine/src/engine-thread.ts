@@ -79,6 +79,7 @@ async function main(port: MessagePort, { options }: EngineThreadData): Promise<v
         intraOpThreads,
         kvCache: session.outputsNewKv ? 'engine-owned' : 'present',
         groupQueryAttention,
+        splitAttentionLayers: session.splitAttentionLayers,
       },
       vocabSize: session.io.vocabSize ?? model.tokenizer.vocabSize,
       maxCachedTokens: limits.maxCachedTokens,

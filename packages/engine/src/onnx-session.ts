@@ -5,7 +5,7 @@
 import * as ort from 'onnxruntime-node';
 import { USE_CACHE_BRANCH } from '@sluice/model';
 import { orderedKvNames, PAST_INPUT, PRESENT_OUTPUT } from './kv-names.js';
-import { rewriteDecoderGraph } from './rewrite-decoder-graph.js';
+import { rewriteDecoderGraph, type RewrittenGraph } from './rewrite-decoder-graph.js';
 import { EngineError } from './engine-error.js';
 import type { KvData, KvShape } from './kv-batch.js';
 import type { PackedInputs } from './pack-inputs.js';
@@ -67,10 +67,14 @@ export class OnnxSession {
    * undefined when the graph was not rewritten (the model's own graph says).
    */
   readonly groupQueryAttention: boolean | undefined;
+  /** Layers whose attention over `present.*` the rewrite split (0 when none was, or the graph was not rewritten). */
+  readonly splitAttentionLayers: number;
 
-  private constructor(session: ort.InferenceSession, newKvNames: string[] | undefined, groupQueryAttention: boolean | undefined) {
+  private constructor(session: ort.InferenceSession, rewritten: Omit<RewrittenGraph, 'bytes' | 'externalDataFolder'> | undefined) {
     this.#session = session;
-    this.groupQueryAttention = groupQueryAttention;
+    this.groupQueryAttention = rewritten?.groupQueryAttention;
+    this.splitAttentionLayers = rewritten?.splitAttentionLayers ?? 0;
+    const newKvNames = rewritten?.newKvNames;
     this.#pastNames = orderedKvNames(session.inputNames, PAST_INPUT);
     this.#presentNames = orderedKvNames(session.outputNames, PRESENT_OUTPUT);
     this.#newKvNames = newKvNames !== undefined && newKvNames.every((name) => session.outputNames.includes(name)) ? newKvNames : undefined;
@@ -130,15 +134,12 @@ export class OnnxSession {
       }
     }
     let session: ort.InferenceSession;
-    let newKvNames: string[] | undefined;
-    let groupQueryAttention: boolean | undefined;
+    let rewritten: RewrittenGraph | undefined;
     try {
-      const rewritten =
+      rewritten =
         options.newKvOutputs === false
           ? undefined
           : await rewriteDecoderGraph(options.modelPath, { decomposeGroupQueryAttention: options.gqaAttention === 'decomposed' });
-      newKvNames = rewritten?.newKvNames;
-      groupQueryAttention = rewritten?.groupQueryAttention;
       // A graph created from bytes finds its external-data files only through this folder.
       if (rewritten?.externalDataFolder !== undefined)
         sessionConfig.model_external_initializers_file_folder_path = rewritten.externalDataFolder;
@@ -160,7 +161,7 @@ export class OnnxSession {
         { cause },
       );
     }
-    return new OnnxSession(session, newKvNames, groupQueryAttention);
+    return new OnnxSession(session, rewritten);
   }
 
   /**

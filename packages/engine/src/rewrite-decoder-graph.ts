@@ -25,6 +25,8 @@ export interface RewrittenGraph {
   externalDataFolder?: string;
   /** Whether the graph still runs GroupQueryAttention (which cannot express padded rows). */
   groupQueryAttention: boolean;
+  /** Layers whose attention over `present.*` was made to read the past and the new slots separately ({@link splitPresentAttention}). */
+  splitAttentionLayers: number;
 }
 
 /** Graph outputs added for GroupQueryAttention layers: the step's new key/value in [batch, kvHeads, new, headDim]. */
@@ -175,6 +177,7 @@ export async function rewriteDecoderGraph(
     constants.push(...attention.constants);
   }
   // An export that attends over present.* (Optimum's) reads the past and the new slots separately instead.
+  let splitAttentionLayers = 0;
   const concats = Array.from({ length: presentNames.length / 2 }, (_, layer) => ({
     key: producers.get(presentNames[2 * layer]!)!,
     value: producers.get(presentNames[2 * layer + 1]!)!,
@@ -183,6 +186,7 @@ export async function rewriteDecoderGraph(
   if (concats.length === presentNames.length / 2 && Number.isInteger(kvHeads) && Number.isInteger(headDim)) {
     const split = splitPresentAttention(graph.node ?? [], concats, { kvHeads, headDim });
     for (const [node, nodes] of split.replaced) replaced.set(node, nodes);
+    splitAttentionLayers = split.replaced.size;
     constants.push(...split.constants);
   }
   const presents = new Set(presentNames);
@@ -208,6 +212,7 @@ export async function rewriteDecoderGraph(
     bytes: onnx.ModelProto.encode(model).finish(),
     newKvNames,
     groupQueryAttention: graph.node.some((node) => node.opType === 'GroupQueryAttention'),
+    splitAttentionLayers,
     ...(external ? { externalDataFolder: dirname(resolve(modelPath)) } : {}),
   };
 }

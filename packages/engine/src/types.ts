@@ -283,6 +283,12 @@ export interface EngineInfo {
    * operator), `decomposed` (replaced by the plain form's ops: {@link EngineOptions.gqaAttention}).
    */
   groupQueryAttention: 'none' | 'op' | 'decomposed';
+  /**
+   * Layers whose attention over `present.*` (Optimum's exports) the load-time rewrite made read the
+   * past and the new slots separately, so that no step copies the cache (docs/engine.md, "Attention
+   * over `present.*`"); 0 for graphs in another form.
+   */
+  splitAttentionLayers: number;
 }
 
 export interface Engine {

@@ -50,6 +50,8 @@ describe.each(MODEL_FORMS)('the $label form', (form) => {
     expect(model.io.usesGroupQueryAttention).toBe(usesGroupQueryAttention(form.attention));
     expect(model.onnxDataPaths).toHaveLength(form.externalData ? 1 : 0);
     expect(session.outputsNewKv).toBe(true);
+    // Optimum's attention over present.* is split in every layer (the tiny model has 2).
+    expect(session.splitAttentionLayers).toBe(form.attention === 'sdpa' ? 2 : 0);
   });
 
   it('returns the logits of the last position only, also for a prefill chunk', async () => {

@@ -31,6 +31,7 @@ describe('createEngine on the tiny model', () => {
       intraOpThreads: 1,
       kvCache: 'engine-owned',
       groupQueryAttention: 'none',
+      splitAttentionLayers: 0,
     });
   });
 
