@@ -64,7 +64,13 @@ export function splitPresentAttention(
   kv: { kvHeads: number; headDim: number },
 ): { replaced: Map<Node, Node[]>; constants: Tensor[] } {
   const readers = new Map<string, Node[]>();
-  for (const node of nodes) for (const input of node.input ?? []) readers.set(input, [...(readers.get(input) ?? []), node]);
+  for (const node of nodes) {
+    for (const input of node.input ?? []) {
+      const list = readers.get(input);
+      if (list === undefined) readers.set(input, [node]);
+      else list.push(node);
+    }
+  }
   const replaced = new Map<Node, Node[]>();
   const constants: Tensor[] = [];
   let shared: Shared | undefined;
