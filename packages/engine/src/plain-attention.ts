@@ -64,7 +64,7 @@ export class NodeList {
   }
 }
 
-export const ints = (name: string, values: number[]): onnxProto.onnx.IAttributeProto => ({
+const ints = (name: string, values: number[]): onnxProto.onnx.IAttributeProto => ({
   name,
   type: onnx.AttributeProto.AttributeType.INTS,
   ints: values,
@@ -122,22 +122,37 @@ export function plainAttention(
   const g = new NodeList(prefix);
   const perHead = g.op('Transpose', [g.op('Reshape', [operands.query, g.int64([0, 0, heads, headDim])])], [ints('perm', [0, 2, 1, 3])]); // [B,h,S,hd]
   const groupQueries = g.op('Reshape', [perHead, g.int64([0, kvHeads, heads / kvHeads, -1, headDim])]); // [B,kvh,rep,S,hd]
-  const two = g.int64([2]);
-  const perGroup = (t: string) => g.op('Unsqueeze', [t, two]); // [B,kvh,1,T,hd]
-  const scoresOver = (keys: string) => g.op('MatMul', [groupQueries, g.op('Transpose', [perGroup(keys)], [ints('perm', [0, 1, 2, 4, 3])])]);
-  const scores = g.op('Mul', [
-    g.op('Concat', [scoresOver(operands.pastKey), scoresOver(operands.newKey)], [int('axis', -1)]),
-    g.float32(scale),
-  ]);
-  const probs = g.op('Softmax', [g.op('Add', [scores, mask.additive])], [int('axis', -1)]);
-  const minusOne = g.int64([-1]);
-  const probsPast = g.op('Slice', [probs, g.int64([0]), mask.past, minusOne]);
-  const probsNew = g.op('Slice', [probs, mask.past, mask.total, minusOne]);
-  const weighted = g.op('Add', [
-    g.op('MatMul', [probsPast, perGroup(operands.pastValue)]),
-    g.op('MatMul', [probsNew, perGroup(operands.newValue)]),
-  ]); // [B,kvh,rep,S,hd]
+  const weighted = groupedAttention(g, groupQueries, operands, mask, (scores) =>
+    g.op('Add', [g.op('Mul', [scores, g.float32(scale)]), mask.additive]),
+  ); // [B,kvh,rep,S,hd]
   const context = g.op('Transpose', [g.op('Reshape', [weighted, g.int64([0, heads, -1, headDim])])], [ints('perm', [0, 2, 1, 3])]);
   g.nodes.push({ name: `${prefix}/output`, opType: 'Reshape', input: [context, g.int64([0, 0, heads * headDim])], output: [output] });
   return { nodes: g.nodes, constants: g.constants };
+}
+
+/**
+ * The attention of the generator's plain form on queries grouped per KV head ([batch, kvHeads,
+ * queries per KV head, new, headDim]): scores against the past keys and the new keys separately
+ * (one matrix-vector product per query head in a decode step, the keys read in place), joined,
+ * `softmaxInput` applied to them (scales, mask: after the join, so onnxruntime keeps MLAS's one-row
+ * kernel), softmax, weighted sums over the past and the new values added. Returns the weighted sums,
+ * in the queries' grouped layout. `slots` says where the new slots start and end ([1] int64 each).
+ */
+export function groupedAttention(
+  g: NodeList,
+  groupQueries: string,
+  kv: Omit<AttentionOperands, 'query'>,
+  slots: { past: string; total: string },
+  softmaxInput: (scores: string) => string,
+): string {
+  const two = g.int64([2]);
+  const perGroup = (t: string) => g.op('Unsqueeze', [t, two]); // [B,kvh,1,T,hd]
+  const scoresOver = (keys: string) => g.op('MatMul', [groupQueries, g.op('Transpose', [perGroup(keys)], [ints('perm', [0, 1, 2, 4, 3])])]);
+  const scores = g.op('Concat', [scoresOver(kv.pastKey), scoresOver(kv.newKey)], [int('axis', -1)]); // [B,kvh,rep,S,T]
+  const probs = g.op('Softmax', [softmaxInput(scores)], [int('axis', -1)]);
+  const minusOne = g.int64([-1]);
+  return g.op('Add', [
+    g.op('MatMul', [g.op('Slice', [probs, g.int64([0]), slots.past, minusOne]), perGroup(kv.pastValue)]),
+    g.op('MatMul', [g.op('Slice', [probs, slots.past, slots.total, minusOne]), perGroup(kv.newValue)]),
+  ]);
 }

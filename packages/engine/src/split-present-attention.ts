@@ -7,7 +7,7 @@
  * Expand, Reshape). Why and what it gave: docs/engine.md, "KV cache".
  */
 import onnxProto from 'onnx-proto';
-import { int, ints, NodeList } from './plain-attention.js';
+import { groupedAttention, int, NodeList } from './plain-attention.js';
 
 const { onnx } = onnxProto;
 type Node = onnxProto.onnx.INodeProto;
@@ -82,19 +82,12 @@ export function splitPresentAttention(
     const [pastValue, newValue] = concats.value.input as [string, string];
     shared ??= sharedShapes(g, region.query, pastKey, newKey, kv);
     const groupQueries = g.op('Reshape', [region.query, shared.groupShape]); // [B, kvh, rep, S, hd]
-    const two = g.int64([2]);
-    const perGroup = (t: string) => g.op('Unsqueeze', [t, two]); // [B, kvh, 1, T, hd]
-    const scoresOver = (keys: string) =>
-      g.op('MatMul', [groupQueries, g.op('Transpose', [perGroup(keys)], [ints('perm', [0, 1, 2, 4, 3])])]);
-    let scores = g.op('Concat', [scoresOver(pastKey), scoresOver(newKey)], [int('axis', -1)]); // [B, kvh, rep, S, T]
-    for (const { opType, operand } of region.scales) scores = g.op(opType, [scores, operand]);
-    if (region.mask !== undefined) scores = g.op('Add', [scores, g.op('Unsqueeze', [region.mask, g.int64([1])])]);
-    const probs = g.op('Softmax', [scores], [int('axis', -1)]);
-    const minusOne = g.int64([-1]);
-    const weighted = g.op('Add', [
-      g.op('MatMul', [g.op('Slice', [probs, g.int64([0]), shared.past, minusOne]), perGroup(pastValue)]),
-      g.op('MatMul', [g.op('Slice', [probs, shared.past, shared.total, minusOne]), perGroup(newValue)]),
-    ]); // [B, kvh, rep, S, hd]
+    // The export's own scales in their order, then its mask broadcast over each group's heads.
+    const weighted = groupedAttention(g, groupQueries, { pastKey, newKey, pastValue, newValue }, shared, (raw) => {
+      let scores = raw;
+      for (const { opType, operand } of region.scales) scores = g.op(opType, [scores, operand]);
+      return region.mask === undefined ? scores : g.op('Add', [scores, g.op('Unsqueeze', [region.mask, g.int64([1])])]);
+    }); // [B, kvh, rep, S, hd]
     const output = region.output.output![0]!;
     g.nodes.push({ name: `${g.prefix}/output`, opType: 'Reshape', input: [weighted, shared.headShape], output: [output] });
     replaced.set(region.output, g.nodes);

@@ -333,21 +333,15 @@ describe('npm run model:generate', () => {
     expect(mergedWithoutOut.stderr).toContain('--merged needs --out');
   });
 
-  it('writes Optimum’s merged decoder with --merged', async () => {
-    const out = join(scratch, 'cli-merged');
-    const result = run('--preset', 'tiny', '--out', out, '--merged');
+  it.each([
+    ['Optimum’s merged decoder', '--merged', 'plain attention, merged decoder', 'merged'],
+    ['the weights into model.onnx_data', '--external-data', 'onnx/model.onnx + model.onnx_data', 'external'],
+  ])('writes %s with %s, the files generateTinyModel writes', async (_, flag, summary, generated) => {
+    const out = join(scratch, `cli${flag}`);
+    const result = run('--preset', 'tiny', '--out', out, flag);
     expect(result.stderr).toBe('');
     expect(result.status).toBe(0);
-    expect(result.stdout).toContain('plain attention, merged decoder');
-    expect(await hashTree(out)).toEqual(await hashTree(join(scratch, 'merged')));
-  });
-
-  it('writes the weights into model.onnx_data with --external-data', async () => {
-    const out = join(scratch, 'cli-external');
-    const result = run('--preset', 'tiny', '--out', out, '--external-data');
-    expect(result.stderr).toBe('');
-    expect(result.status).toBe(0);
-    expect(result.stdout).toContain('onnx/model.onnx + model.onnx_data');
-    expect(await hashTree(out)).toEqual(await hashTree(join(scratch, 'external')));
+    expect(result.stdout).toContain(summary);
+    expect(await hashTree(out)).toEqual(await hashTree(join(scratch, generated)));
   });
 });
