@@ -3,7 +3,7 @@ import { EngineError } from './engine-error.js';
 import { KvBatch, type KvRowSource } from './kv-batch.js';
 import { LaneKv } from './kv-lane.js';
 import type { OnnxSession } from './onnx-session.js';
-import { packInputs, packLaneInputs, type RowInput } from './pack-inputs.js';
+import { packInputs, packLaneInputs, packPrompts, type RowInput } from './pack-inputs.js';
 import { exactLengthLanes, planLanes } from './plan-lanes.js';
 import { RequestGroup, type Sequence } from './request-group.js';
 import type { ResolvedRequest } from './resolve-request.js';
@@ -356,16 +356,16 @@ export class EngineCore {
   /**
    * The step's prompt chunks as model calls, in order. Whole prompts with nothing cached yet are
    * prefilled together, up to `maxPrefillBatch` a call (a batch-1 prefill call reads all the weights
-   * for a few tokens: docs/engine.md, "Prefilling a burst"): shortest first, each call left-padded to
+   * for a few tokens: docs/engine.md, "Prefilling a burst"): shortest first, each call right-padded to
    * its longest prompt and closed before that padding passes {@link PREFILL_PADDING_SHARE} of its
-   * tokens. A long prompt's chunks, and every chunk of a GroupQueryAttention graph (no padding), go
-   * one a call, first.
+   * tokens. A long prompt's chunks, and every chunk of a graph whose logits are not read at each row's
+   * last real token (GroupQueryAttention, which cannot take padding, among them), go one a call, first.
    */
   #prefillCalls(chunks: ReadonlyArray<PrefillChunk<RequestGroup>>): Array<Array<PrefillChunk<RequestGroup>>> {
     const max = this.#limits.maxPrefillBatch;
     // A chunk from position 0 to the prompt's end is a whole prompt with nothing cached.
     const together = new Set(
-      max > 1 && this.#session.outputsNewKv && !this.#exactLengthBatches
+      max > 1 && this.#session.outputsNewKv && this.#session.lastRealTokenLogits && !this.#exactLengthBatches
         ? chunks.filter((chunk) => chunk.start === 0 && chunk.length === chunk.group.promptLength)
         : [],
     );
@@ -387,17 +387,22 @@ export class EngineCore {
     return calls;
   }
 
-  /** Whole prompts, nothing cached yet, in one call (left-padded to the longest); samples each one's first tokens. */
+  /**
+   * Whole prompts, nothing cached yet, in one call (right-padded to the longest: each row's numbers
+   * are then the ones a call of its own gives, to the bit); samples each one's first tokens.
+   */
   async #prefillTogether(chunks: ReadonlyArray<PrefillChunk<RequestGroup>>): Promise<number> {
     const shape = this.#session.io.kv;
-    const rows = chunks.map(({ group, length }): RowInput => ({ cachedLength: 0, tokens: group.prefillTokenIds.slice(0, length) }));
-    const inputs = packInputs(0, rows, this.#padTokenId);
-    const run = await this.#session.runNewKv(inputs, KvBatch.empty(shape, rows.length));
+    const inputs = packPrompts(
+      chunks.map(({ group, length }) => group.prefillTokenIds.slice(0, length)),
+      this.#padTokenId,
+    );
+    const run = await this.#session.runNewKv(inputs, KvBatch.empty(shape, chunks.length));
     const slots = inputs.newTokens;
     let sampled = 0;
     chunks.forEach(({ group, length }, row) => {
-      // The prompt's own slots (the last `length` of its row), compact, as a call of its own leaves them.
-      group.prefillKv = KvBatch.gather(shape, [{ data: run.newKv, slots, row, segments: [[slots - length, length]] }]);
+      // The prompt's own slots (the first `length` of its row), compact, as a call of its own leaves them.
+      group.prefillKv = KvBatch.gather(shape, [{ data: run.newKv, slots, row, segments: [[0, length]] }]);
       group.prefilled += length;
       sampled += this.#prefilled(group, run.logits, (row * run.positions + run.positions - 1) * run.vocabSize, run.vocabSize);
     });

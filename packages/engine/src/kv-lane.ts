@@ -4,6 +4,21 @@ import type { KvGrowth } from './types.js';
 /** Capacity grows (and shrinks) in blocks of this many slots. */
 export const KV_BLOCK = 64;
 
+/**
+ * The capacity is always a multiple of this many slots: onnxruntime's softmax sums a row's scores
+ * in vector lanes by index, one accumulator (MLAS: 16 lanes with AVX-512, 8 with AVX2), and a decode
+ * step's new slot sits at index `capacity`, so only then does it land in the same lane whatever the
+ * capacity, and a row's scores are summed in the same order in any lane it shares (docs/engine.md,
+ * "Batch invariance"). Growth targets are whole {@link KV_BLOCK}s; a reservation between them is
+ * rounded up to this.
+ */
+export const KV_ALIGN = 16;
+
+/** `slots` rounded up to a multiple of `unit` (Infinity stays). */
+function roundUp(slots: number, unit: number): number {
+  return Math.ceil(slots / unit) * unit;
+}
+
 /** The least a growing capacity is multiplied by (then rounded up to a block). */
 const GROWTH = 1.25;
 
@@ -14,10 +29,12 @@ const GROWTH = 1.25;
  * real slots LEFT-aligned in [0, length), the slots after it zero and masked. The step's new token
  * sits in the graph's slot `capacity`; its key/value slice is written into the row's slot `length`
  * in place ({@link append}). A step copies O(rows) slots out of onnxruntime, not the whole cache.
+ * The capacity is always a multiple of {@link KV_ALIGN}, so a row's logits do not depend on it to the bit.
  *
  * Rows change in place: a leaving row is replaced by the last row (one row copied), a joining row
  * is copied into the next free row. The capacity tracks the longest row, growing by at least a
- * quarter rounded up to {@link KV_BLOCK} (never past `limit`, the rows' longest reservation),
+ * quarter rounded up to {@link KV_BLOCK} (never past `limit`, the rows' longest reservation rounded
+ * up to {@link KV_ALIGN}),
  * buffers are reallocated only when too small, then with room for `maxRows` rows of `limit` slots.
  *
  * Growing moves every row (each row's slots start at row × capacity): done in the one step that
@@ -66,14 +83,14 @@ export class LaneKv {
    * in now rather than in the steps that first use them (~7 µs a page on this VM: ~180 ms for the
    * first 32 rows of the bench model, ~120 ms for their first growth). The lane's rows always lie in
    * its buffers' first rows × capacity slots, and capacity never passes the rows' longest
-   * reservation, so with `slots` at the engine's KV cap every page a step can touch is warm, and no
-   * later row reallocates. With `spread` growth the second set is allocated and written too.
-   * Returns the bytes written.
+   * reservation rounded up to {@link KV_ALIGN}, so with `slots` at the engine's KV cap (plus that
+   * rounding for each row) every page a step can touch is warm, and no later row reallocates. With `spread` growth
+   * the second set is allocated and written too. Returns the bytes written.
    */
   preallocate(limit: number, slots: number): number {
     if (this.rows > 0 || !Number.isFinite(this.maxRows)) throw new Error('preallocate needs an empty lane with a row limit');
     const size = this.maxRows * this.#rowSize(this.#roomSlots(limit));
-    const touched = Math.min(size, this.#rowSize(slots));
+    const touched = Math.min(size, this.#rowSize(slots + this.maxRows * (KV_ALIGN - 1)));
     const warm = (): KvData[] => this.#buffers.map(() => allocate(this.shape, size).fill(0, 0, touched));
     this.#buffers = warm();
     this.#spare = this.growth === 'spread' ? warm() : undefined;
@@ -85,7 +102,7 @@ export class LaneKv {
 
   /** Slots per row a reallocation makes room for: `limit` rounded up by a growth step. */
   #roomSlots(limit: number): number {
-    return Math.ceil((limit * GROWTH) / KV_BLOCK) * KV_BLOCK;
+    return roundUp(limit * GROWTH, KV_BLOCK);
   }
 
   /** Slots held in use, unused capacity of live rows included (what the memory cap counts). */
@@ -122,10 +139,10 @@ export class LaneKv {
     next.units = Math.min(next.units, this.rows * this.#buffers.length);
   }
 
-  /** Copies a row in as the last row; `limit` bounds the capacity (the rows' longest reservation). */
+  /** Copies a row in as the last row; `limit` bounds the capacity (the rows' longest reservation, rounded up to {@link KV_ALIGN}). */
   addRow(source: KvRowSource, limit: number): void {
     const length = source.segments.reduce((sum, [, count]) => sum + count, 0);
-    this.#ensure(Math.max(length, ...this.lengths) + 1, this.rows + 1, limit);
+    this.#ensure(Math.max(length, ...this.lengths) + 1, this.rows + 1, roundUp(limit, KV_ALIGN));
     const { numKvHeads: heads, headDim } = this.shape;
     const row = this.rows;
     const capacity = this.capacity;
@@ -148,8 +165,9 @@ export class LaneKv {
   /** Makes room for every row's next token (grows, or shrinks after long rows left), and prepares the next growth. */
   reserveNext(limit: number): void {
     const need = Math.max(0, ...this.lengths) + 1;
-    this.#ensure(need, this.rows, limit);
-    if (this.growth === 'spread') this.#prepare(need, limit);
+    const aligned = roundUp(limit, KV_ALIGN);
+    this.#ensure(need, this.rows, aligned);
+    if (this.growth === 'spread') this.#prepare(need, aligned);
   }
 
   /** Writes one step's new slices ([rows, heads, 1, headDim] per layer key/value) into each row's next slot. */
@@ -253,23 +271,24 @@ export class LaneKv {
   #grown(need: number, limit: number): number {
     // Growing moves every row, so it grows by at least a quarter: O(log length) re-layouts per lane
     // instead of one per block, for at most a quarter more padded slots attended over.
-    const target = Math.ceil(Math.max(need, this.capacity * GROWTH) / KV_BLOCK) * KV_BLOCK;
+    const target = roundUp(Math.max(need, this.capacity * GROWTH), KV_BLOCK);
     // When the growth after this one could only reach the reservation, go there now: that last,
     // short growth would move the whole cache for a few slots (768 → 790 slots for rows reserving
     // 790). Still at most a quarter more padded slots.
     const reach = target * GROWTH >= limit ? limit : target;
-    return Math.max(need, Math.min(reach, limit));
+    return roundUp(Math.max(need, Math.min(reach, limit)), KV_ALIGN);
   }
 
   /** Sets the capacity for `need` slots and room for `rows` rows, moving the current rows' slots. */
   #fit(need: number, rows: number, limit: number): void {
-    const blocks = Math.ceil(need / KV_BLOCK) * KV_BLOCK;
+    const blocks = roundUp(need, KV_BLOCK);
     const rounded = need > this.capacity ? this.#grown(need, limit) : Math.max(need, Math.min(blocks, limit));
     // Keep the capacity while it fits and wastes less than the growth step plus two blocks.
     // (An empty lane, kept for reuse, takes the capacity its first row needs: nothing to move.)
     const keep =
       this.rows > 0 && need <= this.capacity && this.capacity < blocks * GROWTH + 2 * KV_BLOCK && this.capacity <= Math.max(need, limit);
-    const capacity = keep ? this.capacity : rounded;
+    // Aligned even where a row needs more than its reservation (a defect elsewhere, not a reason to lose it).
+    const capacity = keep ? this.capacity : roundUp(rounded, KV_ALIGN);
     if (capacity !== this.capacity) this.#next = undefined;
     const elements = rows * this.#rowSize(capacity);
     if (elements <= (this.#buffers[0]?.length ?? 0)) {

@@ -69,11 +69,14 @@ export class OnnxSession {
   readonly groupQueryAttention: boolean | undefined;
   /** Layers whose attention over `present.*` the rewrite split (0 when none was, or the graph was not rewritten). */
   readonly splitAttentionLayers: number;
+  /** Each row's logits are at its last real new token: prompts may share a call right-padded ({@link RewrittenGraph.lastRealTokenLogits}). */
+  readonly lastRealTokenLogits: boolean;
 
   private constructor(session: ort.InferenceSession, rewritten: Omit<RewrittenGraph, 'bytes' | 'externalDataFolder'> | undefined) {
     this.#session = session;
     this.groupQueryAttention = rewritten?.groupQueryAttention;
     this.splitAttentionLayers = rewritten?.splitAttentionLayers ?? 0;
+    this.lastRealTokenLogits = rewritten?.lastRealTokenLogits ?? false;
     const newKvNames = rewritten?.newKvNames;
     this.#pastNames = orderedKvNames(session.inputNames, PAST_INPUT);
     this.#presentNames = orderedKvNames(session.outputNames, PRESENT_OUTPUT);

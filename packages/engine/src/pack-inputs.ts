@@ -28,13 +28,7 @@ export interface PackedInputs {
 export function packInputs(pastLength: number, rows: readonly RowInput[], padTokenId: number): PackedInputs {
   const newTokens = Math.max(0, ...rows.map((row) => row.tokens.length));
   const total = pastLength + newTokens;
-  const inputIds = new BigInt64Array(rows.length * newTokens);
-  const attentionMask = new BigInt64Array(rows.length * total);
-  const positionIds = new BigInt64Array(rows.length * newTokens);
-  // Writing int64 through an int32 view (low word, sign word) avoids a BigInt per element.
-  const ids32 = new Int32Array(inputIds.buffer);
-  const mask32 = new Int32Array(attentionMask.buffer);
-  const positions32 = new Int32Array(positionIds.buffer);
+  const { inputIds, attentionMask, positionIds, ids32, mask32, positions32 } = int64Inputs(rows.length, newTokens, total);
   rows.forEach((row, r) => {
     const count = row.tokens.length;
     const pad = newTokens - count;
@@ -54,18 +48,36 @@ export function packInputs(pastLength: number, rows: readonly RowInput[], padTok
 }
 
 /**
+ * Builds the inputs of one call over whole prompts with nothing cached, each row's tokens LEFT-aligned
+ * in the new slots and the rest padding (masked, at the positions after the prompt). Each row's
+ * tokens and keys then sit at the indices they have in a call of their own, which a graph whose
+ * logits are read at each row's last real token ({@link OnnxSession.lastRealTokenLogits}) needs for a
+ * row's numbers not to depend on the others: onnxruntime's softmax sums a row's scores in vector
+ * lanes by index (docs/engine.md, "Batch invariance"). A row's real tokens are its first
+ * `tokens.length` slots.
+ */
+export function packPrompts(rows: ReadonlyArray<readonly number[]>, padTokenId: number): PackedInputs {
+  const newTokens = Math.max(0, ...rows.map((tokens) => tokens.length));
+  const { inputIds, attentionMask, positionIds, ids32, mask32, positions32 } = int64Inputs(rows.length, newTokens, newTokens);
+  rows.forEach((tokens, r) => {
+    for (let j = 0; j < newTokens; j++) {
+      const at = (r * newTokens + j) * 2;
+      ids32[at] = j < tokens.length ? tokens[j]! : padTokenId;
+      mask32[at] = j < tokens.length ? 1 : 0;
+      positions32[at] = j;
+    }
+  });
+  return { rows: rows.length, pastLength: 0, newTokens, inputIds, attentionMask, positionIds };
+}
+
+/**
  * Inputs of one decode call over a {@link LaneKv}-style cache: `capacity` past slots per row with
  * the row's real slots left-aligned in [0, cachedLength) (the rest masked) and one new token in
  * slot `capacity`, at the row's true position `cachedLength`.
  */
 export function packLaneInputs(capacity: number, rows: ReadonlyArray<{ cachedLength: number; token: number }>): PackedInputs {
   const total = capacity + 1;
-  const inputIds = new BigInt64Array(rows.length);
-  const attentionMask = new BigInt64Array(rows.length * total);
-  const positionIds = new BigInt64Array(rows.length);
-  const ids32 = new Int32Array(inputIds.buffer);
-  const mask32 = new Int32Array(attentionMask.buffer);
-  const positions32 = new Int32Array(positionIds.buffer);
+  const { inputIds, attentionMask, positionIds, ids32, mask32, positions32 } = int64Inputs(rows.length, 1, total);
   rows.forEach((row, r) => {
     ids32[r * 2] = row.token;
     positions32[r * 2] = row.cachedLength;
@@ -73,4 +85,23 @@ export function packLaneInputs(capacity: number, rows: ReadonlyArray<{ cachedLen
     mask32[(r * total + capacity) * 2] = 1;
   });
   return { rows: rows.length, pastLength: capacity, newTokens: 1, inputIds, attentionMask, positionIds };
+}
+
+/**
+ * The three int64 inputs of a call of `rows` rows, `newTokens` new slots and `total` slots, zeroed,
+ * each with an int32 view: writing an int64 through it (low word, sign word) avoids a BigInt per
+ * element.
+ */
+function int64Inputs(rows: number, newTokens: number, total: number) {
+  const inputIds = new BigInt64Array(rows * newTokens);
+  const attentionMask = new BigInt64Array(rows * total);
+  const positionIds = new BigInt64Array(rows * newTokens);
+  return {
+    inputIds,
+    attentionMask,
+    positionIds,
+    ids32: new Int32Array(inputIds.buffer),
+    mask32: new Int32Array(attentionMask.buffer),
+    positions32: new Int32Array(positionIds.buffer),
+  };
 }

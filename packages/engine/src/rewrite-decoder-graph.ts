@@ -27,6 +27,12 @@ export interface RewrittenGraph {
   groupQueryAttention: boolean;
   /** Layers whose attention over `present.*` was made to read the past and the new slots separately ({@link splitPresentAttention}). */
   splitAttentionLayers: number;
+  /**
+   * The logits are each row's at its last real new token (the count of 1s over the new slots of
+   * `attention_mask`, minus one), so rows of several prompts may share a call right-padded
+   * ({@link lastPositionLogits}). False: at the last new slot, or every position's.
+   */
+  lastRealTokenLogits: boolean;
 }
 
 /** Graph outputs added for GroupQueryAttention layers: the step's new key/value in [batch, kvHeads, new, headDim]. */
@@ -200,9 +206,13 @@ export async function rewriteDecoderGraph(
     ...(replaced.get(node)?.map((entry) => onnx.NodeProto.create(entry)) ?? [node]),
   ]);
   const initializers = new Set((graph.initializer ?? []).map((tensor) => tensor.name ?? ''));
-  const lastOnly = lastPositionLogits(nodes, initializers);
+  const lastOnly = lastPositionLogits(
+    nodes,
+    initializers,
+    defaultOpset >= 13 && graphInputs.has('attention_mask') && graphInputs.has('input_ids'),
+  );
   if (lastOnly !== undefined) {
-    nodes.push(lastOnly.node);
+    nodes.push(...lastOnly.nodes);
     constants.push(...lastOnly.constants);
   }
   graph.node = withoutDeadNodes(nodes, graph.output);
@@ -213,6 +223,7 @@ export async function rewriteDecoderGraph(
     newKvNames,
     groupQueryAttention: graph.node.some((node) => node.opType === 'GroupQueryAttention'),
     splitAttentionLayers,
+    lastRealTokenLogits: lastOnly?.byMask ?? false,
     ...(external ? { externalDataFolder: dirname(resolve(modelPath)) } : {}),
   };
 }
@@ -225,15 +236,22 @@ const LM_HEAD_OPS = new Set(['MatMul', 'Gemm', 'Reshape', 'Cast', 'Identity']);
  * logits are [chunk, vocab] (a 512-token chunk at a 150k vocabulary is ~300 MB, all but one row
  * unused). Walks back from `logits` through the lm_head ({@link LM_HEAD_OPS}, following the
  * non-initializer input) to the hidden state [batch, positions, hidden] that feeds it, and makes
- * every reader of that hidden state read its last position instead (a Slice on axis 1). Mutates
- * `nodes`' inputs and returns the Slice node to add, or undefined when the pattern is not there.
- * Graphs whose logits reshape takes its shape from `input_ids` would then fail to run; the
- * generated ones take it from the hidden state, Optimum's MatMul head needs no reshape.
+ * every reader of that hidden state read one position of each row instead. `byMask` (opset 13 or
+ * later, `attention_mask` and `input_ids` inputs): each row's last real new token, at the count of
+ * 1s over the new slots of `attention_mask` minus one (a GatherND with one batch axis), so a call
+ * may carry prompts right-padded, each row's real tokens and keys at the indices they have alone
+ * (onnxruntime's softmax sums by index: docs/engine.md, "Batch invariance"); every call the engine
+ * makes otherwise has no padding among its new tokens, where that count reads the last slot. Else
+ * the last slot (a Slice on axis 1). Mutates `nodes`' inputs and returns the nodes to add, or
+ * undefined when the pattern is not there. Graphs whose logits reshape takes its shape from
+ * `input_ids` would then fail to run; the generated ones take it from the hidden state, Optimum's
+ * MatMul head needs no reshape.
  */
 function lastPositionLogits(
   nodes: onnxProto.onnx.INodeProto[],
   initializers: ReadonlySet<string>,
-): { node: onnxProto.onnx.INodeProto; constants: onnxProto.onnx.ITensorProto[] } | undefined {
+  byMask: boolean,
+): { nodes: onnxProto.onnx.INodeProto[]; constants: onnxProto.onnx.ITensorProto[]; byMask: boolean } | undefined {
   const producers = new Map<string, onnxProto.onnx.INodeProto>();
   for (const node of nodes) for (const output of node.output ?? []) producers.set(output, node);
   let at = 'logits';
@@ -261,14 +279,37 @@ function lastPositionLogits(
     dataType: onnx.TensorProto.DataType.INT64,
     int64Data: [value],
   });
+  const node = (opType: string, input: string[], output: string, attribute: onnxProto.onnx.IAttributeProto[] = []) =>
+    onnx.NodeProto.create({ name: `${output}/${opType}`, opType, input, output: [output], attribute });
+  const int = (attribute: string, value: number): onnxProto.onnx.IAttributeProto => ({
+    name: attribute,
+    type: onnx.AttributeProto.AttributeType.INT,
+    i: value,
+  });
+  const end = int64('end', '9223372036854775807');
+  const one = int64('one', 1);
+  if (!byMask) {
+    return {
+      nodes: [node('Slice', [hidden, name('minus_one'), name('end'), name('one')], last)],
+      constants: [int64('minus_one', -1), end, one],
+      byMask,
+    };
+  }
+  // The new slots' count S, the mask's last S columns [B, S], its 1s per row [B, 1], minus one: each
+  // row's index into [B, S, H], one [H] a row, [B, 1, H] again.
   return {
-    node: onnx.NodeProto.create({
-      name: name('Slice'),
-      opType: 'Slice',
-      input: [hidden, name('starts'), name('ends'), name('axes')],
-      output: [last],
-    }),
-    constants: [int64('starts', -1), int64('ends', '9223372036854775807'), int64('axes', 1)],
+    nodes: [
+      node('Shape', ['input_ids'], name('ids_shape')),
+      node('Slice', [name('ids_shape'), name('one'), name('two')], name('new_slots')),
+      node('Neg', [name('new_slots')], name('from_end')),
+      node('Slice', ['attention_mask', name('from_end'), name('end'), name('one')], name('new_mask')),
+      node('ReduceSum', [name('new_mask'), name('one')], name('real'), [int('keepdims', 1)]),
+      node('Sub', [name('real'), name('one')], name('index')),
+      node('GatherND', [hidden, name('index')], name('picked'), [int('batch_dims', 1)]),
+      node('Unsqueeze', [name('picked'), name('one')], last),
+    ],
+    constants: [end, one, int64('two', 2)],
+    byMask,
   };
 }
 

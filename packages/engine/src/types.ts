@@ -80,11 +80,12 @@ export interface EngineOptions {
   gqaAttention?: GqaAttention;
   /**
    * Reserve the KV cache at start (engine-owned cache only): allocate the decode lane's buffers for
-   * `maxBatchSize` rows of the context length and write their first `maxCachedTokens` slots (all
-   * of them when the lane holds fewer), so the first burst after start does not fault its cache in
-   * step by step (measured: the first decode step of 32 new rows of the bench model 205 ms, its
+   * `maxBatchSize` rows of the context length and write their first `maxCachedTokens` slots plus
+   * 15 a row (a row's capacity may pass its reservation by that much: `KV_ALIGN` in `kv-lane.ts`;
+   * all of them when the lane holds fewer), so the first burst after start does not fault its cache
+   * in step by step (measured: the first decode step of 32 new rows of the bench model 205 ms, its
    * first growth 119 ms, vs ~20 ms warm). The price is that memory held from the start: up to
-   * `maxCachedTokens` × the model's KV bytes per slot (twice that with `kvGrowth: 'spread'`;
+   * those slots × the model's KV bytes per slot (twice that with `kvGrowth: 'spread'`;
    * {@link EngineInfo.kvReservedBytes} says how much), as llama.cpp and vLLM reserve theirs.
    * @defaultValue false
    */

@@ -187,19 +187,23 @@ describe.each(INVARIANCE_FORMS)('batch invariance, $label attention', ({ form, g
 });
 
 /**
- * In the GroupQueryAttention form a request's logprobs are bit-identical batched or alone on the same
- * engine: every piece of its prompt is computed by the same calls whatever else runs. The pieces used
- * to follow the budget the decode rows left (a prompt cut 40 alone, 35 beside five decoding rows), and
- * onnxruntime's kernels give calls of other lengths other last bits (up to 7.6e-6 seen under churn).
+ * A request's logprobs are bit-identical batched or alone on the same engine, in every form: every
+ * piece of its prompt is computed by the same calls whatever else runs (the pieces used to follow the
+ * budget the decode rows left, and onnxruntime's kernels give calls of other lengths other last bits:
+ * up to 7.6e-6 seen under churn), and a decode row's scores are summed in the same order whatever
+ * the lane's capacity (whole KV blocks: `kv-lane.ts`). Alone, these prompts decode in a lane of 64 or
+ * 128 slots; beside the five long generations, in one of 448. Before the capacity was kept to whole
+ * blocks it followed each row’s reservation (40 to 119 slots here) and the plain form’s
+ * logprobs differed by up to 1e-5.
  */
-describe('GroupQueryAttention form: logprobs to the last bit', () => {
+describe.each(INVARIANCE_FORMS)('logprobs to the last bit, $label attention', ({ form, gqaAttention }) => {
   let engine: Engine;
   let remove: () => Promise<void>;
 
   beforeAll(async () => {
-    const made = await tinyModelDir('gqa');
+    const made = await tinyModelDir(form);
     remove = made.remove;
-    engine = await createEngine({ modelDir: made.dir, maxBatchSize: 8, maxStepTokens: 40, intraOpThreads: 1 });
+    engine = await createEngine({ modelDir: made.dir, maxBatchSize: 8, maxStepTokens: 40, intraOpThreads: 1, gqaAttention });
   });
 
   afterAll(async () => {

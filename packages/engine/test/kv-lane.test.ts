@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { KvBatch, type KvShape } from '../src/kv-batch.js';
-import { KV_BLOCK, LaneKv } from '../src/kv-lane.js';
+import { KV_ALIGN, KV_BLOCK, LaneKv } from '../src/kv-lane.js';
 import { packLaneInputs } from '../src/pack-inputs.js';
 
 const shape: KvShape = { numLayers: 1, numKvHeads: 2, headDim: 2, dtype: 'float32' };
@@ -70,8 +70,9 @@ describe('LaneKv', () => {
       lane.append([new Float32Array(2 * 2 * 2), new Float32Array(2 * 2 * 2)]);
     }
     expect(capacities.size).toBeLessThanOrEqual(12);
-    // 768 × 1.25 = 960 would leave one short growth to the reservation (960 → 1000): 768 goes to 1000.
-    expect([...capacities]).toEqual([64, 128, 192, 256, 320, 448, 576, 768, 1000]);
+    // 768 × 1.25 = 960 would leave one short growth to the reservation (960 → 1000): 768 goes to
+    // 1000 rounded up to a multiple of KV_ALIGN, 1008.
+    expect([...capacities]).toEqual([64, 128, 192, 256, 320, 448, 576, 768, 1008]);
     expect(rowOf(lane, 0)).toMatchObject({ restZero: true });
     expect(rowOf(lane, 0).slots[1]!.slice(0, 10)).toEqual(expected(1, 10)[1]);
   });
@@ -120,7 +121,8 @@ describe('LaneKv', () => {
       }
       expect(lane.data[0]!.buffer).toBe(buffer); // never reallocated
       expect(lane.lengths).toEqual(Array.from({ length: rows }, () => limit));
-      expect(lane.data[3]![lane.capacity * 64 - 1]).toBe(2);
+      expect(lane.data[3]![(limit - 1) * 64]).toBe(2); // row 0's last slot
+      expect(lane.capacity % KV_ALIGN).toBe(0);
       return process.resourceUsage().minorPageFault - before;
     };
     const cold = faultsWhileServing(new LaneKv(big, rows, 'in-place'));
@@ -134,10 +136,18 @@ describe('LaneKv', () => {
     expect(preallocated).toBeLessThan(cold / 10);
   });
 
-  it('never sizes the capacity past the rows reservation', () => {
+  it('keeps the capacity a multiple of KV_ALIGN, never past the rows reservation rounded up to one', () => {
     const lane = new LaneKv(shape);
     lane.addRow(prefilled(1, 10).rowSource(0), 20);
-    expect(lane.capacity).toBe(20);
+    expect(lane.capacity).toBe(32);
+    lane.addRow(prefilled(2, 70).rowSource(0), 130);
+    expect(lane.capacity).toBe(144);
+    while (lane.lengths[1]! < 129) {
+      lane.reserveNext(130);
+      expect(lane.capacity % KV_ALIGN).toBe(0);
+      lane.append([new Float32Array(2 * 2 * 2 * 2), new Float32Array(2 * 2 * 2 * 2)]);
+    }
+    expect(lane.capacity).toBe(144);
   });
 
   it('masks the unused slots and puts the new token at its true position', () => {

@@ -1,11 +1,12 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createEngine, type Engine, type GenerateRequest, type StepStats } from '../src/index.js';
+import { packPrompts } from '../src/pack-inputs.js';
 import { collect } from './support/collect.js';
 import { tinyModelDir } from './support/model-forms.js';
 
 /**
- * `maxPrefillBatch`: whole prompts that arrive together are prefilled in one call (left-padded to the
- * longest of the call), and each request still gets the tokens it gets alone.
+ * `maxPrefillBatch`: whole prompts that arrive together are prefilled in one call (right-padded to the
+ * longest of the call), and each request still gets the tokens and logprobs, to the bit, it gets alone.
  */
 
 /** Prompts of several lengths (short ones pad each other; 30 and 31 are chunked past the step budget). */
@@ -31,6 +32,14 @@ async function runTogether(engine: Engine, batch: GenerateRequest[]) {
 }
 
 describe('prompts prefilled together (maxPrefillBatch)', () => {
+  it('packs the prompts of one call right-padded: each row’s tokens first, then masked padding', () => {
+    const inputs = packPrompts([[9, 8, 7], [6]], 0);
+    expect(inputs).toMatchObject({ rows: 2, pastLength: 0, newTokens: 3 });
+    expect(Array.from(inputs.inputIds, Number)).toEqual([9, 8, 7, 6, 0, 0]);
+    expect(Array.from(inputs.attentionMask, Number)).toEqual([1, 1, 1, 1, 0, 0]);
+    expect(Array.from(inputs.positionIds, Number)).toEqual([0, 1, 2, 0, 1, 2]);
+  });
+
   const made: Array<{ remove: () => Promise<void> }> = [];
   let plainDir: string;
   let gqaDir: string;
@@ -64,7 +73,7 @@ describe('prompts prefilled together (maxPrefillBatch)', () => {
   it.each([
     ['plain', () => [alone, together] as const],
     ['GroupQueryAttention decomposed into the plain form’s ops', () => [decomposedAlone, decomposedTogether] as const],
-  ])('gives each prompt prefilled with others in one padded call the tokens and text it gets alone (%s)', async (_, engines) => {
+  ])('gives each prompt prefilled with others in one padded call the tokens, text and logprobs it gets alone (%s)', async (_, engines) => {
     const [one, many] = engines();
     const batch = requests();
     const reference = [];
@@ -78,8 +87,8 @@ describe('prompts prefilled together (maxPrefillBatch)', () => {
       expect(got.texts, request.id).toEqual(want.texts);
       expect(got.endReasons, request.id).toEqual(want.endReasons);
       if (request.sampling.logprobs === true) {
-        // Padding changes how the attention sums group: the last bits, not the tokens.
-        got.logprobs[0]!.forEach((entry, t) => expect(entry.logprob).toBeCloseTo(want.logprobs[0]![t]!.logprob, 4));
+        // Right-padded, each row's keys sit at the indices they have alone: the softmax sums them in the same order.
+        expect(got.logprobs, request.id).toEqual(want.logprobs);
       }
     }
     // Fewer prefill calls than prompt chunks.
