@@ -77,17 +77,21 @@ const FORMS: Array<
     'attention' | 'externalData' | 'merged'
   >
 > = [
-  { label: 'the GroupQueryAttention form', attention: 'gqa' },
+  { label: 'the GroupQueryAttention form, run by the operator (GQA_ATTENTION=op)', attention: 'gqa', env: { GQA_ATTENTION: 'op' } },
   { label: 'the plain form with its weights in model.onnx_data', externalData: true },
-  { label: 'the GroupQueryAttention form with its weights in model.onnx_data', attention: 'gqa', externalData: true },
   {
-    label: 'onnxruntime-genai’s CPU form (GroupQueryAttention rotating inside, q/k/v packed, no position_ids)',
-    attention: 'gqa-fused',
+    label: 'the GroupQueryAttention form with its weights in model.onnx_data (decomposed into the plain form’s ops, the default)',
+    attention: 'gqa',
+    externalData: true,
   },
   {
-    label: 'onnxruntime-genai’s CPU form with GQA_ATTENTION=decomposed (the plain form’s attention ops instead of the operator)',
+    label: 'onnxruntime-genai’s CPU form (GroupQueryAttention rotating inside, q/k/v packed, no position_ids), run by the operator',
     attention: 'gqa-fused',
-    env: { GQA_ATTENTION: 'decomposed' },
+    env: { GQA_ATTENTION: 'op' },
+  },
+  {
+    label: 'onnxruntime-genai’s CPU form, decomposed into the plain form’s attention ops (the default)',
+    attention: 'gqa-fused',
   },
   { label: 'Optimum’s export of transformers’ SDPA attention (over present.*, repeat_kv)', attention: 'sdpa' },
   {
@@ -122,11 +126,7 @@ describe.skipIf(FAKE_ENGINE)('a model directory in another form', () => {
       expect(served.ready.kvCache).toBe('engine-owned');
       expect(plain.ready.groupQueryAttention).toBe('none');
       expect(served.ready.groupQueryAttention).toBe(
-        layout.attention === undefined || layout.attention === 'sdpa'
-          ? 'none'
-          : env?.['GQA_ATTENTION'] === 'decomposed'
-            ? 'decomposed'
-            : 'op',
+        layout.attention === undefined || layout.attention === 'sdpa' ? 'none' : env?.['GQA_ATTENTION'] === 'op' ? 'op' : 'decomposed',
       );
       // Attention over present.* (Optimum's form) split in both layers of the tiny model; no other form has it.
       expect(plain.ready.splitAttentionLayers).toBe(0);

@@ -57,7 +57,7 @@ describe('worker configuration', () => {
       intraOpSpinning: 'during-run',
       continuationMode: 'replay',
       kvGrowth: 'in-place',
-      gqaAttention: 'op',
+      gqaAttention: 'decomposed',
       kvPreallocate: false,
       maxPrefillBatch: 32,
       earlyFirstTokens: true,
@@ -68,7 +68,7 @@ describe('worker configuration', () => {
       INTRA_OP_SPINNING: '1',
       KV_GROWTH: 'spread',
       CONTINUATION_MODE: 'prefill',
-      GQA_ATTENTION: 'decomposed',
+      GQA_ATTENTION: 'op',
     };
     expect(engineOptions(loadWorkerConfig(env), '/m')).toMatchObject({
       maxCachedTokens: 4096,
@@ -76,7 +76,7 @@ describe('worker configuration', () => {
       intraOpSpinning: true,
       kvGrowth: 'spread',
       continuationMode: 'prefill',
-      gqaAttention: 'decomposed',
+      gqaAttention: 'op',
     });
   });
 

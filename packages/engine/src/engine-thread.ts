@@ -45,7 +45,7 @@ async function main(port: MessagePort, { options }: EngineThreadData): Promise<v
       intraOpThreads,
       interOpThreads: options.interOpThreads ?? 0,
       intraOpSpinning: options.intraOpSpinning ?? true,
-      gqaAttention: options.gqaAttention ?? 'op',
+      gqaAttention: options.gqaAttention ?? 'decomposed',
     });
     // What the served graph runs: the rewrite may have replaced the model's GroupQueryAttention.
     const groupQueryAttention = !model.io.usesGroupQueryAttention ? 'none' : session.groupQueryAttention === false ? 'decomposed' : 'op';

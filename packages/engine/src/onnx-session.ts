@@ -22,7 +22,7 @@ export interface OnnxSessionOptions {
   intraOpSpinning?: IntraOpSpinning;
   /** Add new key/value slice outputs when the graph allows (default true; false forces the present.* path). */
   newKvOutputs?: boolean;
-  /** See EngineOptions.gqaAttention (default 'op'). */
+  /** See EngineOptions.gqaAttention (default 'decomposed'). */
   gqaAttention?: GqaAttention;
 }
 

@@ -67,15 +67,17 @@ export interface EngineOptions {
    */
   kvGrowth?: KvGrowth;
   /**
-   * How a model's GroupQueryAttention (onnxruntime-genai's exports) runs: `op` — onnxruntime's
-   * operator, which reads each row's real length only, so a request's numbers do not depend on its
-   * batch to the last bit (a continuation on another worker is bit-identical); `decomposed` — the
-   * load-time rewrite replaces it by the plain form's attention ops over the engine-owned cache,
-   * because the operator copies every row's cache into its `present` outputs in every layer of every
-   * step: measured on the bench model in that form, 2.3× the tokens/s at 32 × 768 and 1.6× at 32 ×
-   * 128, with the plain form's numerics (logprobs vary with the batch in the last bits, so token
-   * identity rests on margins as in the plain form: docs/engine.md). Other graphs are unaffected.
-   * @defaultValue 'op'
+   * How a model's GroupQueryAttention (onnxruntime-genai's exports) runs: `decomposed` — the load-time
+   * rewrite replaces it by the plain form's attention ops over the engine-owned cache, because the
+   * operator copies every row's cache into its `present` outputs in every layer of every step
+   * (measured on the bench model in that form: 2.3× the tokens/s at 32 × 768 and 1.6× at 32 × 128);
+   * where the plain ops would compute something else (a sliding window, softcap, …) the operator
+   * stays. Logits within 1e-4 of the operator's, the same greedy tokens. `op` — onnxruntime's
+   * operator, which reads each row's real length only. Either way a request's numbers do not depend
+   * on its batch, to the bit, on one engine; with `op` not on how its prompt was cut into pieces
+   * either (engines with other step budgets), with `decomposed` they do (docs/engine.md, "Batch
+   * invariance"). Other graphs are unaffected.
+   * @defaultValue 'decomposed'
    */
   gqaAttention?: GqaAttention;
   /**
@@ -92,10 +94,10 @@ export interface EngineOptions {
   kvPreallocate?: boolean;
   /**
    * Prompts prefilled together in one model call, at most (plain-form graphs; whole prompts with
-   * nothing cached yet, grouped by length, left-padded to the longest of the call). A batch-1 prefill
-   * call reads all the weights for a few tokens, so a burst of newcomers is prefilled sooner together
-   * (docs/engine.md, "Prefilling a burst"). 1 = one prompt per call. Rows prefilled with padding may
-   * differ from a prompt prefilled alone in the last bits, as decode rows of different batch shapes do.
+   * nothing cached yet, grouped by length, right-padded to the longest of the call). A batch-1
+   * prefill call reads all the weights for a few tokens, so a burst of newcomers is prefilled sooner
+   * together (docs/engine.md, "Prefilling a burst"). 1 = one prompt per call. A prompt prefilled with
+   * others gets the numbers it gets alone, to the bit (docs/engine.md, "Batch invariance").
    * @defaultValue 32
    */
   maxPrefillBatch?: number;

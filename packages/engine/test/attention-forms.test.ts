@@ -35,7 +35,7 @@ describe.each(MODEL_FORMS)('the $label form', (form) => {
       executionProvider: 'cpu',
       intraOpThreads: 1,
       interOpThreads: 0,
-      ...(form.gqaAttention === undefined ? {} : { gqaAttention: form.gqaAttention }),
+      gqaAttention: form.gqaAttention ?? 'op',
     });
     raw = await RawOnnxModel.load(made.dir);
   });

@@ -249,8 +249,8 @@ describe.each([
     // (Lengths of 32k + 1 still differ, in onnxruntime's kernels: docs/engine.md, "Batch invariance".)
     const made = await tinyModelDir(form);
     const [alone, chunked] = await Promise.all([
-      createEngine({ modelDir: made.dir, maxBatchSize: 4, maxStepTokens: 1024, intraOpThreads: 1 }),
-      createEngine({ modelDir: made.dir, maxBatchSize: 4, maxStepTokens: 24, intraOpThreads: 1 }),
+      createEngine({ modelDir: made.dir, maxBatchSize: 4, maxStepTokens: 1024, intraOpThreads: 1, gqaAttention }),
+      createEngine({ modelDir: made.dir, maxBatchSize: 4, maxStepTokens: 24, intraOpThreads: 1, gqaAttention }),
     ]);
     try {
       const sampling: SamplingParams = { temperature: 0, maxTokens: 12, ignoreEos: true, logprobs: true };

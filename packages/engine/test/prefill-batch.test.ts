@@ -59,7 +59,7 @@ describe('prompts prefilled together (maxPrefillBatch)', () => {
     [alone, together, gqaTogether, decomposedAlone, decomposedTogether] = await Promise.all([
       createEngine({ modelDir: plainDir, ...options, maxPrefillBatch: 1 }),
       createEngine({ modelDir: plainDir, ...options, maxPrefillBatch: 8 }),
-      createEngine({ modelDir: gqaDir, ...options, maxPrefillBatch: 8 }),
+      createEngine({ modelDir: gqaDir, ...options, maxPrefillBatch: 8, gqaAttention: 'op' }),
       createEngine({ modelDir: gqaDir, ...options, maxPrefillBatch: 1, gqaAttention: 'decomposed' }),
       createEngine({ modelDir: gqaDir, ...options, maxPrefillBatch: 8, gqaAttention: 'decomposed' }),
     ]);

@@ -19,7 +19,7 @@ export const usesGroupQueryAttention = (attention: AttentionForm): boolean => at
 export interface ModelForm {
   attention: AttentionForm;
   externalData: boolean;
-  /** How the engine runs GroupQueryAttention (EngineOptions.gqaAttention; default 'op'). */
+  /** How the engine runs GroupQueryAttention (EngineOptions.gqaAttention: 'op' where unset, so each form runs the operator unless it says). */
   gqaAttention?: GqaAttention;
   /** The decoder inside an `If` on `use_cache_branch`, as Optimum's `decoder_model_merged.onnx` lays it out. */
   merged?: boolean;
