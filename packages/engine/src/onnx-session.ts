@@ -227,7 +227,12 @@ export class OnnxSession {
     };
     if (this.io.hasPositionIds) feeds['position_ids'] = new ort.Tensor('int64', inputs.positionIds, [rows, newTokens]);
     if (this.io.hasUseCacheBranch) feeds[USE_CACHE_BRANCH] = new ort.Tensor('bool', new Uint8Array([pastLength > 0 ? 1 : 0]), [1]);
-    if (this.io.hasNumLogitsToKeep) feeds['num_logits_to_keep'] = new ort.Tensor('int64', new BigInt64Array([1n]), []);
+    // An export that keeps the last `num_logits_to_keep` positions: the last one, or, where the rewrite
+    // reads each row's last real token itself (after the export's slice), every new one.
+    if (this.io.hasNumLogitsToKeep) {
+      const keep = BigInt(this.lastRealTokenLogits ? newTokens : 1);
+      feeds['num_logits_to_keep'] = new ort.Tensor('int64', new BigInt64Array([keep]), []);
+    }
     const pastDims = [rows, numKvHeads, pastLength, headDim];
     this.#pastNames.forEach((name, k) => {
       feeds[name] = new ort.Tensor(dtype, past.data[k]!, pastDims);

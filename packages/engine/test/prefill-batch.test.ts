@@ -2,6 +2,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createEngine, type Engine, type GenerateRequest, type StepStats } from '../src/index.js';
 import { packPrompts } from '../src/pack-inputs.js';
 import { collect } from './support/collect.js';
+import { withLogitsToKeep } from './support/logits-to-keep.js';
 import { tinyModelDir } from './support/model-forms.js';
 
 /**
@@ -48,11 +49,14 @@ describe('prompts prefilled together (maxPrefillBatch)', () => {
   let gqaTogether: Engine;
   let decomposedAlone: Engine;
   let decomposedTogether: Engine;
+  let keepAlone: Engine;
+  let keepTogether: Engine;
 
   beforeAll(async () => {
     const plain = await tinyModelDir('plain');
     const gqa = await tinyModelDir('gqa');
-    made.push(plain, gqa);
+    const keep = await withLogitsToKeep(plain.dir);
+    made.push(plain, gqa, keep);
     plainDir = plain.dir;
     gqaDir = gqa.dir;
     const options = { maxBatchSize: 16, maxStepTokens: 40, intraOpThreads: 1 };
@@ -63,16 +67,24 @@ describe('prompts prefilled together (maxPrefillBatch)', () => {
       createEngine({ modelDir: gqaDir, ...options, maxPrefillBatch: 1, gqaAttention: 'decomposed' }),
       createEngine({ modelDir: gqaDir, ...options, maxPrefillBatch: 8, gqaAttention: 'decomposed' }),
     ]);
+    [keepAlone, keepTogether] = await Promise.all([
+      createEngine({ modelDir: keep.dir, ...options, maxPrefillBatch: 1 }),
+      createEngine({ modelDir: keep.dir, ...options, maxPrefillBatch: 8 }),
+    ]);
   });
 
   afterAll(async () => {
-    await Promise.all([alone, together, gqaTogether, decomposedAlone, decomposedTogether].map((engine) => engine?.close()));
+    await Promise.all(
+      [alone, together, gqaTogether, decomposedAlone, decomposedTogether, keepAlone, keepTogether].map((engine) => engine?.close()),
+    );
     for (const entry of made) await entry.remove();
   });
 
   it.each([
     ['plain', () => [alone, together] as const],
     ['GroupQueryAttention decomposed into the plain form’s ops', () => [decomposedAlone, decomposedTogether] as const],
+    // The engine then asks for every new position's logits and picks each row's last real one itself.
+    ['an export keeping its last num_logits_to_keep positions (Optimum’s)', () => [keepAlone, keepTogether] as const],
   ])('gives each prompt prefilled with others in one padded call the tokens, text and logprobs it gets alone (%s)', async (_, engines) => {
     const [one, many] = engines();
     const batch = requests();
