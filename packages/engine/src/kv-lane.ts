@@ -84,8 +84,8 @@ export class LaneKv {
    * first 32 rows of the bench model, ~120 ms for their first growth). The lane's rows always lie in
    * its buffers' first rows × capacity slots, and capacity never passes the rows' longest
    * reservation rounded up to {@link KV_ALIGN}, so with `slots` at the engine's KV cap (plus that
-   * rounding for each row) every page a step can touch is warm, and no later row reallocates. With `spread` growth
-   * the second set is allocated and written too. Returns the bytes written.
+   * rounding for each row) every page a step can touch is warm, and no later row reallocates. With
+   * `spread` growth the second set is allocated and written too. Returns the bytes written.
    */
   preallocate(limit: number, slots: number): number {
     if (this.rows > 0 || !Number.isFinite(this.maxRows)) throw new Error('preallocate needs an empty lane with a row limit');

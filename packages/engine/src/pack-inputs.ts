@@ -48,8 +48,8 @@ export function packInputs(pastLength: number, rows: readonly RowInput[], padTok
 }
 
 /**
- * Builds the inputs of one call over whole prompts with nothing cached, each row's tokens LEFT-aligned
- * in the new slots and the rest padding (masked, at the positions after the prompt). Each row's
+ * Builds the inputs of one call over whole prompts with nothing cached, right-padded: each row's
+ * tokens first in the new slots, then padding (masked, at the positions after the prompt). Each row's
  * tokens and keys then sit at the indices they have in a call of their own, which a graph whose
  * logits are read at each row's last real token ({@link OnnxSession.lastRealTokenLogits}) needs for a
  * row's numbers not to depend on the others: onnxruntime's softmax sums a row's scores in vector
