@@ -22,8 +22,11 @@ export interface PackedInputs {
 /**
  * Builds input_ids, attention_mask and position_ids for rows whose cache is right-aligned in
  * `pastLength` slots and whose new tokens are right-aligned in the new slots, so every row's last
- * token sits in the last column (the logits read there). Padded slots are masked, so a row's
- * result does not depend on how much padding the other rows forced on it.
+ * token sits in the last column. Padded slots are masked. The engine feeds it one prompt chunk, or
+ * one token a row (the `present.*` fallback), so no row's new tokens are padded: a rewritten graph
+ * reads each row's logits at the count of its real new tokens minus one
+ * (`RewrittenGraph.lastRealTokenLogits`), which is the last column only then; prompts that share a
+ * call go through {@link packPrompts}.
  */
 export function packInputs(pastLength: number, rows: readonly RowInput[], padTokenId: number): PackedInputs {
   const newTokens = Math.max(0, ...rows.map((row) => row.tokens.length));

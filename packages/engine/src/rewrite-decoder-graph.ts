@@ -9,7 +9,7 @@ import onnxProto from 'onnx-proto';
 import { exactOnnxInt64 } from '@sluice/model';
 import { orderedKvNames, PAST_INPUT, PRESENT_OUTPUT } from './kv-names.js';
 import { appliesRotaryInside, intAttribute, positionIdsInput, rotaryBeforeAttention } from './rotary-before-attention.js';
-import { attentionMask, plainAttention, type AttentionMask } from './plain-attention.js';
+import { attentionMask, int, plainAttention, type AttentionMask } from './plain-attention.js';
 import { inlineCacheBranch } from './inline-cache-branch.js';
 import { splitPresentAttention } from './split-present-attention.js';
 
@@ -206,11 +206,8 @@ export async function rewriteDecoderGraph(
     ...(replaced.get(node)?.map((entry) => onnx.NodeProto.create(entry)) ?? [node]),
   ]);
   const initializers = new Set((graph.initializer ?? []).map((tensor) => tensor.name ?? ''));
-  const lastOnly = lastPositionLogits(
-    nodes,
-    initializers,
-    defaultOpset >= 13 && graphInputs.has('attention_mask') && graphInputs.has('input_ids'),
-  );
+  const byMask = defaultOpset >= 13 && graphInputs.has('attention_mask') && graphInputs.has('input_ids');
+  const lastOnly = lastPositionLogits(nodes, initializers, byMask);
   if (lastOnly !== undefined) {
     nodes.push(...lastOnly.nodes);
     constants.push(...lastOnly.constants);
@@ -223,7 +220,7 @@ export async function rewriteDecoderGraph(
     newKvNames,
     groupQueryAttention: graph.node.some((node) => node.opType === 'GroupQueryAttention'),
     splitAttentionLayers,
-    lastRealTokenLogits: lastOnly?.byMask ?? false,
+    lastRealTokenLogits: lastOnly !== undefined && byMask,
     ...(external ? { externalDataFolder: dirname(resolve(modelPath)) } : {}),
   };
 }
@@ -251,7 +248,7 @@ function lastPositionLogits(
   nodes: onnxProto.onnx.INodeProto[],
   initializers: ReadonlySet<string>,
   byMask: boolean,
-): { nodes: onnxProto.onnx.INodeProto[]; constants: onnxProto.onnx.ITensorProto[]; byMask: boolean } | undefined {
+): { nodes: onnxProto.onnx.INodeProto[]; constants: onnxProto.onnx.ITensorProto[] } | undefined {
   const producers = new Map<string, onnxProto.onnx.INodeProto>();
   for (const node of nodes) for (const output of node.output ?? []) producers.set(output, node);
   let at = 'logits';
@@ -281,18 +278,12 @@ function lastPositionLogits(
   });
   const node = (opType: string, input: string[], output: string, attribute: onnxProto.onnx.IAttributeProto[] = []) =>
     onnx.NodeProto.create({ name: `${output}/${opType}`, opType, input, output: [output], attribute });
-  const int = (attribute: string, value: number): onnxProto.onnx.IAttributeProto => ({
-    name: attribute,
-    type: onnx.AttributeProto.AttributeType.INT,
-    i: value,
-  });
   const end = int64('end', '9223372036854775807');
   const one = int64('one', 1);
   if (!byMask) {
     return {
       nodes: [node('Slice', [hidden, name('minus_one'), name('end'), name('one')], last)],
       constants: [int64('minus_one', -1), end, one],
-      byMask,
     };
   }
   // The new slots' count S, the mask's last S columns [B, S], its 1s per row [B, 1], minus one: each
@@ -309,7 +300,6 @@ function lastPositionLogits(
       node('Unsqueeze', [name('picked'), name('one')], last),
     ],
     constants: [end, one, int64('two', 2)],
-    byMask,
   };
 }
 

@@ -53,18 +53,9 @@ describe.each(MODEL_FORMS)('the load-time rewrite of a decoder in the $label for
     // GroupQueryAttention takes no padding (the engine prefills its prompts one a call).
     if (gqa && !decomposed) return;
     const rewritten = (await rewrite(modelPath))!;
-    const session = await ort.InferenceSession.create(rewritten.bytes, {
-      intraOpNumThreads: 1,
-      logSeverityLevel: 3,
-      ...(rewritten.externalDataFolder === undefined
-        ? {}
-        : { extra: { session: { model_external_initializers_file_folder_path: rewritten.externalDataFolder } } }),
-    });
+    const session = await rewrittenSession(rewritten);
     try {
-      const pastNames = session.inputNames.filter((name) => name.startsWith('past_key_values.'));
-      const meta = session.inputMetadata.find((entry) => entry.name === pastNames[0]);
-      if (meta === undefined || !meta.isTensor) throw new Error('no past_key_values input');
-      const [, kvHeads, , headDim] = meta.shape as [number, number, number, number];
+      const { pastNames, kvHeads, headDim } = pastShape(session);
       const prompts = [[5, 6, 7], Array.from({ length: 21 }, (_, j) => 9 + j * 3), [11, 12, 13, 14, 15, 16, 17, 18, 19]];
       const call = async (rows: number[][]) => {
         const width = Math.max(...rows.map((row) => row.length));
@@ -279,19 +270,10 @@ describe('the split of attention over present.* (Optimum’s exports)', () => {
  * same greedy token.
  */
 async function expectSameLogits(modelPath: string, rewritten: RewrittenGraph, exact: boolean): Promise<void> {
-  const options = { intraOpNumThreads: 1, logSeverityLevel: 3 as const };
-  const original = await ort.InferenceSession.create(modelPath, options);
-  const rewrittenSession = await ort.InferenceSession.create(rewritten.bytes, {
-    ...options,
-    ...(rewritten.externalDataFolder === undefined
-      ? {}
-      : { extra: { session: { model_external_initializers_file_folder_path: rewritten.externalDataFolder } } }),
-  });
+  const original = await ort.InferenceSession.create(modelPath, SESSION_OPTIONS);
+  const candidate = await rewrittenSession(rewritten);
   try {
-    const pastNames = original.inputNames.filter((name) => name.startsWith('past_key_values.'));
-    const meta = original.inputMetadata.find((entry) => entry.name === pastNames[0]);
-    if (meta === undefined || !meta.isTensor) throw new Error('no past_key_values input');
-    const [, kvHeads, , headDim] = meta.shape as [number, number, number, number];
+    const { pastNames, kvHeads, headDim } = pastShape(original);
     const int64 = (values: readonly number[]) => new ort.Tensor('int64', BigInt64Array.from(values, BigInt), [1, values.length]);
     let originalPast: Record<string, ort.Tensor> = Object.fromEntries(
       pastNames.map((name) => [name, new ort.Tensor('float32', new Float32Array(0), [1, kvHeads, 0, headDim])]),
@@ -312,7 +294,7 @@ async function expectSameLogits(modelPath: string, rewritten: RewrittenGraph, ex
           : {}),
         ...originalPast,
       });
-      const got = await rewrittenSession.run({
+      const got = await candidate.run({
         ...feeds,
         ...positions,
         ...Object.fromEntries(pastNames.map((name, k) => [name, new ort.Tensor('float32', cache[k]!, [1, kvHeads, cached, headDim])])),
@@ -335,7 +317,7 @@ async function expectSameLogits(modelPath: string, rewritten: RewrittenGraph, ex
     }
   } finally {
     await original.release();
-    await rewrittenSession.release();
+    await candidate.release();
   }
 }
 
@@ -357,4 +339,25 @@ function appendSlots(
     );
   }
   return out;
+}
+
+const SESSION_OPTIONS = { intraOpNumThreads: 1, logSeverityLevel: 3 as const };
+
+/** A session of the rewritten graph, told where its external weights are. */
+function rewrittenSession(rewritten: RewrittenGraph): Promise<ort.InferenceSession> {
+  return ort.InferenceSession.create(rewritten.bytes, {
+    ...SESSION_OPTIONS,
+    ...(rewritten.externalDataFolder === undefined
+      ? {}
+      : { extra: { session: { model_external_initializers_file_folder_path: rewritten.externalDataFolder } } }),
+  });
+}
+
+/** The session's past_key_values inputs and their [kvHeads, headDim]. */
+function pastShape(session: ort.InferenceSession): { pastNames: string[]; kvHeads: number; headDim: number } {
+  const pastNames = session.inputNames.filter((name) => name.startsWith('past_key_values.'));
+  const meta = session.inputMetadata.find((entry) => entry.name === pastNames[0]);
+  if (meta === undefined || !meta.isTensor) throw new Error('no past_key_values input');
+  const [, kvHeads, , headDim] = meta.shape as [number, number, number, number];
+  return { pastNames, kvHeads, headDim };
 }
