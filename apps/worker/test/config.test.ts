@@ -59,6 +59,7 @@ describe('worker configuration', () => {
       kvGrowth: 'in-place',
       gqaAttention: 'decomposed',
       kvPreallocate: false,
+      weightsInPlace: false,
       maxPrefillBatch: 32,
       earlyFirstTokens: true,
     });
@@ -69,6 +70,7 @@ describe('worker configuration', () => {
       KV_GROWTH: 'spread',
       CONTINUATION_MODE: 'prefill',
       GQA_ATTENTION: 'op',
+      WEIGHTS_IN_PLACE: '1',
     };
     expect(engineOptions(loadWorkerConfig(env), '/m')).toMatchObject({
       maxCachedTokens: 4096,
@@ -77,6 +79,7 @@ describe('worker configuration', () => {
       kvGrowth: 'spread',
       continuationMode: 'prefill',
       gqaAttention: 'op',
+      weightsInPlace: true,
     });
   });
 

@@ -14,7 +14,7 @@ import * as ort from 'onnxruntime-node';
 import onnxProto from 'onnx-proto';
 import { ensureBuiltinModel, loadModelDir } from '@sluice/model';
 import { physicalCores } from '../src/physical-cores.js';
-import { rewriteDecoderGraph } from '../src/rewrite-decoder-graph.js';
+import { rewriteDecoderGraph, rewrittenSessionConfig } from '../src/rewrite-decoder-graph.js';
 import { decodeFeeds } from './decode-feeds.js';
 import { median } from './raw-session.js';
 
@@ -78,6 +78,7 @@ const options: ort.InferenceSession.SessionOptions = {
   graphOptimizationLevel: 'all',
   logSeverityLevel: 3,
   intraOpNumThreads: physicalCores(),
+  extra: { session: rewrittenSessionConfig(rewritten) },
 };
 const sides = [
   { name: 'float32 cache', session: await ort.InferenceSession.create(rewritten.bytes, options), half: false },

@@ -8,7 +8,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import * as ort from 'onnxruntime-node';
 import { ensureBuiltinModel, loadModelDir } from '@sluice/model';
-import { rewriteDecoderGraph } from '../src/rewrite-decoder-graph.js';
+import { rewriteDecoderGraph, rewrittenSessionConfig } from '../src/rewrite-decoder-graph.js';
 
 const model = await loadModelDir(process.env.BENCH_MODEL_DIR ?? (await ensureBuiltinModel('bench')));
 const rows = Number(process.env.ROWS ?? 32);
@@ -20,6 +20,7 @@ const session = await ort.InferenceSession.create(rewritten.bytes, {
   enableProfiling: true,
   profileFilePrefix: join(tmpdir(), 'sluice-op-profile'),
   graphOptimizationLevel: 'all',
+  extra: { session: rewrittenSessionConfig(rewritten) },
 });
 const { numLayers, numKvHeads, headDim } = model.io;
 const feeds: Record<string, ort.Tensor> = {

@@ -8,7 +8,7 @@
 import * as ort from 'onnxruntime-node';
 import { ensureBuiltinModel, loadModelDir } from '@sluice/model';
 import { physicalCores } from '../src/physical-cores.js';
-import { rewriteDecoderGraph } from '../src/rewrite-decoder-graph.js';
+import { rewriteDecoderGraph, rewrittenSessionConfig } from '../src/rewrite-decoder-graph.js';
 import { decodeFeeds } from './decode-feeds.js';
 import { median } from './raw-session.js';
 
@@ -21,6 +21,7 @@ const session = await ort.InferenceSession.create(rewritten.bytes, {
   graphOptimizationLevel: 'all',
   logSeverityLevel: 3,
   intraOpNumThreads: physicalCores(),
+  extra: { session: rewrittenSessionConfig(rewritten) },
 });
 const fetches = ['logits', ...rewritten.newKvNames];
 const length = Number(process.env.LENGTH ?? 17);

@@ -8,7 +8,7 @@
  */
 import * as ort from 'onnxruntime-node';
 import { ensureBuiltinModel, loadModelDir } from '@sluice/model';
-import { rewriteDecoderGraph } from '../src/rewrite-decoder-graph.js';
+import { rewriteDecoderGraph, rewrittenSessionConfig } from '../src/rewrite-decoder-graph.js';
 import { decodeFeeds } from './decode-feeds.js';
 import { median } from './raw-session.js';
 const model = await loadModelDir(await ensureBuiltinModel((process.env.PRESET ?? 'bench') as 'bench'));
@@ -18,7 +18,12 @@ const rewritten = await rewriteDecoderGraph(model.onnxPath);
 const configs = JSON.parse(process.env.CONFIGS ?? '[["default",{}]]') as Array<[string, ort.InferenceSession.SessionOptions]>;
 const sessions = await Promise.all(
   configs.map(([, extra]) =>
-    ort.InferenceSession.create(rewritten!.bytes, { graphOptimizationLevel: 'all', logSeverityLevel: 3, ...extra }),
+    ort.InferenceSession.create(rewritten!.bytes, {
+      graphOptimizationLevel: 'all',
+      logSeverityLevel: 3,
+      ...extra,
+      extra: { session: { ...rewrittenSessionConfig(rewritten!), ...(extra.extra as { session?: object } | undefined)?.session } },
+    }),
   ),
 );
 const feeds = decodeFeeds(model.io, { rows, past });

@@ -65,8 +65,10 @@ function checkOptions(options: EngineOptions): void {
   if (options.kvGrowth !== undefined && !['spread', 'in-place'].includes(options.kvGrowth)) {
     throw new EngineError('invalid_request', `EngineOptions.kvGrowth must be spread or in-place, got ${String(options.kvGrowth)}.`);
   }
-  if (options.kvPreallocate !== undefined && typeof options.kvPreallocate !== 'boolean') {
-    throw new EngineError('invalid_request', `EngineOptions.kvPreallocate must be a boolean, got ${String(options.kvPreallocate)}.`);
+  for (const name of ['kvPreallocate', 'weightsInPlace'] as const) {
+    if (options[name] !== undefined && typeof options[name] !== 'boolean') {
+      throw new EngineError('invalid_request', `EngineOptions.${name} must be a boolean, got ${String(options[name])}.`);
+    }
   }
   // Options that take a boolean or one named mode.
   const modes = [

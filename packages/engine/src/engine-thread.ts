@@ -46,6 +46,7 @@ async function main(port: MessagePort, { options }: EngineThreadData): Promise<v
       interOpThreads: options.interOpThreads ?? 0,
       intraOpSpinning: options.intraOpSpinning ?? true,
       gqaAttention: options.gqaAttention ?? 'decomposed',
+      weightsInPlace: options.weightsInPlace ?? false,
     });
     // What the served graph runs: the rewrite may have replaced the model's GroupQueryAttention.
     const groupQueryAttention = !model.io.usesGroupQueryAttention ? 'none' : session.groupQueryAttention === false ? 'decomposed' : 'op';

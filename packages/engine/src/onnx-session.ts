@@ -5,7 +5,7 @@
 import * as ort from 'onnxruntime-node';
 import { USE_CACHE_BRANCH } from '@sluice/model';
 import { orderedKvNames, PAST_INPUT, PRESENT_OUTPUT } from './kv-names.js';
-import { rewriteDecoderGraph, type RewrittenGraph } from './rewrite-decoder-graph.js';
+import { rewriteDecoderGraph, rewrittenSessionConfig, type RewrittenGraph } from './rewrite-decoder-graph.js';
 import { EngineError } from './engine-error.js';
 import type { KvData, KvShape } from './kv-batch.js';
 import type { PackedInputs } from './pack-inputs.js';
@@ -24,6 +24,8 @@ export interface OnnxSessionOptions {
   newKvOutputs?: boolean;
   /** See EngineOptions.gqaAttention (default 'decomposed'). */
   gqaAttention?: GqaAttention;
+  /** See EngineOptions.weightsInPlace (default false). */
+  weightsInPlace?: boolean;
 }
 
 /** What the graph declares, read from the session's input and output metadata. */
@@ -142,10 +144,12 @@ export class OnnxSession {
       rewritten =
         options.newKvOutputs === false
           ? undefined
-          : await rewriteDecoderGraph(options.modelPath, { decomposeGroupQueryAttention: options.gqaAttention === 'decomposed' });
-      // A graph created from bytes finds its external-data files only through this folder.
-      if (rewritten?.externalDataFolder !== undefined)
-        sessionConfig.model_external_initializers_file_folder_path = rewritten.externalDataFolder;
+          : await rewriteDecoderGraph(options.modelPath, {
+              decomposeGroupQueryAttention: options.gqaAttention === 'decomposed',
+              weightsInPlace: options.weightsInPlace === true,
+            });
+      // A graph created from bytes finds its weights only through their folder.
+      if (rewritten !== undefined) Object.assign(sessionConfig, rewrittenSessionConfig(rewritten));
       if (Object.keys(sessionConfig).length > 0) sessionOptions.extra = { session: sessionConfig };
       session =
         rewritten === undefined

@@ -6,7 +6,7 @@
 import { readFile } from 'node:fs/promises';
 import { dirname, resolve } from 'node:path';
 import onnxProto from 'onnx-proto';
-import { exactOnnxInt64 } from '@sluice/model';
+import { exactOnnxInt64, readOnnxGraphOnly } from '@sluice/model';
 import { orderedKvNames, PAST_INPUT, PRESENT_OUTPUT } from './kv-names.js';
 import { appliesRotaryInside, intAttribute, positionIdsInput, rotaryBeforeAttention } from './rotary-before-attention.js';
 import { attentionMask, int, plainAttention, type AttentionMask } from './plain-attention.js';
@@ -17,11 +17,15 @@ const { onnx } = onnxProto;
 
 /** A decoder graph rewritten by {@link rewriteDecoderGraph}. */
 export interface RewrittenGraph {
-  /** The re-encoded graph (its external-data initializers still name their files). */
+  /** The re-encoded graph: weights inside it, or external data in their own files or in the model file itself (`weightsInPlace`). */
   bytes: Uint8Array;
   /** Each layer's new key and value slice outputs, in layer order. */
   newKvNames: string[];
-  /** Set when initializers live in external-data files: the folder their locations are relative to. */
+  /**
+   * Set when initializers are external data (see {@link RewrittenGraph.bytes}): the folder their
+   * locations are relative to, which a session created from the bytes must be told
+   * ({@link rewrittenSessionConfig}).
+   */
   externalDataFolder?: string;
   /** Whether the graph still runs GroupQueryAttention (which cannot express padded rows). */
   groupQueryAttention: boolean;
@@ -62,18 +66,22 @@ const NEW_KV_OUTPUT = (layer: number, kind: string): string => `sluice_new_kv.${
  * (another pattern) undefined: the engine then fetches `present.*`.
  *
  * Weights in external-data files (`model.onnx_data`: every export past protobuf's 2 GB, and smaller
- * ones such as Qwen2.5-0.5B's) stay where they are: only the graph file is read and re-encoded, its
- * initializers keep naming their files, and `externalDataFolder` says where those files are for a
- * session created from the returned bytes.
+ * ones such as Qwen2.5-0.5B's) are not read here: their initializers keep naming their files. Those
+ * inside the model file are read and re-encoded with the graph (the file, its re-encoding and
+ * onnxruntime's copy in memory at once: about three times the model's size at the peak), unless
+ * `weightsInPlace`: then only the graph is read and they become external data naming the model file
+ * itself at the offset where their bytes lie (`readOnnxGraphOnly`; the tables a Gather reads stay
+ * inside). Either way `externalDataFolder` says where a session created from the returned bytes finds
+ * them ({@link rewrittenSessionConfig}). EngineOptions.weightsInPlace says what each costs.
  */
 export async function rewriteDecoderGraph(
   modelPath: string,
-  options: { decomposeGroupQueryAttention?: boolean } = {},
+  options: { decomposeGroupQueryAttention?: boolean; weightsInPlace?: boolean } = {},
 ): Promise<RewrittenGraph | undefined> {
   exactOnnxInt64();
   let model: onnxProto.onnx.ModelProto;
   try {
-    model = onnx.ModelProto.decode(await readFile(modelPath));
+    model = onnx.ModelProto.decode(options.weightsInPlace === true ? readOnnxGraphOnly(modelPath) : await readFile(modelPath));
   } catch {
     return undefined;
   }
@@ -223,6 +231,15 @@ export async function rewriteDecoderGraph(
     lastRealTokenLogits: lastOnly !== undefined && byMask,
     ...(external ? { externalDataFolder: dirname(resolve(modelPath)) } : {}),
   };
+}
+
+/**
+ * The onnxruntime session config entries (`extra.session`) a session created from
+ * {@link RewrittenGraph.bytes} needs: where its external weights are (without the folder onnxruntime
+ * refuses: "External data path for model loaded from bytes escapes working directory").
+ */
+export function rewrittenSessionConfig(rewritten: Pick<RewrittenGraph, 'externalDataFolder'>): Record<string, string> {
+  return rewritten.externalDataFolder === undefined ? {} : { model_external_initializers_file_folder_path: rewritten.externalDataFolder };
 }
 
 /** Ops between the final hidden state and `logits` (the lm_head and its reshapes). */

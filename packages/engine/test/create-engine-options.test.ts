@@ -6,6 +6,7 @@ import { KV_ALIGN } from '../src/kv-lane.js';
 describe('createEngine options', () => {
   it.each([
     [{ kvPreallocate: 'yes' }, /EngineOptions\.kvPreallocate must be a boolean, got yes/],
+    [{ weightsInPlace: 1 }, /EngineOptions\.weightsInPlace must be a boolean, got 1/],
     [{ earlyFirstTokens: 'no' }, /EngineOptions\.earlyFirstTokens must be true, false or 'after-prefills', got no/],
     [{ kvGrowth: 'sideways' }, /EngineOptions\.kvGrowth must be spread or in-place, got sideways/],
     [{ intraOpSpinning: 'after-run' }, /EngineOptions\.intraOpSpinning must be true, false or 'during-run', got after-run/],
@@ -40,6 +41,37 @@ describe('createEngine options', () => {
         await engine.close();
       }
     }
+  });
+
+  it('with weightsInPlace, gives the same tokens and logprobs to the bit as with the weights read in (prefill and decode, two rows)', async () => {
+    const modelDir = await ensureBuiltinModel('tiny');
+    const answers: Array<{ tokens: number[]; logprobs: number[] }> = [];
+    for (const weightsInPlace of [false, true]) {
+      const engine = await createEngine({ modelDir, maxBatchSize: 2, weightsInPlace });
+      try {
+        const run = async (id: string, promptTokenIds: number[]) => {
+          const answer = { tokens: [] as number[], logprobs: [] as number[] };
+          const stream = engine.generate({
+            id,
+            promptTokenIds,
+            sampling: { maxTokens: 12, temperature: 0, ignoreEos: true, logprobs: true },
+          });
+          for await (const event of stream) {
+            if (event.type !== 'text-delta') continue;
+            answer.tokens.push(...event.tokenIds);
+            answer.logprobs.push(...(event.logprobs ?? []).map((entry) => entry.logprob));
+          }
+          return answer;
+        };
+        const both = await Promise.all([run(`a-${weightsInPlace}`, [5, 6, 7]), run(`b-${weightsInPlace}`, [9, 10, 11, 12, 13])]);
+        for (const answer of both) expect(answer.logprobs).toHaveLength(12);
+        answers.push(...both);
+      } finally {
+        await engine.close();
+      }
+    }
+    expect(answers[2]).toEqual(answers[0]);
+    expect(answers[3]).toEqual(answers[1]);
   });
 
   it('gives the same greedy tokens whether onnxruntime threads spin always, never or during a call', async () => {

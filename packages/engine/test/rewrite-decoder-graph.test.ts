@@ -4,7 +4,7 @@ import { dirname, join } from 'node:path';
 import onnxProto from 'onnx-proto';
 import * as ort from 'onnxruntime-node';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { rewriteDecoderGraph, type RewrittenGraph } from '../src/rewrite-decoder-graph.js';
+import { rewriteDecoderGraph, rewrittenSessionConfig, type RewrittenGraph } from '../src/rewrite-decoder-graph.js';
 import { generateTinyModel } from '@sluice/model';
 import { MODEL_FORMS, tinyModelDir, usesGroupQueryAttention } from './support/model-forms.js';
 
@@ -103,13 +103,50 @@ describe.each(MODEL_FORMS)('the load-time rewrite of a decoder in the $label for
     if (!form.externalData) {
       expect(external).toEqual([]);
       expect(rewritten.externalDataFolder).toBeUndefined();
+      expect(rewrittenSessionConfig(rewritten)).toEqual({});
       return;
     }
     expect(external.length).toBeGreaterThan(0);
     for (const tensor of external) expect(tensor.externalData?.find((entry) => entry.key === 'location')?.value).toBe('model.onnx_data');
     expect(rewritten.externalDataFolder).toBe(dirname(modelPath));
+    expect(rewrittenSessionConfig(rewritten)).toEqual({ model_external_initializers_file_folder_path: dirname(modelPath) });
     // The graph alone: a fraction of the weights' bytes.
     expect(rewritten.bytes.length).toBeLessThan((await stat(join(dirname(modelPath), 'model.onnx_data'))).size / 4);
+  });
+
+  it('with weightsInPlace reads no weight of an inline model but its embedding table, and its session computes the same logits to the bit', async () => {
+    const inPlace = (await rewriteDecoderGraph(modelPath, { decomposeGroupQueryAttention: decomposed, weightsInPlace: true }))!;
+    const initializers = onnx.ModelProto.decode(inPlace.bytes).graph!.initializer ?? [];
+    const external = initializers.filter((tensor) => tensor.dataLocation === onnx.TensorProto.DataLocation.EXTERNAL);
+    expect(external.length).toBeGreaterThan(0);
+    const location = form.externalData ? 'model.onnx_data' : 'model.onnx';
+    for (const tensor of external) expect(tensor.externalData?.find((entry) => entry.key === 'location')?.value).toBe(location);
+    expect(inPlace.externalDataFolder).toBe(dirname(modelPath));
+    // The embedding table (a Gather's) is the one large weight kept inside, so onnxruntime does not read it through a file mapping.
+    const kept = initializers.filter((tensor) => (tensor.rawData?.length ?? 0) >= 1024);
+    expect(kept.map((tensor) => tensor.name)).toEqual(form.externalData ? [] : ['model.embed_tokens.weight']);
+    // The graph alone (and that table): a fraction of the weights' bytes.
+    const keptBytes = kept.reduce((sum, tensor) => sum + tensor.rawData!.length, 0);
+    expect(inPlace.bytes.length - keptBytes).toBeLessThan((await stat(join(dirname(modelPath), location))).size / 4);
+
+    const copied = (await rewrite(modelPath))!;
+    const [a, b] = await Promise.all([rewrittenSession(copied), rewrittenSession(inPlace)]);
+    try {
+      const { pastNames, kvHeads, headDim } = pastShape(a);
+      const ids = [5, 6, 7, 8, 9];
+      const feeds: Record<string, ort.Tensor> = {
+        input_ids: new ort.Tensor('int64', BigInt64Array.from(ids.map(BigInt)), [1, ids.length]),
+        attention_mask: new ort.Tensor('int64', new BigInt64Array(ids.length).fill(1n), [1, ids.length]),
+      };
+      if (a.inputNames.includes('position_ids'))
+        feeds.position_ids = new ort.Tensor('int64', BigInt64Array.from(ids.map((_, i) => BigInt(i))), [1, ids.length]);
+      for (const name of pastNames) feeds[name] = new ort.Tensor('float32', new Float32Array(0), [1, kvHeads, 0, headDim]);
+      const fetches = ['logits', ...copied.newKvNames];
+      const [x, y] = [await a.run(feeds, fetches), await b.run(feeds, fetches)];
+      for (const name of fetches) expect([...(y[name]!.data as Float32Array)]).toEqual([...(x[name]!.data as Float32Array)]);
+    } finally {
+      await Promise.all([a.release(), b.release()]);
+    }
   });
 
   it('takes the rotary out of a GroupQueryAttention that rotates inside: RotaryEmbedding nodes before it at a position_ids input, q/k/v unpacked', async () => {
@@ -347,9 +384,7 @@ const SESSION_OPTIONS = { intraOpNumThreads: 1, logSeverityLevel: 3 as const };
 function rewrittenSession(rewritten: RewrittenGraph): Promise<ort.InferenceSession> {
   return ort.InferenceSession.create(rewritten.bytes, {
     ...SESSION_OPTIONS,
-    ...(rewritten.externalDataFolder === undefined
-      ? {}
-      : { extra: { session: { model_external_initializers_file_folder_path: rewritten.externalDataFolder } } }),
+    extra: { session: rewrittenSessionConfig(rewritten) },
   });
 }
 

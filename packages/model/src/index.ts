@@ -12,6 +12,7 @@ export {
 } from './prompt-files.js';
 export { readOnnxIo, USE_CACHE_BRANCH } from './onnx-io.js';
 export { exactOnnxInt64 } from './onnx-proto.js';
+export { readOnnxGraphOnly } from './onnx-graph-only.js';
 export { TextStreamer, type TextStreamerOptions } from './text-streamer.js';
 export { generateTinyModel, type GenerateTinyModelOptions } from './tiny-model/generate-tiny-model.js';
 export type { AttentionForm } from './tiny-model/llama-graph.js';
