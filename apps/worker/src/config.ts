@@ -249,6 +249,7 @@ export function describeEngineSettings(config: WorkerConfig, contextLength: numb
     `MAX_CACHED_TOKENS=${cached}`,
     `MAX_PREFILL_BATCH=${config.maxPrefillBatch}`,
     `KV_PREALLOCATE=${config.kvPreallocate}`,
+    `WEIGHTS_IN_PLACE=${config.weightsInPlace}`,
     `KV_GROWTH=${config.kvGrowth}`,
     `EXECUTION_PROVIDER=${config.executionProvider}`,
   ];

@@ -131,6 +131,8 @@ describe('worker configuration', () => {
     const settings = describeEngineSettings(loadWorkerConfig({ MAX_BATCH_SIZE: '4', KV_PREALLOCATE: '1' }), 2048);
     expect(settings).toContain('MAX_BATCH_SIZE=4, MAX_STEP_TOKENS=512, MAX_CACHED_TOKENS=unset (MAX_BATCH_SIZE × context length = 8192)');
     expect(settings).toContain('KV_PREALLOCATE=true');
+    // The load's memory (an engine that ran out of it) depends on this one.
+    expect(settings).toContain('WEIGHTS_IN_PLACE=false');
     expect(settings).toMatch(/; the model's context length: 2048$/);
     expect(describeEngineSettings(loadWorkerConfig({ MAX_CACHED_TOKENS: '300' }), 2048)).toContain('MAX_CACHED_TOKENS=300,');
   });

@@ -97,11 +97,10 @@ export interface EngineOptions {
    * the graph only and makes each initializer of 1 KB or more external data naming the file itself at
    * the offset where its bytes lie (the tables a Gather reads, embeddings, still read in), and
    * onnxruntime reads them from there. Loading then holds about half the memory at its peak (the
-   * `smollm2-135m` preset, 538 MB: 2.07 → 1.03 GB) and is faster, but one stream may decode a few
-   * percent slower: engine alone, the bench model 1.5–3.3 % (medians of 12 and 10 side-by-side runs,
-   * where two identical engines differ by up to 2 %), the smollm2 preset 4.5 % (median of 6); raw
-   * sessions side by side showed no gap, so the cause is not known (docs/engine.md, "Inline weights
-   * read in place"). Off by default for that.
+   * `smollm2-135m` preset, 538 MB: 2.07 → 1.03 GB) and is faster, but one stream of the smollm2
+   * preset decoded ~5 % slower at the engine (medians of 6 and 8 side-by-side pairs; the bench model
+   * within its noise, −3.3 % to +2.4 % in three designs; raw sessions side by side showed no gap), and
+   * the cause is not known (docs/engine.md, "Inline weights read in place"). Off by default for that.
    * Models whose weights are already in external-data files are read the same either way.
    * @defaultValue false
    */
