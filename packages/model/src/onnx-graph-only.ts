@@ -1,19 +1,22 @@
 import { closeSync, fstatSync, openSync } from 'node:fs';
 import { basename } from 'node:path';
+import { ENTRY, GRAPH, MODEL_GRAPH, nodeTree, TENSOR } from './onnx-file-fields.js';
 import { FileReader, WIRE, type Field } from './protobuf-file-reader.js';
 
 /** Initializers with at least this many bytes of `raw_data` are left in the file, not read. */
 export const GRAPH_ONLY_MIN_BYTES = 1024;
 
-/** Field numbers from onnx.proto. */
-const MODEL_GRAPH = 7;
-const GRAPH_NODE = 1;
-const GRAPH_INITIALIZER = 5;
-const NODE = { input: 1, opType: 4, attribute: 5 } as const;
-const ATTRIBUTE = { g: 6, graphs: 11 } as const;
-const TENSOR = { name: 8, rawData: 9, externalData: 13, dataLocation: 14 } as const;
-const ENTRY = { key: 1, value: 2 } as const;
+/** TensorProto.DataLocation.EXTERNAL. */
 const EXTERNAL = 1;
+
+/** A span of the file still to read: large fields are read once, straight into the result. */
+interface FileSpan {
+  at: number;
+  length: number;
+}
+
+/** An encoded message as the pieces it is made of, in order: put together once, at the end ({@link assemble}). */
+type Parts = Array<Uint8Array | FileSpan>;
 
 /**
  * An ONNX model file re-encoded without its weights: every initializer whose `raw_data` holds
@@ -33,61 +36,47 @@ export function readOnnxGraphOnly(onnxPath: string): Uint8Array {
   try {
     const reader = new FileReader(fd, fstatSync(fd).size, onnxPath);
     const location = basename(onnxPath);
-    const parts: Uint8Array[] = [];
+    let parts: Parts = [];
     for (const field of reader.fields(0, reader.size)) {
-      if (field.number === MODEL_GRAPH && field.wireType === WIRE.bytes) {
-        const gathered = new Set<string>();
-        gatheredTables(reader, field, gathered);
-        parts.push(lengthDelimited(MODEL_GRAPH, graphOnly(reader, field, location, gathered)));
-      } else {
-        parts.push(copy(reader, field));
-      }
+      // (concat, not a spread: a graph is a part per node and initializer field.)
+      if (field.number === MODEL_GRAPH && field.wireType === WIRE.bytes)
+        parts = parts.concat(lengthDelimited(MODEL_GRAPH, graphOnly(reader, field, location, gatheredTables(reader, field))));
+      else parts.push(copy(reader, field));
     }
-    return concat(parts);
+    return assemble(reader, parts);
   } finally {
     closeSync(fd);
   }
 }
 
 /** The names of the tensors Gather nodes read their rows from (input 0), in `graph` and its subgraphs. */
-function gatheredTables(reader: FileReader, graph: Field, into: Set<string>): void {
-  for (const node of reader.fields(graph.start, graph.end)) {
-    if (node.number !== GRAPH_NODE || node.wireType !== WIRE.bytes) continue;
-    let opType = '';
-    let data: string | undefined;
-    for (const field of reader.fields(node.start, node.end)) {
-      if (field.wireType !== WIRE.bytes) continue;
-      if (field.number === NODE.opType) opType = reader.string(field);
-      else if (field.number === NODE.input) data ??= reader.string(field);
-      else if (field.number === NODE.attribute) {
-        for (const attribute of reader.fields(field.start, field.end)) {
-          if (attribute.wireType === WIRE.bytes && (attribute.number === ATTRIBUTE.g || attribute.number === ATTRIBUTE.graphs))
-            gatheredTables(reader, attribute, into);
-        }
-      }
-    }
-    if (opType === 'Gather' && data !== undefined) into.add(data);
+function gatheredTables(reader: FileReader, graph: Field): Set<string> {
+  const tables = new Set<string>();
+  for (const field of reader.fields(graph.start, graph.end)) {
+    if (field.number !== GRAPH.node || field.wireType !== WIRE.bytes) continue;
+    for (const node of nodeTree(reader, field)) if (node.opType === 'Gather') tables.add(node.firstInput);
   }
+  return tables;
 }
 
-function graphOnly(reader: FileReader, graph: Field, location: string, gathered: ReadonlySet<string>): Uint8Array {
-  const parts: Uint8Array[] = [];
+function graphOnly(reader: FileReader, graph: Field, location: string, gathered: ReadonlySet<string>): Parts {
+  const parts: Parts = [];
   for (const field of reader.fields(graph.start, graph.end)) {
-    parts.push(
-      field.number === GRAPH_INITIALIZER && field.wireType === WIRE.bytes
-        ? lengthDelimited(GRAPH_INITIALIZER, tensorOnly(reader, field, location, gathered))
-        : copy(reader, field),
-    );
+    if (field.number === GRAPH.initializer && field.wireType === WIRE.bytes) {
+      parts.push(...lengthDelimited(GRAPH.initializer, tensorOnly(reader, field, location, gathered)));
+    } else {
+      parts.push(copy(reader, field));
+    }
   }
-  return concat(parts);
+  return parts;
 }
 
 /** A TensorProto without its large `raw_data`, naming where those bytes lie instead (unless a Gather reads it). */
-function tensorOnly(reader: FileReader, tensor: Field, location: string, gathered: ReadonlySet<string>): Uint8Array {
+function tensorOnly(reader: FileReader, tensor: Field, location: string, gathered: ReadonlySet<string>): Parts {
   const fields = [...reader.fields(tensor.start, tensor.end)];
   const nameField = fields.find((field) => field.number === TENSOR.name && field.wireType === WIRE.bytes);
-  if (nameField !== undefined && gathered.has(reader.string(nameField))) return concat(fields.map((field) => copy(reader, field)));
-  const parts: Uint8Array[] = [];
+  if (nameField !== undefined && gathered.has(reader.string(nameField))) return fields.map((field) => copy(reader, field));
+  const parts: Parts = [];
   let left: { offset: number; length: number } | undefined;
   for (const field of fields) {
     if (field.number === TENSOR.rawData && field.wireType === WIRE.bytes && field.end - field.start >= GRAPH_ONLY_MIN_BYTES) {
@@ -96,25 +85,32 @@ function tensorOnly(reader: FileReader, tensor: Field, location: string, gathere
       parts.push(copy(reader, field));
     }
   }
-  if (left === undefined) return concat(parts);
-  const entry = (key: string, value: string): Uint8Array =>
-    lengthDelimited(TENSOR.externalData, concat([lengthDelimited(ENTRY.key, utf8(key)), lengthDelimited(ENTRY.value, utf8(value))]));
+  if (left === undefined) return parts;
+  const entry = (key: string, value: string): Parts =>
+    lengthDelimited(TENSOR.externalData, [...lengthDelimited(ENTRY.key, [utf8(key)]), ...lengthDelimited(ENTRY.value, [utf8(value)])]);
   parts.push(
-    entry('location', location),
-    entry('offset', String(left.offset)),
-    entry('length', String(left.length)),
-    concat([varint(TENSOR.dataLocation * 8 + WIRE.varint), varint(EXTERNAL)]),
+    ...entry('location', location),
+    ...entry('offset', String(left.offset)),
+    ...entry('length', String(left.length)),
+    varint(TENSOR.dataLocation * 8 + WIRE.varint),
+    varint(EXTERNAL),
   );
-  return concat(parts);
+  return parts;
 }
 
-/** A field exactly as it lies in the file (its key included). */
-function copy(reader: FileReader, field: Field): Uint8Array {
-  return reader.bytes(field.at, field.end - field.at).slice();
+/**
+ * A field exactly as it lies in the file (its key included): a large one as its span, read later into
+ * the result; a small one as a view of the reader's buffer, which the reader never writes again (it
+ * reads into a new one).
+ */
+function copy(reader: FileReader, field: Field): Uint8Array | FileSpan {
+  const length = field.end - field.at;
+  return length > reader.chunkBytes ? { at: field.at, length } : reader.bytes(field.at, length);
 }
 
-function lengthDelimited(number: number, payload: Uint8Array): Uint8Array {
-  return concat([varint(number * 8 + WIRE.bytes), varint(payload.length), payload]);
+function lengthDelimited(number: number, payload: Parts): Parts {
+  const key: Parts = [varint(number * 8 + WIRE.bytes), varint(payload.reduce((sum, part) => sum + part.length, 0))];
+  return key.concat(payload);
 }
 
 function varint(value: number): Uint8Array {
@@ -133,11 +129,13 @@ function utf8(text: string): Uint8Array {
   return encoder.encode(text);
 }
 
-function concat(parts: readonly Uint8Array[]): Uint8Array {
+/** The parts in one buffer, file spans read straight into it. */
+function assemble(reader: FileReader, parts: Parts): Uint8Array {
   const out = new Uint8Array(parts.reduce((sum, part) => sum + part.length, 0));
   let at = 0;
   for (const part of parts) {
-    out.set(part, at);
+    if (part instanceof Uint8Array) out.set(part, at);
+    else reader.readInto(out.subarray(at, at + part.length), part.at);
     at += part.length;
   }
   return out;

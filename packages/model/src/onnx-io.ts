@@ -2,6 +2,7 @@ import { closeSync, fstatSync, openSync } from 'node:fs';
 import onnxProto from 'onnx-proto';
 import { exactOnnxInt64 } from './onnx-proto.js';
 import { ModelDirError } from './model-dir-error.js';
+import { ENTRY, GRAPH, MODEL_GRAPH, nodeTree, TENSOR } from './onnx-file-fields.js';
 import { FileReader, WIRE, type Field } from './protobuf-file-reader.js';
 import type { OnnxIo } from './types.js';
 
@@ -175,15 +176,6 @@ interface ScannedGraph {
   externalDataFiles: Set<string>;
 }
 
-/** Field numbers from onnx.proto. */
-const MODEL_GRAPH = 7;
-const GRAPH = { node: 1, initializer: 5, input: 11, output: 12 } as const;
-const NODE = { attribute: 5, opType: 4 } as const;
-const ATTRIBUTE = { g: 6, graphs: 11 } as const;
-const TENSOR = { name: 8, externalData: 13 } as const;
-/** StringStringEntryProto: key 1, value 2. */
-const ENTRY = { key: 1, value: 2 } as const;
-
 function scanModel(reader: FileReader): ScannedGraph {
   let graph: Field | undefined;
   for (const field of reader.fields(0, reader.size)) {
@@ -198,7 +190,7 @@ function scanModel(reader: FileReader): ScannedGraph {
       const info = decodeValueInfo(reader.bytes(field.start, field.end - field.start));
       (field.number === GRAPH.input ? scanned.inputs : scanned.outputs).push(info);
     } else if (field.number === GRAPH.node) {
-      scanNode(reader, field, scanned.opTypes);
+      for (const node of nodeTree(reader, field)) scanned.opTypes.add(node.opType);
     } else if (field.number === GRAPH.initializer) {
       const { name, location } = scanInitializer(reader, field);
       if (name !== undefined) initializers.add(name);
@@ -208,23 +200,6 @@ function scanModel(reader: FileReader): ScannedGraph {
   // Old exports (IR < 4) also list every weight as a graph input; those are not fed by callers.
   scanned.inputs = scanned.inputs.filter((input) => !initializers.has(input.name));
   return scanned;
-}
-
-function scanNode(reader: FileReader, node: Field, opTypes: Set<string>): void {
-  for (const field of reader.fields(node.start, node.end)) {
-    if (field.wireType !== WIRE.bytes) continue;
-    if (field.number === NODE.opType) {
-      opTypes.add(reader.string(field));
-    } else if (field.number === NODE.attribute) {
-      for (const attribute of reader.fields(field.start, field.end)) {
-        if (attribute.wireType === WIRE.bytes && (attribute.number === ATTRIBUTE.g || attribute.number === ATTRIBUTE.graphs)) {
-          for (const inner of reader.fields(attribute.start, attribute.end)) {
-            if (inner.number === GRAPH.node && inner.wireType === WIRE.bytes) scanNode(reader, inner, opTypes);
-          }
-        }
-      }
-    }
-  }
 }
 
 /** An initializer's name and, when its bytes live in an external-data file, that file's location. */

@@ -15,11 +15,13 @@ export interface Field {
   end: number;
 }
 
-const CHUNK_BYTES = 1 << 20;
+const CHUNK_BYTES = 1 << 16;
 const textDecoder = new TextDecoder();
 
 /** Random access to a protobuf file through a small read buffer. */
 export class FileReader {
+  /** What one read fills at least: longer spans {@link bytes} reads whole. */
+  readonly chunkBytes = CHUNK_BYTES;
   #chunk = Buffer.alloc(0);
   #chunkStart = 0;
 
@@ -39,15 +41,21 @@ export class FileReader {
     if (offset < 0 || offset + length > this.#chunk.length) {
       this.#chunk = Buffer.allocUnsafe(Math.min(Math.max(length, CHUNK_BYTES), this.size - position));
       this.#chunkStart = position;
-      let filled = 0;
-      while (filled < this.#chunk.length) {
-        const read = readSync(this.fd, this.#chunk, filled, this.#chunk.length - filled, position + filled);
-        if (read === 0) this.malformed('truncated');
-        filled += read;
-      }
+      this.readInto(this.#chunk, position);
       return this.#chunk.subarray(0, length);
     }
     return this.#chunk.subarray(offset, offset + length);
+  }
+
+  /** Fills `into` with the file's bytes from `position` on (past the reader's buffer). */
+  readInto(into: Uint8Array, position: number): void {
+    if (position < 0 || position + into.length > this.size) this.malformed('truncated');
+    let filled = 0;
+    while (filled < into.length) {
+      const read = readSync(this.fd, into, filled, into.length - filled, position + filled);
+      if (read === 0) this.malformed('truncated');
+      filled += read;
+    }
   }
 
   string(field: Field): string {
