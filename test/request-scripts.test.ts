@@ -39,6 +39,99 @@ describe('request scripts on a real Redis', () => {
     expect(ttl).toBeLessThanOrEqual(60_000);
   });
 
+  describe("a step's entries written as one command", () => {
+    const names = redisNames('w');
+    let scripts: RequestScripts;
+    let subscriber: Redis;
+    const heard: Array<[string, string]> = [];
+    beforeAll(async () => {
+      scripts = new RequestScripts(redis, names);
+      subscriber = new Redis(server.url);
+      subscriber.on('message', (channel: string, message: string) => heard.push([channel, message]));
+      await subscriber.subscribe('gw-a', 'gw-b');
+    });
+    afterAll(() => subscriber.quit());
+    const log = async (id: string) => (await redis.xrange(names.logKey(id), '-', '+')).map(([entryId, fields]) => [entryId, fields[1]]);
+    const append = (requestId: string, attempt: number, pairs: string[], workerId = '') => ({
+      requestId,
+      attempt,
+      maxEntries: 100,
+      ttlMs: 60_000,
+      workerId,
+      pairs,
+    });
+
+    it("appends each request's entries, fenced by its attempt, then publishes, and answers each", async () => {
+      await redis.hset(names.metaKey('one'), 'attempt', '1');
+      await redis.hset(names.metaKey('moved'), 'attempt', '2');
+      const written = await scripts.writeEntries(
+        [append('one', 1, ['0', 'a0', '1', 'a1'], 'w-1'), append('moved', 1, ['5', 'stale']), append('nometa', 1, ['0', 'c0'])],
+        [
+          { channel: 'gw-a', message: 'step-1' },
+          { channel: 'gw-b', message: 'step-1b' },
+          { channel: 'gw-none', message: 'lost' },
+        ],
+      );
+      expect(written).toEqual({ appended: [1, 0, 1], receivers: [1, 1, 0] });
+      expect(await log('one')).toEqual([
+        ['0-1', 'a0'],
+        ['1-1', 'a1'],
+      ]);
+      // Fenced out: a newer attempt owns it; nothing written, its meta untouched.
+      expect(await log('moved')).toEqual([]);
+      expect(await redis.hget(names.metaKey('moved'), 'workerId')).toBeNull();
+      // No meta (a gateway's cancel of a removed job): the log is written, no meta is made.
+      expect(await log('nometa')).toEqual([['0-1', 'c0']]);
+      expect(await redis.exists(names.metaKey('nometa'))).toBe(0);
+      expect(await redis.hget(names.metaKey('one'), 'workerId')).toBe('w-1');
+      for (const key of [names.logKey('one'), names.metaKey('one'), names.logKey('nometa')]) {
+        const ttl = await redis.pttl(key);
+        expect(ttl).toBeGreaterThan(50_000);
+        expect(ttl).toBeLessThanOrEqual(60_000);
+      }
+      await waitFor('two messages', () => (heard.length === 2 ? true : undefined));
+      expect(heard).toEqual([
+        ['gw-a', 'step-1'],
+        ['gw-b', 'step-1b'],
+      ]);
+    });
+
+    it("answers a refused append with its error and still makes the step's other writes", async () => {
+      heard.length = 0;
+      await redis.hset(names.metaKey('again'), 'attempt', '1');
+      await scripts.writeEntries([append('again', 1, ['0', 'x0'])]);
+      // The same entries again (a command resent after a reconnect): XADD refuses an id not above the top.
+      const written = await scripts.writeEntries(
+        [append('again', 1, ['0', 'x0']), append('fresh', 1, ['0', 'f0'])],
+        [{ channel: 'gw-a', message: 'step-2' }],
+      );
+      expect(written.appended[0]).toBeInstanceOf(Error);
+      expect((written.appended[0] as Error).message).toContain('equal or smaller than the target stream top item');
+      expect(written.appended[1]).toBe(1);
+      expect(written.receivers).toEqual([1]);
+      expect(await log('fresh')).toEqual([['0-1', 'f0']]);
+      // Out of memory: every append refused, each answered with Redis's error; the publish still goes.
+      await redis.config('SET', 'maxmemory', '1');
+      try {
+        const full = await scripts.writeEntries(
+          [append('again', 1, ['1', 'x1']), append('fresh', 1, ['1', 'f1'])],
+          [{ channel: 'gw-b', message: 'step-3' }],
+        );
+        expect(full.appended.map((reply) => (reply instanceof Error ? reply.message.slice(0, 3) : reply))).toEqual(['OOM', 'OOM']);
+        expect(full.receivers).toEqual([1]);
+      } finally {
+        await redis.config('SET', 'maxmemory', '0');
+      }
+      expect(await log('again')).toEqual([['0-1', 'x0']]);
+      await waitFor('two messages', () => (heard.length === 2 ? true : undefined));
+      expect(heard.map(([, message]) => message)).toEqual(['step-2', 'step-3']);
+    });
+
+    it('writes nothing and answers nothing for an empty step', async () => {
+      await expect(scripts.writeEntries([])).resolves.toEqual({ appended: [], receivers: [] });
+    });
+  });
+
   describe("a lost worker's request moved to a new attempt", () => {
     const names = redisNames('m');
     let scripts: RequestScripts;

@@ -57,7 +57,7 @@ console.log(`took ${job.id}`);
 
 // SIGUSR1: write what a worker that only looked dead writes once it runs again — its `accepted` and a
 // first token for the job's attempt, appended to the log and published to the request's route in one
-// pipeline, as the worker's step router does. Prints `wrote <appended: 1, or 0 when fenced out>`.
+// command, as the worker's step router does. Prints `wrote <appended: 1, or 0 when fenced out>`.
 const data = job.data as GenerateJob;
 const scripts = new RequestScripts(redis, names);
 process.on('SIGUSR1', () => {
@@ -68,19 +68,22 @@ process.on('SIGUSR1', () => {
   ];
   void (async () => {
     const channel = (await redis.hget(names.metaKey(data.requestId), 'channel')) ?? '';
-    const pipeline = redis.pipeline();
     const encoded = entries.map(encodeEntry);
     const pairs = entries.flatMap((entry, i) => [String(entry.seq), encoded[i]!.logged]);
-    scripts.appendLog(pipeline, { requestId: data.requestId, attempt, maxEntries: 1000, ttlMs: 60_000, workerId: takerId, pairs });
-    if (channel !== '')
-      pipeline.publish(
-        channel,
-        liveGatewayMessage(
-          takerId,
-          encoded.map((e) => e.live),
-        ),
-      );
-    const replies = await pipeline.exec();
-    console.log(`wrote ${String(replies?.[0]?.[1])}`);
+    const { appended } = await scripts.writeEntries(
+      [{ requestId: data.requestId, attempt, maxEntries: 1000, ttlMs: 60_000, workerId: takerId, pairs }],
+      channel === ''
+        ? []
+        : [
+            {
+              channel,
+              message: liveGatewayMessage(
+                takerId,
+                encoded.map((e) => e.live),
+              ),
+            },
+          ],
+    );
+    console.log(`wrote ${String(appended[0])}`);
   })();
 });

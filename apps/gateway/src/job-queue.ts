@@ -458,17 +458,10 @@ export class RedisJobQueue implements JobSubmitter, WorkCanceller {
     for (const index of open) entries.push({ requestId, seq: seq++, type: 'text-end', index, finishReason: 'abort', ...attempt });
     entries.push({ requestId, seq, type: 'finish', usage, ...attempt });
     const pairs = entries.flatMap((entry) => [String(entry.seq), JSON.stringify(entry)]);
-    const pipeline = this.redis.pipeline();
-    // The cap leaves a continuation's earlier entries in place (the log is capped where workers write it).
-    this.scripts.appendLog(pipeline, {
-      requestId,
-      attempt: meta.attempt,
-      maxEntries: seq + 100,
-      ttlMs: this.retentionMs,
-      workerId: '',
-      pairs,
-    });
-    if (meta.channel !== '') pipeline.publish(meta.channel, encodeGatewayMessage({ workerId: '', entries }));
-    await pipeline.exec();
+    await this.scripts.writeEntries(
+      // The cap leaves a continuation's earlier entries in place (the log is capped where workers write it).
+      [{ requestId, attempt: meta.attempt, maxEntries: seq + 100, ttlMs: this.retentionMs, workerId: '', pairs }],
+      meta.channel === '' ? [] : [{ channel: meta.channel, message: encodeGatewayMessage({ workerId: '', entries }) }],
+    );
   }
 }

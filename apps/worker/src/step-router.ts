@@ -1,5 +1,5 @@
 import { setTimeout as sleep } from 'node:timers/promises';
-import { ReplyError, type Redis } from 'ioredis';
+import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
 import type { EngineEvent, StepEvent, TokenLogprob } from '@sluice/engine';
 import {
@@ -8,6 +8,8 @@ import {
   liveGatewayMessage,
   RequestScripts,
   type GatewayEntryDraft,
+  type LogAppend,
+  type Publish,
   type RedisNames,
   type TokenLogprobWire,
 } from '@sluice/protocol';
@@ -103,10 +105,9 @@ interface PendingAppend {
 /**
  * Routes every engine step as a whole, in one pass: each event becomes a numbered wire entry, serialized
  * once (`encodeEntry`: the whole entry for its request's token log, the live form without token ids for
- * its gateway's message); then ONE socket write
- * carries the step, its commands pipelined: an append (a small Lua script, fenced by attempt) per
- * request, then one PUBLISH per gateway channel. Appends come first, so an entry a gateway sees live is
- * always in the log already.
+ * its gateway's message); then ONE command carries the step (`RequestScripts.writeEntries`, a Lua
+ * script): an append per request, fenced by attempt, then one PUBLISH per gateway channel. Appends come
+ * first, so an entry a gateway sees live is always in the log already.
  *
  * It also keeps each request's live route: a gateway may move it (a resume on another gateway), detach
  * it (its client left with a resume grace), or die — a PUBLISH that reaches nobody while the gateway's
@@ -428,54 +429,39 @@ export class StepRouter {
     }
     const { retentionMs, maxLogEntries, workerId } = this.options;
     const now = Date.now();
-    const replies: Array<Promise<void>> = [];
+    const routes: Route[] = [];
+    const appends: LogAppend[] = [];
     let firsts: RouteTiming[] | undefined;
-    // One socket write for the whole step: the commands are queued on the corked socket and leave
-    // together when it is uncorked (ioredis writes each command on its own otherwise). Sent on the
-    // connection itself rather than through a `Pipeline`, which builds an object per step (and
-    // copies every script defined on the connection into it).
-    const socket = this.#redis.stream;
-    socket.cork();
-    try {
-      for (const { route, pairs, workerId: accepting, final } of logs.values()) {
-        if (route.timing?.firstStepAt !== undefined && route.timing.publishedAt === undefined) (firsts ??= []).push(route.timing);
-        // The TTL starts when the request ends; until then it only bounds a request nobody finishes.
-        const ttlMs = route.ended || final ? retentionMs : Math.max(0, route.deadlineAt - now) + retentionMs;
-        const append = this.#scripts.append({
-          requestId: route.requestId,
-          attempt: route.attempt,
-          maxEntries: maxLogEntries,
-          ttlMs,
-          workerId: accepting,
-          pairs,
-        });
-        replies.push(
-          append.then(
-            (appended) => this.#appended(route, appended),
-            (error: unknown) => this.#appendFailed(route, error),
-          ),
-        );
-      }
-      // Appends first: an entry a gateway sees live is always in the log already.
-      for (const [channel, entries] of channels) {
-        const publish = this.#redis.publish(channel, liveGatewayMessage(workerId, entries));
-        replies.push(
-          publish.then(
-            (receivers) => {
-              if (receivers === 0) this.#checkGateway(channel);
-            },
-            (error: unknown) => this.logger.error({ err: error, channel }, 'publishing a step failed'),
-          ),
-        );
-      }
-    } finally {
-      socket.uncork();
+    for (const { route, pairs, workerId: accepting, final } of logs.values()) {
+      if (route.timing?.firstStepAt !== undefined && route.timing.publishedAt === undefined) (firsts ??= []).push(route.timing);
+      // The TTL starts when the request ends; until then it only bounds a request nobody finishes.
+      const ttlMs = route.ended || final ? retentionMs : Math.max(0, route.deadlineAt - now) + retentionMs;
+      routes.push(route);
+      appends.push({ requestId: route.requestId, attempt: route.attempt, maxEntries: maxLogEntries, ttlMs, workerId: accepting, pairs });
     }
-    this.#flushing = Promise.all(replies).then(() => {
-      if (firsts === undefined) return;
-      const at = epochMs();
-      for (const timing of firsts) timing.publishedAt = at;
-    });
+    const publishes: Publish[] = [];
+    for (const [channel, entries] of channels) publishes.push({ channel, message: liveGatewayMessage(workerId, entries) });
+    // The whole step in one command (one socket write): its appends, then a publish per gateway.
+    this.#flushing = this.#scripts.writeEntries(appends, publishes).then(
+      ({ appended, receivers }) => {
+        routes.forEach((route, i) => {
+          const reply = appended[i]!;
+          if (reply instanceof Error) this.#appendFailed(route, reply);
+          else this.#appended(route, reply);
+        });
+        publishes.forEach(({ channel }, i) => {
+          if (receivers[i] === 0) this.#checkGateway(channel);
+        });
+        if (firsts === undefined) return;
+        const at = epochMs();
+        for (const timing of firsts) timing.publishedAt = at;
+      },
+      (error: unknown) => {
+        // The connection failed under the write (or the script did): which entries reached the logs is unknown.
+        this.logger.error({ err: error }, 'writing a step failed');
+        for (const route of routes) this.#lost(route);
+      },
+    );
   }
 
   /** Redis's answer to an append: 1, or 0 when a newer attempt owns the request (this worker was taken for dead). */
@@ -486,14 +472,14 @@ export class StepRouter {
     route.abort('superseded');
   }
 
-  #appendFailed(route: Route, error: unknown): void {
+  /**
+   * Redis refused a write of the append (out of memory, ...), on a sound connection: the live stream goes
+   * on (its publish went out) and a later resume may find the gap.
+   */
+  #appendFailed(route: Route, error: Error): void {
     this.logger.error({ err: error, requestId: route.requestId }, 'appending to the token log failed');
-    // Redis answered with an error (out of memory, ...): that append was not made, on a sound
-    // connection, and the live stream goes on (a later resume may find the gap). Any other failure (the
-    // connection failed under the write) leaves what reached the log unknown.
-    if (!(error instanceof ReplyError)) this.#lost(route);
     // (An append resent after a reconnect that Redis had made before finds its entry there already.)
-    else if (!(error as Error).message.includes('equal or smaller than the target stream top item')) route.logBehind = true;
+    if (!error.message.includes('equal or smaller than the target stream top item')) route.logBehind = true;
   }
 
   /**

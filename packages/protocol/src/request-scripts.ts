@@ -1,15 +1,18 @@
-import type { ChainableCommander, Redis } from 'ioredis';
+import { ReplyError as IoredisReplyError, type ChainableCommander, type Redis } from 'ioredis';
 import type { RedisNames } from './names.js';
 import {
-  APPEND_LOG_SCRIPT,
   CANCEL_IF_ROUTED_SCRIPT,
   CREATE_META_SCRIPT,
   MIGRATE_SCRIPT,
   RECORD_USAGE_SCRIPT,
   ROUTE_SCRIPT,
+  WRITE_ENTRIES_SCRIPT,
 } from './token-log.js';
 
-/** One append to a request's token log ({@link APPEND_LOG_SCRIPT}). */
+/** Redis's error reply (ioredis types it `any`). */
+const ReplyError = IoredisReplyError as new (message: string) => Error;
+
+/** One append to a request's token log ({@link WRITE_ENTRIES_SCRIPT}). */
 export interface LogAppend {
   requestId: string;
   /** The writer's attempt: an append of any other than the meta's is fenced out. */
@@ -24,18 +27,31 @@ export interface LogAppend {
   pairs: readonly string[];
 }
 
+/** One publish of {@link RequestScripts.writeEntries}: a channel and its message. */
+export interface Publish {
+  channel: string;
+  message: string;
+}
+
+/** What {@link RequestScripts.writeEntries} did, in the order of its appends and publishes. */
+export interface EntriesWritten {
+  /** Per append: 1 appended, 0 fenced out (another attempt owns the request), or the error that stopped it. */
+  appended: Array<1 | 0 | Error>;
+  /** Per publish: how many subscribers received it. */
+  receivers: number[];
+}
+
 /** The outcome of {@link MIGRATE_SCRIPT}: `[code, attempt]` as the script documents it. */
 export type MigrateReply = [code: number, attempt: number];
 
 /** On a pipeline, a command queues and returns the pipeline. */
 interface QueuedCommands {
-  appendLog(meta: string, log: string, ...args: Array<string | number>): ChainableCommander;
   cancelIfRouted(meta: string, marker: string, channel: string, reason: string, ttlMs: number): ChainableCommander;
 }
 
 interface ScriptCommands {
   createMeta(meta: string, ttlMs: number, ...pairs: string[]): Promise<number>;
-  appendLog(meta: string, log: string, ...args: Array<string | number>): Promise<number>;
+  writeEntries(keyCount: number, ...keysAndArgs: Array<string | number>): Promise<Array<number | string | number[]>>;
   routeRequest(meta: string, channel: string, from: string, now: number): Promise<number>;
   migrateRequest(meta: string, ...args: Array<string | number>): Promise<MigrateReply>;
   recordUsage(meta: string, promptTokens: number, completionTokens: number): Promise<[number, number]>;
@@ -55,7 +71,7 @@ export class RequestScripts {
   ) {
     // ioredis sends EVALSHA, and EVAL once when Redis does not know the script yet.
     redis.defineCommand('createMeta', { numberOfKeys: 1, lua: CREATE_META_SCRIPT });
-    redis.defineCommand('appendLog', { numberOfKeys: 2, lua: APPEND_LOG_SCRIPT });
+    redis.defineCommand('writeEntries', { lua: WRITE_ENTRIES_SCRIPT });
     redis.defineCommand('routeRequest', { numberOfKeys: 1, lua: ROUTE_SCRIPT });
     redis.defineCommand('migrateRequest', { numberOfKeys: 1, lua: MIGRATE_SCRIPT });
     redis.defineCommand('recordUsage', { numberOfKeys: 1, lua: RECORD_USAGE_SCRIPT });
@@ -68,11 +84,6 @@ export class RequestScripts {
     const pairs: string[] = [];
     for (const [field, value] of Object.entries(fields)) pairs.push(field, value);
     return this.#redis.createMeta(this.names.metaKey(requestId), ttlMs, ...pairs);
-  }
-
-  /** Queues an append on a pipeline (or MULTI) of the same connection; its reply is 1, or 0 when fenced out. */
-  appendLog(pipeline: ChainableCommander, append: LogAppend): void {
-    (pipeline as ChainableCommander & QueuedCommands).appendLog(...this.#appendArgs(append));
   }
 
   /**
@@ -89,13 +100,28 @@ export class RequestScripts {
     );
   }
 
-  /** Sends an append on the connection itself; resolves 1, or 0 when fenced out. */
-  append(append: LogAppend): Promise<number> {
-    return this.#redis.appendLog(...this.#appendArgs(append));
-  }
-
-  #appendArgs({ requestId, attempt, maxEntries, ttlMs, workerId, pairs }: LogAppend): [string, string, ...Array<string | number>] {
-    return [this.names.metaKey(requestId), this.names.logKey(requestId), attempt, maxEntries, ttlMs, workerId, ...pairs];
+  /**
+   * Appends to the logs of `appends`' requests, then publishes `publishes`, in one command
+   * ({@link WRITE_ENTRIES_SCRIPT}). Rejects only when the command as a whole failed (the connection,
+   * or a script error): then which of its writes were made is unknown.
+   */
+  async writeEntries(appends: readonly LogAppend[], publishes: readonly Publish[] = []): Promise<EntriesWritten> {
+    const keys: string[] = [];
+    const args: Array<string | number> = [appends.length];
+    for (const { requestId, attempt, maxEntries, ttlMs, workerId, pairs } of appends) {
+      keys.push(this.names.metaKey(requestId), this.names.logKey(requestId));
+      args.push(attempt, maxEntries, ttlMs, workerId, pairs.length / 2);
+      for (const value of pairs) args.push(value);
+    }
+    for (const { channel, message } of publishes) args.push(channel, message);
+    const replies = await this.#redis.writeEntries(keys.length, ...keys, ...args);
+    return {
+      appended: appends.map((_, i) => {
+        const reply = replies[i];
+        return reply === 1 || reply === 0 ? reply : new ReplyError(String(reply));
+      }),
+      receivers: replies[appends.length] as number[],
+    };
   }
 
   /**

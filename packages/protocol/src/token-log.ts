@@ -3,7 +3,7 @@ import { decodeGatewayMessage, type GatewayEntry } from './gateway-message.js';
 /**
  * The per-request token log: a Redis Stream holding every entry a request's workers published, in
  * sequence order, stream id `<seq>-1` (so a range read by sequence number is a plain XRANGE). Workers
- * append a step's entries with {@link APPEND_LOG_SCRIPT} in the same pipeline as the step's PUBLISH;
+ * write a step's entries with {@link WRITE_ENTRIES_SCRIPT}, its appends and its PUBLISH in one command;
  * gateways read it only to repair a gap and to resume a stream.
  */
 
@@ -30,25 +30,61 @@ export function decodeLogRange(range: ReadonlyArray<[id: string, fields: string[
 }
 
 /**
- * Appends entries to a request's log, fenced by attempt: only the request's current attempt may write
- * (a worker that merely looked dead and came back cannot). Sets the log's and the meta's TTL, and the
- * worker id when the entries hold its `accepted`.
+ * Writes entries as one command: appends to the logs of any number of requests, then publishes to any
+ * number of channels (a worker's whole step: its requests' entries, then one message per gateway).
+ * Each append is fenced by attempt: only the request's current attempt may write (a worker that
+ * merely looked dead and came back cannot); it sets the log's and the meta's TTL, and the worker id
+ * when the entries hold its `accepted`. The appends come before the publishes, so an entry a gateway
+ * sees live is in its log already; a write Redis refuses (out of memory) ends that request's append
+ * only — the others, and the publishes, still go (as when each append was its own command).
  *
- * KEYS: meta, log. ARGV: attempt, maxlen, ttlMs, workerId ('' = leave), then seq, json pairs.
- * Returns 1 when appended, 0 when fenced out.
+ * KEYS: meta, log of each request. ARGV: the request count, then for each request attempt, maxlen,
+ * ttlMs, workerId ('' = leave), its pair count and its seq, json pairs; then channel, message pairs to
+ * the end. Returns one reply per request — 1 appended, 0 fenced out, or the message of the error that
+ * stopped its append (what it wrote before stays, as a failed command's would) — then the list of each
+ * publish's receivers.
+ *
+ * One script for the step, not one per request: a step of 8 requests cost ioredis's side ~20 % less CPU
+ * and ~25 % fewer young-generation collections (docs/durable-streams.md). Its keys span the
+ * step's requests, which a Redis Cluster refuses across hash slots: a cluster port calls it once per
+ * slot (each request's keys share one by their hash tag).
  */
-export const APPEND_LOG_SCRIPT = `
-local current = redis.call('HGET', KEYS[1], 'attempt')
-if current and current ~= ARGV[1] then return 0 end
-for i = 5, #ARGV, 2 do
-  redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], ARGV[i] .. '-1', 'e', ARGV[i + 1])
+export const WRITE_ENTRIES_SCRIPT = `
+local requests = tonumber(ARGV[1])
+local replies = {}
+local a = 2
+for r = 1, requests do
+  local meta, log = KEYS[2 * r - 1], KEYS[2 * r]
+  local attempt, maxlen, ttl, workerId = ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3]
+  local first = a + 5
+  a = first + 2 * tonumber(ARGV[a + 4])
+  local current = redis.call('HGET', meta, 'attempt')
+  if current and current ~= attempt then
+    replies[r] = 0
+  else
+    local failed
+    local function write(...)
+      if failed then return end
+      local reply = redis.pcall(...)
+      if type(reply) == 'table' and reply.err then failed = reply.err end
+    end
+    for i = first, a - 1, 2 do
+      write('XADD', log, 'MAXLEN', '~', maxlen, ARGV[i] .. '-1', 'e', ARGV[i + 1])
+    end
+    write('PEXPIRE', log, ttl)
+    if current then
+      write('PEXPIRE', meta, ttl)
+      if workerId ~= '' then write('HSET', meta, 'workerId', workerId) end
+    end
+    replies[r] = failed or 1
+  end
 end
-redis.call('PEXPIRE', KEYS[2], ARGV[3])
-if current then
-  redis.call('PEXPIRE', KEYS[1], ARGV[3])
-  if ARGV[4] ~= '' then redis.call('HSET', KEYS[1], 'workerId', ARGV[4]) end
+local receivers = {}
+for i = a, #ARGV, 2 do
+  receivers[#receivers + 1] = redis.call('PUBLISH', ARGV[i], ARGV[i + 1])
 end
-return 1
+replies[requests + 1] = receivers
+return replies
 `;
 
 /**
