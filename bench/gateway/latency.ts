@@ -178,7 +178,10 @@ export const TTFT_SPANS = [
   ['→ engine submit', "worker: job parsed, the checks' read sent, sampling options, engine.submit (posts to the engine thread)"],
   ['→ first token on the engine thread', 'engine: thread hop, wait for the step, prefill + sample'],
   ['→ step on the worker host', 'engine thread → host message (structured clone), router gets the step'],
-  ['→ pipeline answered', 'worker: (the checks, if still out), entries serialized, one pipeline (log append + publish), Redis replies'],
+  [
+    '→ pipeline answered',
+    "worker: (the checks, if still out), entries serialized, the step's one command (log appends + publishes), Redis replies",
+  ],
   ['→ written to the client', 'pub/sub delivery, gateway decode, dispatch, chunk formatting, write'],
   ['→ read by the client', 'loopback, `fetch` body stream, the client finds the text in the SSE frame'],
 ] as const;

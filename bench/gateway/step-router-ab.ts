@@ -3,9 +3,11 @@
  * router (`apps/worker/dist/step-router.js`) of this tree against another checkout's (built), each on
  * its own connection to one private redis-server: per engine step it routes a text delta for every
  * row, sends the step's appends and publish, and waits for Redis's replies. Prints the router's
- * process CPU per step for each side, rounds alternating, and the medians. ROWS (`1,32`), STEPS
- * (3000 a round), ROUNDS (5).
+ * process CPU per step for each side, rounds alternating, and the medians, and the young-generation
+ * collections (scavenges) each side's rounds made: its garbage. ROWS (`1,32`), STEPS (3000 a round),
+ * ROUNDS (5).
  */
+import { constants, PerformanceObserver, type PerformanceEntry } from 'node:perf_hooks';
 import { Redis } from 'ioredis';
 import { pino } from 'pino';
 import type { StepEvent } from '@sluice/engine';
@@ -39,8 +41,17 @@ for (const [name, tree] of [
 const subscriber = redis.client();
 await subscriber.subscribe('bench-gateway');
 
+let scavenges = 0;
+const gcObserver = new PerformanceObserver((list) => {
+  for (const entry of list.getEntries()) {
+    if ((entry as PerformanceEntry & { detail?: { kind?: number } }).detail?.kind === constants.NODE_PERFORMANCE_GC_MINOR) scavenges++;
+  }
+});
+gcObserver.observe({ entryTypes: ['gc'] });
+
 for (const rows of rowsList) {
   const cpu = sides.map(() => [] as number[]);
+  const gcs = sides.map(() => [] as number[]);
   for (let r = 0; r < rounds; r++) {
     // Sides alternate which goes first.
     for (const k of r % 2 === 0 ? [0, 1] : [1, 0]) {
@@ -65,18 +76,24 @@ for (const rows of rowsList) {
       };
       for (let i = 0; i < 100; i++) await one();
       const start = process.cpuUsage();
+      const scavengesBefore = scavenges;
       for (let i = 0; i < steps; i++) await one();
       const used = process.cpuUsage(start);
+      // The observer hears of a collection a turn later.
+      await new Promise((resolve) => setImmediate(resolve));
       cpu[k]!.push((used.user + used.system) / steps);
+      gcs[k]!.push(scavenges - scavengesBefore);
       for (const route of routes) router.close(route);
     }
   }
   console.log(
     `${rows} row(s) a step: router CPU per step, µs (median of ${rounds} rounds of ${steps} steps; per round) ` +
       sides.map(({ name }, k) => `${name} ${round(median(cpu[k]!), 1)} (${cpu[k]!.map((x) => Math.round(x)).join(' ')})`).join(', ') +
-      `; after ÷ before ${round(median(cpu[1]!) / median(cpu[0]!), 2)}`,
+      `; after ÷ before ${round(median(cpu[1]!) / median(cpu[0]!), 2)}; scavenges a round ` +
+      sides.map(({ name }, k) => `${name} ${median(gcs[k]!)} (${gcs[k]!.join(' ')})`).join(', '),
   );
 }
+gcObserver.disconnect();
 await subscriber.quit();
 for (const connection of connections) await connection.quit();
 await redis.stop();

@@ -448,7 +448,7 @@ export class JobProcessor {
     }
     router.push(route, { ...accepted, seed });
     this.running(route, signal);
-    // Held events (an early start) follow the `accepted`, in the same pipeline.
+    // Held events (an early start) follow the `accepted`, in the same command.
     router.release(route);
     return { parts: 1, priorTokens: 0 };
   }

@@ -58,7 +58,7 @@ export async function startWorker(
   // Every connection retries every ≤ 250 ms (ioredis's default backoff grows to 2 s): back to work
   // about as soon as Redis is.
   const retryStrategy = (times: number) => Math.min(50 * times, RECONNECT_MAX_MS);
-  // The command connection (step pipelines, request state) queues nothing while Redis is away: a step
+  // The command connection (step writes, request state) queues nothing while Redis is away: a step
   // that cannot be written fails now, and its streams are ended (StepRouter), instead of piling up in
   // memory and replaying to gateways that already failed them. The heartbeat has a connection of its
   // own: behind a backlog of steps (Redis reads a client's backlog a slice per turn after a stall) a
