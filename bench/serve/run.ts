@@ -376,7 +376,7 @@ async function main(): Promise<void> {
     clusters.push(sluice.cluster);
     const sides: Side[] = [sluice.side];
     if (sluiceBEnv !== undefined) {
-      const b = await startSluice('sluice-b', modelDir, sluiceBEnv, streamExtra);
+      const b = await startSluice('sluice-b', modelDir, { ...sluiceEnv, ...sluiceBEnv }, streamExtra);
       clusters.push(b.cluster);
       sides.push(b.side);
       log(`sluice-b: the worker with ${JSON.stringify(sluiceBEnv)}`);
