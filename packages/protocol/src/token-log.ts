@@ -50,6 +50,9 @@ export function decodeLogRange(range: ReadonlyArray<[id: string, fields: string[
  * slot (each request's keys share one by their hash tag).
  */
 export const WRITE_ENTRIES_SCRIPT = `
+local function refused(reply)
+  if type(reply) == 'table' then return reply.err end
+end
 local requests = tonumber(ARGV[1])
 local replies = {}
 local a = 2
@@ -63,18 +66,14 @@ for r = 1, requests do
     replies[r] = 0
   else
     local failed
-    local function write(...)
-      if failed then return end
-      local reply = redis.pcall(...)
-      if type(reply) == 'table' and reply.err then failed = reply.err end
-    end
     for i = first, a - 1, 2 do
-      write('XADD', log, 'MAXLEN', '~', maxlen, ARGV[i] .. '-1', 'e', ARGV[i + 1])
+      failed = refused(redis.pcall('XADD', log, 'MAXLEN', '~', maxlen, ARGV[i] .. '-1', 'e', ARGV[i + 1]))
+      if failed then break end
     end
-    write('PEXPIRE', log, ttl)
-    if current then
-      write('PEXPIRE', meta, ttl)
-      if workerId ~= '' then write('HSET', meta, 'workerId', workerId) end
+    failed = failed or refused(redis.pcall('PEXPIRE', log, ttl))
+    if current and not failed then
+      failed = refused(redis.pcall('PEXPIRE', meta, ttl))
+      if not failed and workerId ~= '' then failed = refused(redis.pcall('HSET', meta, 'workerId', workerId)) end
     end
     replies[r] = failed or 1
   end
