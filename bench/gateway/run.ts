@@ -5,11 +5,14 @@
  *    `node:http` SSE writer (alternating rounds; wall-clock rate and rate per CPU-second of the server).
  * 2. TTFT / ITL p50 / p99 of the same workload through gateway + Redis + worker processes vs the
  *    engine called in process (alternating rounds, samples pooled), and the same client's TTFT against
- *    a bare `node:http` server (the HTTP round trip alone, for scale).
+ *    a bare `node:http` server (the HTTP round trip alone, for scale); twice: just after the processes
+ *    started (the run of record since stop 26), and again in their steady state.
  *
  * Writes bench-results/gateway.json and the gateway section of docs/benchmarks.md (`BENCH_WRITE_DOCS=0`:
  * prints only, for a second run that must not replace the figures of record).
- * Env: BENCH_ROUNDS (SSE round pairs, default 8), BENCH_LATENCY_ROUNDS (6 per model: the three sides' order balances over 6), BENCH_STREAMS (1000), BENCH_EVENTS (150 per stream per round,
+ * Env: BENCH_ROUNDS (SSE round pairs, default 8), BENCH_LATENCY_ROUNDS (6 per model: the three sides' order balances over 6),
+ * BENCH_STEADY_WARMUP_ROUNDS (18: unmeasured rounds through the gateway before the same latency rounds again,
+ * the steady-state window; 0 = none), BENCH_STREAMS (1000), BENCH_EVENTS (150 per stream per round,
  * measured), BENCH_WARMUP_EVENTS (150 per stream before them, measured apart as the cold window; 0 = none),
  * BENCH_STEP_MS (SSE producer step interval, default 40: 25 steps/s, a decode rate; 0 = unpaced).
  */
@@ -41,6 +44,7 @@ const warmupEvents = Number(process.env.BENCH_WARMUP_EVENTS ?? 150);
 const rounds = Number(process.env.BENCH_ROUNDS ?? 8);
 const stepMs = Number(process.env.BENCH_STEP_MS ?? 40);
 const latencyRounds = Number(process.env.BENCH_LATENCY_ROUNDS ?? 6);
+const steadyWarmupRounds = Number(process.env.BENCH_STEADY_WARMUP_ROUNDS ?? 18);
 const writeDocs = process.env.BENCH_WRITE_DOCS !== '0';
 const log = (message: string) => process.stderr.write(`[bench:gateway] ${message}\n`);
 
@@ -109,51 +113,76 @@ async function sse() {
   };
 }
 
-async function latency(workload: LatencyWorkload, latencyRounds: number) {
+/** One measured window of latency rounds: what each side saw, the TTFT spans and the stack's GC pauses. */
+interface LatencyWindow {
+  local: LatencySamples;
+  remote: LatencySamples;
+  floor: LatencySamples;
+  breakdown: TtftBreakdown;
+  gc: StackGcPauses;
+}
+
+async function latency(workload: LatencyWorkload, latencyRounds: number, steadyWarmupRounds: number) {
   log(`latency (${workload.preset} model): starting the engine in process and a gateway + Redis + worker deployment`);
   const engine = await inProcessEngine(workload);
   const deployment = await deploy(workload);
   const bare = await bareServer();
-  const local: LatencySamples = { ttftMs: [], itlMs: [] };
-  const remote: LatencySamples = { ttftMs: [], itlMs: [], clients: [] };
-  const floor: LatencySamples = { ttftMs: [], itlMs: [] };
-  let breakdown: TtftBreakdown | undefined;
-  let gc: StackGcPauses | undefined;
+  /** `latencyRounds` rounds of the three sides in a balanced order, their samples pooled. */
+  const measure = async (name: string): Promise<LatencyWindow> => {
+    // Let earlier log lines arrive before they are forgotten.
+    await new Promise((resolve) => setTimeout(resolve, 200));
+    deployment.clearTimings();
+    const gcBefore = await deployment.gcPauses();
+    const window = { local: { ttftMs: [], itlMs: [] }, remote: { ttftMs: [], itlMs: [], clients: [] }, floor: { ttftMs: [], itlMs: [] } };
+    // The three sides in a balanced order (each in each position, and right after each other, equally
+    // often over 6 rounds); until stop 46 the gateway always ran right after the engine in process.
+    const sides = [
+      () => engine.run(window.local),
+      () => throughGateway(deployment.url, workload, window.remote),
+      () => throughGateway(bare.url, workload, window.floor),
+    ];
+    for (let i = 0; i < latencyRounds; i++) {
+      for (const side of sideOrder(sides, i)) await side();
+      log(`latency ${name} round ${i + 1}/${latencyRounds} done`);
+    }
+    await new Promise((resolve) => setTimeout(resolve, 200));
+    const breakdown = deployment.ttftBreakdown(window.remote.clients ?? []);
+    return { ...window, breakdown, gc: gcPausesSince(gcBefore, await deployment.gcPauses()) };
+  };
   try {
     // Warm-up (JIT, first onnxruntime runs), not recorded.
     await engine.run({ ttftMs: [], itlMs: [] });
     await throughGateway(deployment.url, workload, { ttftMs: [], itlMs: [] });
     await throughGateway(bare.url, workload, { ttftMs: [], itlMs: [] });
-    // Let the warm-up's log lines arrive before they are forgotten.
-    await new Promise((resolve) => setTimeout(resolve, 200));
-    deployment.clearTimings();
-    const gcBefore = await deployment.gcPauses();
-    // The three sides in a balanced order (each in each position, and right after each other, equally
-    // often over 6 rounds); until stop 46 the gateway always ran right after the engine in process.
-    const sides = [
-      () => engine.run(local),
-      () => throughGateway(deployment.url, workload, remote),
-      () => throughGateway(bare.url, workload, floor),
-    ];
-    for (let i = 0; i < latencyRounds; i++) {
-      for (const side of sideOrder(sides, i)) await side();
-      log(`latency round ${i + 1}/${latencyRounds} done`);
+    // The run of record since stop 26: the processes one warm-up round old, their heaps still growing
+    // (their early life's GC pauses land in it).
+    const early = await measure('early');
+    let steady: LatencyWindow | undefined;
+    if (steadyWarmupRounds > 0) {
+      // The same rounds again once the gateway and worker have served many more requests, as a
+      // long-running deployment has: the steady state a server behind a load balancer is in.
+      for (let i = 0; i < steadyWarmupRounds; i++) await throughGateway(deployment.url, workload, { ttftMs: [], itlMs: [] });
+      steady = await measure('steady-state');
     }
-    await new Promise((resolve) => setTimeout(resolve, 200));
-    breakdown = deployment.ttftBreakdown(remote.clients ?? []);
-    gc = gcPausesSince(gcBefore, await deployment.gcPauses());
+    return {
+      workload,
+      rounds: latencyRounds,
+      ...windowFigures(early),
+      /** The same rounds after `warmupRounds` more rounds through the gateway (absent: not measured). */
+      steady: steady === undefined ? undefined : { warmupRounds: steadyWarmupRounds, ...windowFigures(steady) },
+    };
   } finally {
     await engine.close();
     await deployment.stop();
     await bare.stop();
   }
-  const inProcess = summarize(local);
-  const gateway = summarize(remote);
+}
+
+function windowFigures(window: LatencyWindow) {
+  const inProcess = summarize(window.local);
+  const gateway = summarize(window.remote);
   const added = (pick: (s: LatencySummary) => number) => round(pick(gateway) - pick(inProcess));
-  const httpFloor = summarize(floor);
   return {
-    workload,
-    rounds: latencyRounds,
     inProcess,
     gateway,
     added: {
@@ -164,18 +193,22 @@ async function latency(workload: LatencyWorkload, latencyRounds: number) {
     },
     targetAddedP99Ms: 5,
     /** TTFT of the same client against a bare `node:http` server answering at once (bare-sse-server.ts). */
-    httpFloorTtftMs: httpFloor.ttftMs,
-    ttftBreakdown: breakdown,
-    gcPauses: gc,
+    httpFloorTtftMs: summarize(window.floor).ttftMs,
+    ttftBreakdown: window.breakdown,
+    gcPauses: window.gc,
   };
 }
 
-function breakdownTable(b: TtftBreakdown | undefined): string {
+function breakdownTable(b: TtftBreakdown | undefined, steady: TtftBreakdown | undefined): string {
   if (b === undefined || b.requests === 0) return '(no TTFT breakdown: the request log lines were not seen)';
+  const withSteady = steady !== undefined && steady.requests > 0;
   return [
-    '| span (in order; they add up to the TTFT the client sees) | median ms | p90 ms | what runs |',
-    '|---|---:|---:|---|',
-    ...TTFT_SPANS.map(([name, what], i) => `| ${name} | ${b.medianMs[i]} | ${b.p90Ms[i]} | ${what} |`),
+    `| span (in order; they add up to the TTFT the client sees) | median ms | p90 ms |${withSteady ? ' steady state: median / p90 ms |' : ''} what runs |`,
+    `|---|---:|---:|${withSteady ? '---:|' : ''}---|`,
+    ...TTFT_SPANS.map(
+      ([name, what], i) =>
+        `| ${name} | ${b.medianMs[i]} | ${b.p90Ms[i]} |${withSteady ? ` ${steady.medianMs[i]} / ${steady.p90Ms[i]} |` : ''} ${what} |`,
+    ),
     '',
     `Medians and 90th percentiles over ${b.requests} requests, each span on its own (so they need not add up exactly). Of the pickup span, the gateway waited ${b.gatewayEnqueueMs} ms for the meta write and BullMQ's add, and the worker (idle or between steps) had the job ${b.addToPickupMs} ms after that add was answered; of the engine span, ${b.engineQueueMs} ms went from submit to the step that took the request. The job's checks (cancel marker + meta, one round trip) run beside the engine: answered ${b.checksMs} ms after pickup (median); they held the first token back in ${b.checksHeldBack.requests} of ${b.requests} requests${b.checksHeldBack.requests === 0 ? '' : ` (median ${b.checksHeldBack.medianMs} ms)`}. From the \`timing\` field of the gateway's and the worker's \`request finished\` log lines and the client's own times (joined by request id; the three processes read the same clock).`,
   ].join('\n');
@@ -192,9 +225,26 @@ function gcLine(gc: StackGcPauses | undefined, gateway: LatencySummary): string 
   );
 }
 
+type LatencyResult = Awaited<ReturnType<typeof latency>>;
+
+/** The steady-state window: the same table, floor and GC line as the run of record's. */
+function steadyBlock(steady: NonNullable<LatencyResult['steady']>, concurrency: number): string {
+  return [
+    `In steady state: the same rounds again after ${steady.warmupRounds} more unmeasured rounds through the gateway (${steady.warmupRounds * concurrency} more requests: the gateway's and worker's heaps past their early growth, as in a deployment that has been serving a while):`,
+    '',
+    `| steady state | TTFT p50 | TTFT p99 | ITL p50 | ITL p99 |`,
+    `|---|---:|---:|---:|---:|`,
+    `| engine in process | ${steady.inProcess.ttftMs.p50} | ${steady.inProcess.ttftMs.p99} | ${steady.inProcess.itlMs.p50} | ${steady.inProcess.itlMs.p99} |`,
+    `| through gateway + Redis + worker | ${steady.gateway.ttftMs.p50} | ${steady.gateway.ttftMs.p99} | ${steady.gateway.itlMs.p50} | ${steady.gateway.itlMs.p99} |`,
+    `| **added by the gateway path** | ${steady.added.ttftP50Ms} | ${steady.added.ttftP99Ms} | ${steady.added.itlP50Ms} | ${steady.added.itlP99Ms} |`,
+    '',
+    `The bare \`node:http\` server in the same rounds: first event after ${steady.httpFloorTtftMs.p50} ms p50, ${steady.httpFloorTtftMs.p99} ms p99. ${gcLine(steady.gcPauses, steady.gateway)}`,
+  ].join('\n');
+}
+
 function markdown(result: Awaited<ReturnType<typeof collect>>): string {
   const s = result.sse;
-  const lat = (l: Awaited<ReturnType<typeof latency>>) =>
+  const lat = (l: LatencyResult) =>
     [
       `| | TTFT p50 | TTFT p99 | ITL p50 | ITL p99 |`,
       `|---|---:|---:|---:|---:|`,
@@ -207,10 +257,11 @@ function markdown(result: Awaited<ReturnType<typeof collect>>): string {
       '',
       `TTFT by span through the gateway (\`${l.workload.preset}\` model):`,
       '',
-      breakdownTable(l.ttftBreakdown),
+      breakdownTable(l.ttftBreakdown, l.steady?.ttftBreakdown),
       '',
       gcLine(l.gcPauses, l.gateway),
       '',
+      ...(l.steady === undefined ? [] : [steadyBlock(l.steady, l.workload.concurrency), '']),
       `Workload: ${l.workload.concurrency} concurrent completions (starts ${l.workload.staggerMs} ms apart), ${l.workload.maxTokens} tokens each (greedy, ignore_eos), built-in \`${l.workload.preset}\` model, MAX_BATCH_SIZE=${l.workload.maxBatchSize}, INTRA_OP_THREADS=${l.workload.intraOpThreads}; ${l.rounds} measured rounds per side after a warm-up, the three sides (engine in process, through the gateway, bare server) in a balanced order (each in each position, and right after each other, equally often over 6 rounds), samples pooled (${l.gateway.requests} requests, ${l.gateway.itlSamples} ITL samples through the gateway). Times in ms, measured where the caller sees text (non-empty delta / content chunk).`,
     ].join('\n');
   return [
@@ -261,8 +312,8 @@ async function collect() {
   const sseResult = await sse();
   // Below the engine's saturation: queueing inside a saturated engine would swamp what the path adds.
   const base = { concurrency: 8, maxTokens: 32, staggerMs: 60, maxBatchSize: 16, intraOpThreads: 1 };
-  const benchLatency = await latency({ ...base, preset: 'bench' }, latencyRounds);
-  const tinyLatency = await latency({ ...base, preset: 'tiny' }, latencyRounds);
+  const benchLatency = await latency({ ...base, preset: 'bench' }, latencyRounds, steadyWarmupRounds);
+  const tinyLatency = await latency({ ...base, preset: 'tiny' }, latencyRounds, steadyWarmupRounds);
   return { date: new Date().toISOString(), machine, sse: sseResult, latency: { bench: benchLatency, tiny: tinyLatency } };
 }
 
