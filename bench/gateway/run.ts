@@ -133,7 +133,11 @@ async function latency(workload: LatencyWorkload, latencyRounds: number, steadyW
     await new Promise((resolve) => setTimeout(resolve, 200));
     deployment.clearTimings();
     const gcBefore = await deployment.gcPauses();
-    const window = { local: { ttftMs: [], itlMs: [] }, remote: { ttftMs: [], itlMs: [], clients: [] }, floor: { ttftMs: [], itlMs: [] } };
+    const window: Pick<LatencyWindow, 'local' | 'remote' | 'floor'> = {
+      local: { ttftMs: [], itlMs: [] },
+      remote: { ttftMs: [], itlMs: [], clients: [] },
+      floor: { ttftMs: [], itlMs: [] },
+    };
     // The three sides in a balanced order (each in each position, and right after each other, equally
     // often over 6 rounds); until stop 46 the gateway always ran right after the engine in process.
     const sides = [
@@ -227,16 +231,24 @@ function gcLine(gc: StackGcPauses | undefined, gateway: LatencySummary): string 
 
 type LatencyResult = Awaited<ReturnType<typeof latency>>;
 
+/** A window's TTFT / ITL table: the engine in process, through the stack, and what the stack adds. */
+function latencyTable(w: ReturnType<typeof windowFigures>, corner: string): string {
+  const row = (name: string, s: LatencySummary) => `| ${name} | ${s.ttftMs.p50} | ${s.ttftMs.p99} | ${s.itlMs.p50} | ${s.itlMs.p99} |`;
+  return [
+    `|${corner === '' ? '' : ` ${corner}`} | TTFT p50 | TTFT p99 | ITL p50 | ITL p99 |`,
+    `|---|---:|---:|---:|---:|`,
+    row('engine in process', w.inProcess),
+    row('through gateway + Redis + worker', w.gateway),
+    `| **added by the gateway path** | ${w.added.ttftP50Ms} | ${w.added.ttftP99Ms} | ${w.added.itlP50Ms} | ${w.added.itlP99Ms} |`,
+  ].join('\n');
+}
+
 /** The steady-state window: the same table, floor and GC line as the run of record's. */
 function steadyBlock(steady: NonNullable<LatencyResult['steady']>, concurrency: number): string {
   return [
     `In steady state: the same rounds again after ${steady.warmupRounds} more unmeasured rounds through the gateway (${steady.warmupRounds * concurrency} more requests: the gateway's and worker's heaps past their early growth, as in a deployment that has been serving a while):`,
     '',
-    `| steady state | TTFT p50 | TTFT p99 | ITL p50 | ITL p99 |`,
-    `|---|---:|---:|---:|---:|`,
-    `| engine in process | ${steady.inProcess.ttftMs.p50} | ${steady.inProcess.ttftMs.p99} | ${steady.inProcess.itlMs.p50} | ${steady.inProcess.itlMs.p99} |`,
-    `| through gateway + Redis + worker | ${steady.gateway.ttftMs.p50} | ${steady.gateway.ttftMs.p99} | ${steady.gateway.itlMs.p50} | ${steady.gateway.itlMs.p99} |`,
-    `| **added by the gateway path** | ${steady.added.ttftP50Ms} | ${steady.added.ttftP99Ms} | ${steady.added.itlP50Ms} | ${steady.added.itlP99Ms} |`,
+    latencyTable(steady, 'steady state'),
     '',
     `The bare \`node:http\` server in the same rounds: first event after ${steady.httpFloorTtftMs.p50} ms p50, ${steady.httpFloorTtftMs.p99} ms p99. ${gcLine(steady.gcPauses, steady.gateway)}`,
   ].join('\n');
@@ -246,11 +258,7 @@ function markdown(result: Awaited<ReturnType<typeof collect>>): string {
   const s = result.sse;
   const lat = (l: LatencyResult) =>
     [
-      `| | TTFT p50 | TTFT p99 | ITL p50 | ITL p99 |`,
-      `|---|---:|---:|---:|---:|`,
-      `| engine in process | ${l.inProcess.ttftMs.p50} | ${l.inProcess.ttftMs.p99} | ${l.inProcess.itlMs.p50} | ${l.inProcess.itlMs.p99} |`,
-      `| through gateway + Redis + worker | ${l.gateway.ttftMs.p50} | ${l.gateway.ttftMs.p99} | ${l.gateway.itlMs.p50} | ${l.gateway.itlMs.p99} |`,
-      `| **added by the gateway path** | ${l.added.ttftP50Ms} | ${l.added.ttftP99Ms} | ${l.added.itlP50Ms} | ${l.added.itlP99Ms} |`,
+      latencyTable(l, ''),
       '',
       `For scale, the same client against a bare \`node:http\` server in its own process that answers each POST at once with one SSE event (\`bench/gateway/bare-sse-server.ts\`: no gateway, Redis, worker or engine), in the same rounds: first event after ${l.httpFloorTtftMs.p50} ms p50, ${l.httpFloorTtftMs.p99} ms p99. That HTTP round trip (the client's \`fetch\`, loopback, Node's HTTP server) is part of the added TTFT above, which the target counts whole.`,
       '',
