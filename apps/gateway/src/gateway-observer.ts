@@ -24,6 +24,8 @@ export function createGatewayObserver(metrics: GatewayMetrics, logger: Logger): 
   for (const route of COMPLETION_ROUTES) metrics.countRequest(route, 200, 0);
   for (const stream of ['true', 'false']) metrics.requestReplays.labels(stream).inc(0);
   return {
+    // The main thread's event-loop delay is measured while a request is open (an idle gateway is not woken for it).
+    httpRequestOpened: () => metrics.eventLoopDelay.begin(),
     responded: (route, status) => metrics.countRequest(route, status),
     rejected: (code) => metrics.rejected.labels(code).inc(),
     // Bound once: the SSE writer calls this per write per client.

@@ -1,5 +1,5 @@
 import { randomBytes } from 'node:crypto';
-import type { Server as HttpServer } from 'node:http';
+import type { Server as HttpServer, IncomingMessage, ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { serve, type ServerType } from '@hono/node-server';
 import { Queue } from 'bullmq';
@@ -290,6 +290,11 @@ export async function startGateway(config: GatewayConfig, logger: Logger, option
   });
   // Requests Node's parser refuses get an OpenAI error body too.
   server.on('clientError', clientErrorHandler(logger, hooks));
+  const { httpRequestOpened } = hooks;
+  if (httpRequestOpened !== undefined) {
+    // A response's 'close' comes once it is sent or its connection is gone, whichever is first.
+    server.on('request', (_req: IncomingMessage, res: ServerResponse) => res.once('close', httpRequestOpened()));
+  }
   const address = server.address() as AddressInfo;
   const host = config.host === '0.0.0.0' || config.host === '::' ? '127.0.0.1' : config.host;
   const url = `http://${host}:${address.port}`;

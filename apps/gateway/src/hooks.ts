@@ -61,6 +61,8 @@ export interface RequestObserver {
  * throw. `apps/gateway/src/gateway-observer.ts` implements them with `@sluice/metrics` and pino.
  */
 export interface GatewayHooks {
+  /** The server took an HTTP request (any route): the gateway has work until the returned function is called, when its response closes. */
+  httpRequestOpened?: () => () => void;
   /** One HTTP response, by route pattern (never the raw path) and status. */
   responded?: (route: string, status: number) => void;
   /** A request refused by the gateway before any work started, by error code (`queue_full` is the 429). */

@@ -1,4 +1,3 @@
-import { monitorEventLoopDelay } from 'node:perf_hooks';
 import { Queue, Worker, type Job } from 'bullmq';
 import { Redis } from 'ioredis';
 import type { Logger } from 'pino';
@@ -130,7 +129,15 @@ export async function startWorker(
   // the jobs it took and had not accepted yet (`RedisJobQueue.recoverLost`).
   const worker = new Worker(
     GENERATE_QUEUE,
-    async (job: Job, _token?: string, signal?: AbortSignal) => processor.process(job.data, job.attemptsStarted, signal),
+    async (job: Job, _token?: string, signal?: AbortSignal) => {
+      // The host thread's event-loop delay is measured while a job runs (an idle worker is not woken for it).
+      const endWork = metrics?.eventLoopDelay.begin();
+      try {
+        await processor.process(job.data, job.attemptsStarted, signal);
+      } finally {
+        endWork?.();
+      }
+    },
     {
       connection: bullConnection,
       prefix: names.bullPrefix,
@@ -177,13 +184,7 @@ export async function startWorker(
     lastCancel: config.healthRequestIds ? (processor.counters.lastCancel ?? null) : null,
   }));
   // Queue depth is read at each scrape, on the worker's own BullMQ connection (the Queue reuses it).
-  // The engine thread does not report its event-loop lag (packages/engine has no such message yet):
-  // what the worker can measure honestly is its own host thread, which runs Redis I/O, lock renewal,
-  // cancels and publishing. Exported as sluice_worker_host_event_loop_lag_seconds.
-  const hostDelay = monitorEventLoopDelay({ resolution: 10 });
   if (metrics !== undefined) {
-    hostDelay.enable();
-    metrics.setHostEventLoopDelaySource(hostDelay);
     metrics.setQueueDepthSource(() => queue.getJobCounts(...QUEUE_JOB_STATES));
     health.route('/metrics', async (_req, res) => {
       const body = await metrics.scrape();
@@ -250,7 +251,7 @@ export async function startWorker(
       [
         'metrics',
         async () => {
-          hostDelay.disable();
+          metrics?.eventLoopDelay.close();
           metrics?.setQueueDepthSource(undefined);
           await queue.close();
         },

@@ -2,6 +2,7 @@ import { ScrapeWatch, scrapeRegistry } from './scrape-watch.js';
 import { Counter, Gauge, Histogram, Registry } from 'prom-client';
 import { E2E_REQUEST_LATENCY_BUCKETS, INTER_TOKEN_LATENCY_BUCKETS, QUEUE_TIME_BUCKETS, TIME_TO_FIRST_TOKEN_BUCKETS } from './buckets.js';
 import { ensureDefaultMetrics } from './default-metrics.js';
+import type { EventLoopDelay } from './event-loop-delay.js';
 import { createKeyUsageMetrics, type KeyUsageMetrics } from './key-usage-metrics.js';
 import { PendingHistogram } from './pending-histogram.js';
 import {
@@ -55,6 +56,11 @@ export interface GatewayMetrics {
   scrape(): Promise<string>;
   /** Resolves at the next scrape of a process scraped at a steady pace, within `maxMs` (ScrapeWatch.nextScrape). */
   nextScrape(maxMs: number): Promise<void>;
+  /**
+   * The main thread's event-loop delay (`nodejs_eventloop_lag_*`): `begin()` for each HTTP request the
+   * server takes, its end when the response closes; measured only while one is open.
+   */
+  readonly eventLoopDelay: EventLoopDelay;
   readonly requests: Counter<'route' | 'status'>;
   readonly requestsAccepted: Counter;
   readonly activeStreams: Gauge;
@@ -117,7 +123,7 @@ export interface GatewayMetrics {
 const READINESS_TIMEOUT_MS = 1_000;
 
 export function createGatewayMetrics(registry: Registry = new Registry(), options: GatewayMetricsOptions = {}): GatewayMetrics {
-  ensureDefaultMetrics(registry);
+  const defaults = ensureDefaultMetrics(registry);
   const registers = [registry];
   const now = options.now ?? (() => performance.now());
 
@@ -314,8 +320,12 @@ export function createGatewayMetrics(registry: Registry = new Registry(), option
   const scrapes = new ScrapeWatch();
   return {
     registry,
-    scrape: () => scrapeRegistry(registry, scrapes),
+    scrape: () => {
+      defaults.takeEventLoopDelay();
+      return scrapeRegistry(registry, scrapes);
+    },
     nextScrape: (maxMs) => scrapes.nextScrape(maxMs),
+    eventLoopDelay: defaults.eventLoopDelay,
     requests,
     requestsAccepted,
     activeStreams,

@@ -1,4 +1,5 @@
 export * from './buckets.js';
+export { EventLoopDelay, type EventLoopDelayWindow } from './event-loop-delay.js';
 export {
   createGatewayMetrics,
   type GatewayMetrics,
@@ -23,7 +24,6 @@ export {
   type EngineStepStats,
   type FinishReason,
   type FinishedRequestStats,
-  type HostEventLoopDelaySource,
   type QueueDepth,
   type QueueJobState,
   type StepPhase,

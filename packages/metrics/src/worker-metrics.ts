@@ -9,6 +9,7 @@ import {
   TIME_TO_FIRST_TOKEN_BUCKETS,
 } from './buckets.js';
 import { ensureDefaultMetrics } from './default-metrics.js';
+import type { EventLoopDelay } from './event-loop-delay.js';
 
 export type StepPhase = 'prefill' | 'decode' | 'mixed';
 
@@ -65,6 +66,12 @@ export interface WorkerMetrics {
   scrape(): Promise<string>;
   /** Resolves at the next scrape of a process scraped at a steady pace, within `maxMs` (ScrapeWatch.nextScrape). */
   nextScrape(maxMs: number): Promise<void>;
+  /**
+   * The host thread's event-loop delay (`nodejs_eventloop_lag_*` and
+   * `sluice_worker_host_event_loop_lag_seconds`): `begin()` for each job taken, its end when the job
+   * settles; measured only while one runs.
+   */
+  readonly eventLoopDelay: EventLoopDelay;
   readonly requestsRunning: Gauge;
   readonly requestsWaiting: Gauge;
   readonly kvCacheUsage: Gauge;
@@ -94,23 +101,8 @@ export interface WorkerMetrics {
    * fail or hang because Redis does. Pass `undefined` to stop.
    */
   setQueueDepthSource(source: (() => Promise<QueueDepth>) | undefined, timeoutMs?: number): void;
-  /**
-   * Sets the engine thread's latest event-loop lag, ms, as the engine thread measured it. The engine
-   * does not report it yet: until it does, nothing calls this and the gauge stays 0.
-   */
+  /** Sets the engine thread's latest event-loop lag, ms, as the engine thread measured it (sent with a step's stats). */
   setEngineEventLoopLag(lagMs: number): void;
-  /**
-   * Reads the worker host thread's event-loop delay (e.g. a `monitorEventLoopDelay` histogram, in ns)
-   * at every scrape and resets it, so each scrape shows the window since the previous one.
-   */
-  setHostEventLoopDelaySource(source: HostEventLoopDelaySource | undefined): void;
-}
-
-/** What `perf_hooks.monitorEventLoopDelay()` returns (nanoseconds), as far as the worker metrics read it. */
-export interface HostEventLoopDelaySource {
-  readonly max: number;
-  percentile(percentile: number): number;
-  reset(): void;
 }
 
 /**
@@ -118,10 +110,9 @@ export interface HostEventLoopDelaySource {
  * metrics (added once per registry). Nothing is registered until this is called.
  */
 export function createWorkerMetrics(registry: Registry = new Registry()): WorkerMetrics {
-  ensureDefaultMetrics(registry);
+  const defaults = ensureDefaultMetrics(registry);
   const registers = [registry];
   let queueDepthSource: { read: () => Promise<QueueDepth>; timeoutMs: number } | undefined;
-  let hostDelaySource: HostEventLoopDelaySource | undefined;
 
   const requestsRunning = new Gauge({
     name: 'sluice_num_requests_running',
@@ -229,19 +220,9 @@ export function createWorkerMetrics(registry: Registry = new Registry()): Worker
 
   const hostEventLoopLag = new Gauge({
     name: 'sluice_worker_host_event_loop_lag_seconds',
-    help: 'Event-loop delay of the worker host thread (Redis I/O, BullMQ locks, cancels, publishing; not the engine thread) since the previous scrape, by quantile (0.5, 0.99, 1 = max).',
+    help: 'Event-loop delay of the worker host thread (Redis I/O, BullMQ locks, cancels, publishing; not the engine thread) since the previous scrape, measured while jobs run (0 for a window without one), by quantile (0.5, 0.99, 1 = max).',
     labelNames: ['quantile'] as const,
     registers,
-    collect() {
-      const source = hostDelaySource;
-      if (source === undefined) return;
-      // An empty window reads as NaN/0 in perf_hooks: keep 0 then.
-      const seconds = (ns: number) => (Number.isFinite(ns) && ns > 0 ? ns / 1e9 : 0);
-      this.labels('0.5').set(seconds(source.percentile(50)));
-      this.labels('0.99').set(seconds(source.percentile(99)));
-      this.labels('1').set(seconds(source.max));
-      source.reset();
-    },
   });
 
   // Series that exist from the first scrape, so rate() and increase() see their first increment.
@@ -265,8 +246,16 @@ export function createWorkerMetrics(registry: Registry = new Registry()): Worker
   const scrapes = new ScrapeWatch();
   return {
     registry,
-    scrape: () => scrapeRegistry(registry, scrapes),
+    scrape: () => {
+      // The host thread is the process's main thread: one window feeds both its gauges and Node's.
+      const window = defaults.takeEventLoopDelay();
+      hostEventLoopLag.labels('0.5').set(window.p50);
+      hostEventLoopLag.labels('0.99').set(window.p99);
+      hostEventLoopLag.labels('1').set(window.max);
+      return scrapeRegistry(registry, scrapes);
+    },
     nextScrape: (maxMs) => scrapes.nextScrape(maxMs),
+    eventLoopDelay: defaults.eventLoopDelay,
     requestsRunning,
     requestsWaiting,
     kvCacheUsage,
@@ -310,9 +299,6 @@ export function createWorkerMetrics(registry: Registry = new Registry()): Worker
     },
     setEngineEventLoopLag(lagMs) {
       engineEventLoopLag.set(lagMs / 1000);
-    },
-    setHostEventLoopDelaySource(source) {
-      hostDelaySource = source;
     },
   };
 }

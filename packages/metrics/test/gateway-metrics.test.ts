@@ -50,6 +50,23 @@ describe('createGatewayMetrics', () => {
     expect(scraped.family('nodejs_heap_size_used_bytes').type).toBe('gauge');
   });
 
+  it("reads the event-loop delay only while requests are open: prom-client's gauges, from a window taken at each scrape", async () => {
+    const { metrics } = setup();
+    const scrape = async () => parsePrometheusText(await metrics.scrape());
+    const lagNames = ['min', 'max', 'mean', 'stddev', 'p50', 'p90', 'p99'].map((q) => `nodejs_eventloop_lag_${q}_seconds`);
+    expect(metrics.eventLoopDelay.measuring).toBe(false);
+    for (const name of lagNames) expect((await scrape()).value(name), name).toBe(0);
+    const end = metrics.eventLoopDelay.begin();
+    await new Promise((resolve) => setTimeout(resolve, 60));
+    end();
+    const busy = await scrape();
+    expect(busy.family('nodejs_eventloop_lag_p99_seconds').help).toBe('The 99th percentile of the recorded event loop delays.');
+    expect(busy.value('nodejs_eventloop_lag_p50_seconds')).toBeGreaterThanOrEqual(0.009);
+    expect(busy.value('nodejs_eventloop_lag_max_seconds')).toBeGreaterThanOrEqual(busy.value('nodejs_eventloop_lag_min_seconds'));
+    // The window was taken: an idle one reads 0 again.
+    expect((await scrape()).value('nodejs_eventloop_lag_p50_seconds')).toBe(0);
+  });
+
   it('documents every metric with help text', async () => {
     const { scrape } = setup();
     for (const family of (await scrape()).families.values()) expect(family.help, family.name).not.toBe('');

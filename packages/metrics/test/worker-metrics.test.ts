@@ -49,6 +49,24 @@ describe('createWorkerMetrics', () => {
     expect(scraped.family('process_cpu_seconds_total').samples).toHaveLength(1);
   });
 
+  it("feeds the host thread's event-loop delay and Node's lag gauges from one window, measured while jobs run", async () => {
+    const metrics = createWorkerMetrics();
+    const scrape = async () => parsePrometheusText(await metrics.scrape());
+    const host = (scraped: PrometheusMetrics, quantile: string) =>
+      scraped.family('sluice_worker_host_event_loop_lag_seconds').samples.find((s) => s.labels['quantile'] === quantile)?.value;
+    const idle = await scrape();
+    expect(host(idle, '1')).toBe(0);
+    expect(idle.value('nodejs_eventloop_lag_max_seconds')).toBe(0);
+    const end = metrics.eventLoopDelay.begin();
+    await new Promise((resolve) => setTimeout(resolve, 60));
+    end();
+    const busy = await scrape();
+    expect(host(busy, '0.5')).toBe(busy.value('nodejs_eventloop_lag_p50_seconds'));
+    expect(host(busy, '0.99')).toBe(busy.value('nodejs_eventloop_lag_p99_seconds'));
+    expect(host(busy, '1')).toBe(busy.value('nodejs_eventloop_lag_max_seconds'));
+    expect(host(busy, '1')).toBeGreaterThanOrEqual(0.009);
+  });
+
   it('shows every phase, finish reason and queue state from the first scrape', async () => {
     const scraped = await setup().scrape();
     expect(scraped.family('sluice_worker_step_seconds').histograms.map((h) => h.labels['phase'])).toEqual(['prefill', 'decode', 'mixed']);
