@@ -31,9 +31,13 @@ const DORMANT_PRECISION_MS = 2 ** 31 - 1;
 
 const byRegistry = new WeakMap<Registry, DefaultMetrics>();
 
+/** One of prom-client's default metrics: present when someone called `collectDefaultMetrics` on the registry already. */
+const DEFAULT_METRIC_PROBE = 'process_cpu_user_seconds_total';
+
 /**
  * Adds Node's default process metrics to `registry` unless it has them already, so that one registry
- * can be handed to both factories (prom-client throws on a second registration of a name). The
+ * can be handed to both factories, or one the caller filled with `collectDefaultMetrics` itself
+ * (prom-client throws on a second registration of a name; such a caller's monitor keeps running). The
  * `nodejs_eventloop_lag_{min,max,mean,stddev,p50,p90,p99}_seconds` gauges keep prom-client's names and
  * meaning (whole timer periods of 10 ms) but read an {@link EventLoopDelay}, which measures only while
  * the process has work: an idle gateway or worker is no longer woken 100 times a second.
@@ -41,7 +45,9 @@ const byRegistry = new WeakMap<Registry, DefaultMetrics>();
 export function ensureDefaultMetrics(registry: Registry): DefaultMetrics {
   const known = byRegistry.get(registry);
   if (known !== undefined) return known;
-  collectDefaultMetrics({ register: registry, eventLoopMonitoringPrecision: DORMANT_PRECISION_MS });
+  if (registry.getSingleMetric(DEFAULT_METRIC_PROBE) === undefined) {
+    collectDefaultMetrics({ register: registry, eventLoopMonitoringPrecision: DORMANT_PRECISION_MS });
+  }
   const gauges = LAG_GAUGES.map(([field, name, help]) => {
     registry.removeSingleMetric(name);
     return [field, new Gauge({ name, help, registers: [registry] })] as const;

@@ -115,12 +115,13 @@ export interface GatewayMetrics {
   trackRequest(options: TrackRequestOptions): RequestTracker;
 }
 
+/** How long a scrape waits for the gateway's readiness probe (a Redis PING) before it reports not ready. */
+const READINESS_TIMEOUT_MS = 1_000;
+
 /**
  * Creates the gateway's metrics in `registry` (a fresh one by default), with Node's default process
  * metrics (added once per registry). Nothing is registered until this is called.
  */
-/** How long a scrape waits for the gateway's readiness probe (a Redis PING) before it reports not ready. */
-const READINESS_TIMEOUT_MS = 1_000;
 
 export function createGatewayMetrics(registry: Registry = new Registry(), options: GatewayMetricsOptions = {}): GatewayMetrics {
   const defaults = ensureDefaultMetrics(registry);

@@ -1,3 +1,4 @@
+import { collectDefaultMetrics } from 'prom-client';
 import { describe, expect, it } from 'vitest';
 import { parsePrometheusText, type PrometheusMetrics } from '../../../test/support/prometheus.js';
 import { createGatewayMetrics, Registry, type GatewayMetrics } from '../src/index.js';
@@ -40,6 +41,15 @@ describe('createGatewayMetrics', () => {
     const metrics = createGatewayMetrics(registry);
     expect(metrics.registry).toBe(registry);
     expect(await registry.getSingleMetric('sluice_gateway_active_streams')?.get()).toBeDefined();
+  });
+
+  it("takes a registry that already has prom-client's default metrics, and still reads its event-loop delay gauges from its own window", async () => {
+    const registry = new Registry();
+    collectDefaultMetrics({ register: registry });
+    const metrics = createGatewayMetrics(registry);
+    const scraped = parsePrometheusText(await metrics.scrape());
+    expect(scraped.family('process_cpu_user_seconds_total').type).toBe('counter');
+    expect(scraped.value('nodejs_eventloop_lag_p50_seconds')).toBe(0);
   });
 
   it('includes the default process metrics', async () => {
