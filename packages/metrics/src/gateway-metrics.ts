@@ -122,7 +122,6 @@ const READINESS_TIMEOUT_MS = 1_000;
  * Creates the gateway's metrics in `registry` (a fresh one by default), with Node's default process
  * metrics (added once per registry). Nothing is registered until this is called.
  */
-
 export function createGatewayMetrics(registry: Registry = new Registry(), options: GatewayMetricsOptions = {}): GatewayMetrics {
   const defaults = ensureDefaultMetrics(registry);
   const registers = [registry];
