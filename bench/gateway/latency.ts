@@ -228,6 +228,8 @@ export interface TtftBreakdown {
   /** Requests whose first token waited for the checks, and by how long (median ms among them). */
   checksHeldBack: { requests: number; medianMs: number };
   requests: number;
+  /** Requests left out of the spans: no `request finished` line from one of the processes, or a line without every field. */
+  skipped: { noLogLines: number; missingFields: number };
 }
 
 async function until(what: string, check: () => Promise<boolean>, timeoutMs = 60_000): Promise<void> {
@@ -242,8 +244,11 @@ export interface Deployment {
   url: string;
   /** Forgets the log lines seen so far (a warm-up). */
   clearTimings(): void;
-  /** The TTFT breakdown of the requests finished since the last clear. */
-  ttftBreakdown(clients: readonly ClientTiming[]): TtftBreakdown;
+  /**
+   * The TTFT breakdown of the requests finished since the last clear, once both processes' log lines of every
+   * one of `clients` have come in (they are written after the stream ends), or after 5 s without them.
+   */
+  ttftBreakdown(clients: readonly ClientTiming[]): Promise<TtftBreakdown>;
   /** GC pauses so far of the gateway's and the worker's main threads (their /metrics). */
   gcPauses(): Promise<StackGcPauses>;
   stop(): Promise<void>;
@@ -311,7 +316,13 @@ export async function deploy(workload: LatencyWorkload): Promise<Deployment> {
       workerLines.clear();
       jobIds.clear();
     },
-    ttftBreakdown: (clients) => {
+    ttftBreakdown: async (clients) => {
+      const logged = (c: ClientTiming) => {
+        const jobId = jobIds.get(c.requestId);
+        return jobId !== undefined && gatewayLines.has(jobId) && workerLines.has(jobId);
+      };
+      await until("every request's log lines", async () => clients.every(logged), 5_000).catch(() => undefined);
+      const skipped = { noLogLines: 0, missingFields: 0 };
       const rows: number[][] = [];
       const enqueue: number[] = [];
       const addToPickup: number[] = [];
@@ -322,9 +333,15 @@ export async function deploy(workload: LatencyWorkload): Promise<Deployment> {
         const jobId = jobIds.get(c.requestId);
         const g = jobId === undefined ? undefined : gatewayLines.get(jobId);
         const w = jobId === undefined ? undefined : workerLines.get(jobId);
-        if (g === undefined || w === undefined) continue;
+        if (g === undefined || w === undefined) {
+          skipped.noLogLines++;
+          continue;
+        }
         const spans = spansOf(g, w, c);
-        if (spans === undefined) continue;
+        if (spans === undefined) {
+          skipped.missingFields++;
+          continue;
+        }
         rows.push(spans);
         if (g.enqueuedMs !== undefined) {
           enqueue.push(g.enqueuedMs - g.preparedMs);
@@ -358,6 +375,7 @@ export async function deploy(workload: LatencyWorkload): Promise<Deployment> {
         checksMs: round(percentile(checks, 50)),
         checksHeldBack: { requests: heldBack.length, medianMs: heldBack.length === 0 ? 0 : round(percentile(heldBack, 50)) },
         requests: rows.length,
+        skipped,
       };
     },
     stop: async () => {
