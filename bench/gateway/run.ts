@@ -202,14 +202,13 @@ function windowFigures(window: LatencyWindow) {
   };
 }
 
-/** The requests a window's spans left out, and why (said only when there are any). */
-function skippedNote(b: TtftBreakdown, steady: TtftBreakdown | undefined): string {
-  const parts = [b, steady].flatMap((window, i) => {
-    if (window === undefined || window.skipped.noLogLines + window.skipped.missingFields === 0) return [];
+/** What each window's span table left out, and why ('' when none left any out). */
+function skippedNote(windows: ReadonlyArray<readonly [label: string, breakdown: TtftBreakdown | undefined]>): string {
+  const parts = windows.flatMap(([label, window]) => {
+    if (window === undefined) return [];
     const { noLogLines, missingFields } = window.skipped;
-    return [
-      `${i === 0 ? 'left out' : 'in steady state, over ' + window.requests + ', left out'}: ${noLogLines} without both processes' log lines, ${missingFields} with a span's field missing`,
-    ];
+    if (noLogLines + missingFields === 0) return [];
+    return [`${label}left out: ${noLogLines} without both processes' log lines, ${missingFields} with a span's field missing`];
   });
   return parts.length === 0 ? '' : ` (${parts.join('; ')})`;
 }
@@ -217,6 +216,10 @@ function skippedNote(b: TtftBreakdown, steady: TtftBreakdown | undefined): strin
 function breakdownTable(b: TtftBreakdown | undefined, steady: TtftBreakdown | undefined): string {
   if (b === undefined || b.requests === 0) return '(no TTFT breakdown: the request log lines were not seen)';
   const withSteady = steady !== undefined && steady.requests > 0;
+  const leftOut = skippedNote([
+    ['', b],
+    [`in steady state, over ${steady?.requests}, `, steady],
+  ]);
   return [
     `| span (in order; they add up to the TTFT the client sees) | median ms | p90 ms |${withSteady ? ' steady state: median / p90 ms |' : ''} what runs |`,
     `|---|---:|---:|${withSteady ? '---:|' : ''}---|`,
@@ -225,7 +228,7 @@ function breakdownTable(b: TtftBreakdown | undefined, steady: TtftBreakdown | un
         `| ${name} | ${b.medianMs[i]} | ${b.p90Ms[i]} |${withSteady ? ` ${steady.medianMs[i]} / ${steady.p90Ms[i]} |` : ''} ${what} |`,
     ),
     '',
-    `Medians and 90th percentiles over ${b.requests} requests${skippedNote(b, steady)}, each span on its own (so they need not add up exactly). Of the pickup span, the gateway waited ${b.gatewayEnqueueMs} ms for the meta write and BullMQ's add, and the worker (idle or between steps) had the job ${b.addToPickupMs} ms after that add was answered; of the engine span, ${b.engineQueueMs} ms went from submit to the step that took the request. The job's checks (cancel marker + meta, one round trip) run beside the engine: answered ${b.checksMs} ms after pickup (median); they held the first token back in ${b.checksHeldBack.requests} of ${b.requests} requests${b.checksHeldBack.requests === 0 ? '' : ` (median ${b.checksHeldBack.medianMs} ms)`}. From the \`timing\` field of the gateway's and the worker's \`request finished\` log lines and the client's own times (joined by request id; the three processes read the same clock).`,
+    `Medians and 90th percentiles over ${b.requests} requests${leftOut}, each span on its own (so they need not add up exactly). Of the pickup span, the gateway waited ${b.gatewayEnqueueMs} ms for the meta write and BullMQ's add, and the worker (idle or between steps) had the job ${b.addToPickupMs} ms after that add was answered; of the engine span, ${b.engineQueueMs} ms went from submit to the step that took the request. The job's checks (cancel marker + meta, one round trip) run beside the engine: answered ${b.checksMs} ms after pickup (median); they held the first token back in ${b.checksHeldBack.requests} of ${b.requests} requests${b.checksHeldBack.requests === 0 ? '' : ` (median ${b.checksHeldBack.medianMs} ms)`}. From the \`timing\` field of the gateway's and the worker's \`request finished\` log lines and the client's own times (joined by request id; the three processes read the same clock).`,
   ].join('\n');
 }
 
