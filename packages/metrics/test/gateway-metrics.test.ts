@@ -47,9 +47,17 @@ describe('createGatewayMetrics', () => {
     const registry = new Registry();
     collectDefaultMetrics({ register: registry });
     const metrics = createGatewayMetrics(registry);
-    const scraped = parsePrometheusText(await metrics.scrape());
+    const scrape = async () => parsePrometheusText(await metrics.scrape());
+    const scraped = await scrape();
     expect(scraped.family('process_cpu_user_seconds_total').type).toBe('counter');
     expect(scraped.value('nodejs_eventloop_lag_p50_seconds')).toBe(0);
+    // The caller's prom-client monitor keeps ticking every 10 ms: had its gauges stayed, an idle window would read ~0.010.
+    await new Promise((resolve) => setTimeout(resolve, 60));
+    expect((await scrape()).value('nodejs_eventloop_lag_p50_seconds')).toBe(0);
+    const end = metrics.eventLoopDelay.begin();
+    await new Promise((resolve) => setTimeout(resolve, 60));
+    end();
+    expect((await scrape()).value('nodejs_eventloop_lag_p50_seconds')).toBeGreaterThanOrEqual(0.009);
   });
 
   it('includes the default process metrics', async () => {
