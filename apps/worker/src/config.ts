@@ -3,7 +3,6 @@ import { hostname } from 'node:os';
 import { z } from 'zod';
 import type { EarlyFirstTokens, EngineOptions, IntraOpSpinning } from '@sluice/engine';
 import { DEFAULT_PREFIX, envFlag, envInput, envInt as int, envMs as ms } from '@sluice/protocol';
-import { threadWriterSink } from './thread-writer.js';
 
 /** Every setting of the worker, read from the environment once at start (errors name the variable). */
 export const workerEnvSchema = z.object({
@@ -82,13 +81,6 @@ export const workerEnvSchema = z.object({
    * @defaultValue true
    */
   EARLY_FIRST_TOKENS: envFlag('after-prefills').default(true),
-  /**
-   * Which thread writes a request's step entries to Redis: `engine` — the engine thread, right after
-   * each step (the host thread is not woken for every step: its wake-ups took the cores from the model's
-   * threads); `host` — the host thread, sent every step by the engine thread. Continuations are
-   * written by the host thread either way. @defaultValue engine
-   */
-  STEP_WRITER: z.enum(['engine', 'host']).default('engine'),
   /** Jobs taken from the queue at once. @defaultValue MAX_BATCH_SIZE */
   WORKER_CONCURRENCY: int(1).optional(),
   /** This worker's id in the registry: one live worker per id (a second is refused at start). @defaultValue host-pid-random */
@@ -142,7 +134,6 @@ export interface WorkerConfig {
   kvPreallocate: boolean;
   weightsInPlace: boolean;
   earlyFirstTokens: EarlyFirstTokens;
-  stepWriter: 'engine' | 'host';
   interOpThreads: number;
   concurrency: number;
   workerId: string;
@@ -202,7 +193,6 @@ export function loadWorkerConfig(env: NodeJS.ProcessEnv = process.env): WorkerCo
     kvPreallocate: e.KV_PREALLOCATE,
     weightsInPlace: e.WEIGHTS_IN_PLACE,
     earlyFirstTokens: e.EARLY_FIRST_TOKENS,
-    stepWriter: e.STEP_WRITER,
     concurrency: e.WORKER_CONCURRENCY ?? e.MAX_BATCH_SIZE,
     workerId: e.WORKER_ID ?? `${hostname().replace(/[^\w.-]/g, '-')}-${process.pid}-${randomBytes(3).toString('hex')}`,
     heartbeatMs: e.WORKER_HEARTBEAT_MS,
@@ -240,28 +230,7 @@ export function engineOptions(config: WorkerConfig, modelDir: string): EngineOpt
     weightsInPlace: config.weightsInPlace,
     maxPrefillBatch: config.maxPrefillBatch,
     earlyFirstTokens: config.earlyFirstTokens,
-    ...(config.stepWriter === 'engine'
-      ? {
-          stepSink: threadWriterSink({
-            redisUrl: config.redisUrl,
-            redisPrefix: config.redisPrefix,
-            workerId: config.workerId,
-            retentionMs: config.streamRetentionMs,
-            maxLogEntries: config.maxLogEntries,
-            connectionName: workerConnectionName(config.workerId, 'steps'),
-            reconnectMaxMs: RECONNECT_MAX_MS,
-          }),
-        }
-      : {}),
   };
-}
-
-/** Longest wait between two reconnect attempts to Redis. */
-export const RECONNECT_MAX_MS = 250;
-
-/** A connection's name (CLIENT LIST shows whose connection is whose): `sluice-worker:<workerId>:<role>` (a name may not hold spaces). */
-export function workerConnectionName(workerId: string, role: string): string {
-  return `sluice-worker:${workerId.replace(/[^\w.:-]/g, '-')}:${role}`;
 }
 
 /**

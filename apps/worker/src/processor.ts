@@ -194,8 +194,7 @@ export class JobProcessor {
       () => {
         // A drain, or entries lost while Redis was away: another worker carries the stream on from its log.
         const reason: unknown = controller.signal.reason;
-        if ((reason === HANDOVER_REASON || reason === REDIS_UNAVAILABLE) && this.deps.handover !== undefined)
-          this.deps.router.handOver(route);
+        if ((reason === HANDOVER_REASON || reason === REDIS_UNAVAILABLE) && this.deps.handover !== undefined) route.handingOver = true;
       },
       { once: true },
     );
@@ -315,7 +314,7 @@ export class JobProcessor {
       router.hold(route);
       submitError = submitFromStart();
       // Never reached the engine: no event will come, nothing is held.
-      if (submitError !== undefined) router.unhold(route);
+      if (submitError !== undefined) router.release(route);
     }
     const started = early && submitError === undefined;
     const skip = (why?: string) => {

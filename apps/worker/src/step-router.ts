@@ -1,13 +1,18 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
-import type { EngineEvent, StepEvent } from '@sluice/engine';
-import { RequestScripts, type RedisNames } from '@sluice/protocol';
-import { eventEntries, type EntryDraft } from './event-entries.js';
-import { StepBatch } from './step-batch.js';
-import type { ReturnedRequest, WriterCommand, WriterReport } from './thread-writer-messages.js';
-
-export type { EntryDraft } from './event-entries.js';
+import type { EngineEvent, StepEvent, TokenLogprob } from '@sluice/engine';
+import {
+  encodeEntry,
+  endsRequest,
+  liveGatewayMessage,
+  RequestScripts,
+  type GatewayEntryDraft,
+  type LogAppend,
+  type Publish,
+  type RedisNames,
+  type TokenLogprobWire,
+} from '@sluice/protocol';
 
 /** The abort reason of a request whose entries could not be written (Redis unreachable). */
 export const REDIS_UNAVAILABLE = 'redis_unavailable';
@@ -15,6 +20,9 @@ export const REDIS_UNAVAILABLE = 'redis_unavailable';
 /** How long a PING may take to say Redis answers again, and how long to wait before the next try. */
 const PING_WAIT_MS = 500;
 const PING_RETRY_MS = 100;
+
+/** An entry before the router numbers it and names its request. */
+export type EntryDraft = GatewayEntryDraft extends infer E ? (E extends GatewayEntryDraft ? Omit<E, 'requestId'> : never) : never;
 
 export interface RouterOptions {
   workerId: string;
@@ -43,15 +51,6 @@ export interface Route {
   readonly onFinish: (event: Extract<EngineEvent, { type: 'finish' }>) => void;
   /** Tokens per choice whose text the detokenizer still holds back, and their ids. */
   held: Array<{ tokens: number; ids: number[] } | undefined>;
-  /**
-   * Its step entries are the thread writer's ({@link StepRouter}): `holding` while its job's checks
-   * are out, `writing` until the writer returns it (after its finish).
-   */
-  sink?: 'holding' | 'writing' | undefined;
-  /** Entries pushed here while the writer has it: the `accepted` it writes first, or any the host writes once it is returned. */
-  sinkEntries?: EntryDraft[] | undefined;
-  /** Its finish, come while the writer still had it: settled once the writer returns it. */
-  finishing?: Extract<EngineEvent, { type: 'finish' }> | undefined;
   graceTimer: NodeJS.Timeout | undefined;
   ended: boolean;
   /**
@@ -94,17 +93,21 @@ export interface RouteTiming {
   publishedAt?: number;
 }
 
+interface PendingAppend {
+  route: Route;
+  /** seq, json, seq, json, ... (the script's argument tail). */
+  pairs: string[];
+  workerId: string;
+  /** The request's last entry is among them (finish, error, rejected): its log's TTL is the retention. */
+  final: boolean;
+}
+
 /**
- * Routes every engine step as a whole, in one pass: each event becomes a numbered wire entry, and ONE
- * command carries the step ({@link StepBatch}).
- *
- * With a thread writer (the engine's step sink, `thread-writer.ts`), a first attempt's steps are not
- * routed here at all: from its submit to its finish the writer, on the engine thread, writes its
- * entries the same way, so that this thread is not woken for every step. The router holds it back
- * while the job's checks are out (`hold`), then hands it the `accepted` (`release`) or has it write
- * nothing (`drop`), tells it where the request's live entries go, and hears from it what Redis said;
- * once the writer has written everything before the finish it returns the request, and the router
- * writes the end.
+ * Routes every engine step as a whole, in one pass: each event becomes a numbered wire entry, serialized
+ * once (`encodeEntry`: the whole entry for its request's token log, the live form without token ids for
+ * its gateway's message); then ONE command carries the step (`RequestScripts.writeEntries`, a Lua
+ * script): an append per request, fenced by attempt, then one PUBLISH per gateway channel. Appends come
+ * first, so an entry a gateway sees live is always in the log already.
  *
  * It also keeps each request's live route: a gateway may move it (a resume on another gateway), detach
  * it (its client left with a resume grace), or die — a PUBLISH that reaches nobody while the gateway's
@@ -116,9 +119,8 @@ export class StepRouter {
   readonly #redis: Redis;
   readonly #scripts: RequestScripts;
   /** By route, not request id: an attempt superseded here may still have entries on their way as the next opens. */
-  #batch = new StepBatch<Route>();
-  /** Sends the thread writer a command; undefined without one (every step is routed here). */
-  readonly #writer: ((command: WriterCommand) => void) | undefined;
+  #logs = new Map<Route, PendingAppend>();
+  #channels = new Map<string, string[]>();
   /** A flush is set for the next event-loop turn (entries pushed outside a step). */
   #turnFlush = false;
   /** A step (or a gate's release) is being routed: it flushes itself at its end. */
@@ -130,11 +132,9 @@ export class StepRouter {
     redis: Redis,
     private readonly options: RouterOptions,
     private readonly logger: Logger,
-    writer?: (command: WriterCommand) => void,
   ) {
     this.#redis = redis;
     this.#scripts = new RequestScripts(redis, options.names);
-    this.#writer = writer;
   }
 
   open(
@@ -184,58 +184,21 @@ export class StepRouter {
       for (const [requestId, event] of events) {
         const route = this.#routes.get(requestId);
         if (route === undefined || route.ended) continue;
-        // (The writer takes all but the finish of a request it has.)
-        if (route.sink !== undefined && event.type === 'finish') route.finishing = event;
-        else if (route.gate !== undefined) this.#gated(route, route.gate, event);
+        if (route.gate !== undefined) this.#gated(route, route.gate, event);
         else this.#routeLogged(route, event);
       }
     });
 
-  /**
-   * The route's engine events wait until {@link release} or {@link drop}: its job's checks are still
-   * out. Called before the request is submitted: with a thread writer, the writer takes its events
-   * from the first (and keeps them meanwhile).
-   */
+  /** The route's engine events wait until {@link release} or {@link drop}: its job's checks are still out. */
   hold(route: Route): void {
-    if (this.#writer === undefined) {
-      route.gate = { held: [] };
-      return;
-    }
-    route.sink = 'holding';
-    this.#writer({ type: 'hold', requestId: route.requestId });
-  }
-
-  /** The submit after {@link hold} failed: nothing of the request will come. */
-  unhold(route: Route): void {
-    if (route.sink === undefined) {
-      route.gate = undefined;
-      return;
-    }
-    this.#writer?.({ type: 'forget', requestId: route.requestId });
-    this.#takeBack(route);
+    route.gate = { held: [] };
   }
 
   /**
    * The checks passed: the events held meanwhile are routed now, after what the caller pushed (its
-   * `accepted`), and leave in one write at once (with a thread writer: it writes them, and everything
-   * after, until the finish).
+   * `accepted`), and leave in one write at once.
    */
   release(route: Route): void {
-    if (route.sink === 'holding') {
-      route.sink = 'writing';
-      const entries = route.sinkEntries ?? [];
-      route.sinkEntries = undefined;
-      this.#writer?.({
-        type: 'start',
-        requestId: route.requestId,
-        channel: route.channel,
-        attempt: route.attempt,
-        nextSeq: route.nextSeq,
-        deadlineAt: route.deadlineAt,
-        entries,
-      });
-      return;
-    }
     const gate = route.gate;
     route.gate = undefined;
     if (gate === undefined || gate === 'dropping') return;
@@ -279,57 +242,9 @@ export class StepRouter {
   drop(route: Route, reason: string): void {
     const gate = route.gate;
     route.gate = 'dropping';
-    if (route.sink !== undefined) {
-      this.#writer?.({ type: 'drop', requestId: route.requestId });
-      const finishing = this.#takeBack(route);
-      route.abort(reason);
-      if (finishing !== undefined) route.onFinish(finishing);
-      return;
-    }
     route.abort(reason);
     if (gate !== undefined && gate !== 'dropping') for (const event of gate.held) this.#gated(route, 'dropping', event);
   }
-
-  /** The writer no longer has the route: what was pushed meanwhile goes out from here; its finish, if it came, is returned. */
-  #takeBack(route: Route): Extract<EngineEvent, { type: 'finish' }> | undefined {
-    const { sinkEntries, finishing } = route;
-    route.sink = undefined;
-    route.sinkEntries = undefined;
-    route.finishing = undefined;
-    for (const draft of sinkEntries ?? []) this.push(route, draft);
-    return finishing;
-  }
-
-  /** What the thread writer says: the worker's `engine.sink.onMessage` listener. */
-  readonly onWriterReport = (message: unknown): void => {
-    const report = message as WriterReport;
-    if (report.type === 'unheard') {
-      this.#checkGateway(report.channel);
-      return;
-    }
-    if (report.type === 'returned') {
-      // Their ends leave in one write.
-      this.#routeAndFlush(() => {
-        for (const returned of report.requests) this.#returned(returned);
-      });
-      return;
-    }
-    const route = this.#routes.get(report.requestId);
-    if (route === undefined || route.sink === undefined) return;
-    switch (report.type) {
-      case 'fenced':
-        this.#appended(route, 0);
-        return;
-      case 'lost':
-        this.logger.error({ requestId: route.requestId, why: report.why }, 'writing a step failed');
-        this.#lost(route);
-        return;
-      case 'log-behind':
-        this.logger.error({ requestId: route.requestId, why: report.why }, 'appending to the token log failed');
-        route.logBehind = true;
-        return;
-    }
-  };
 
   #gated(route: Route, gate: NonNullable<Route['gate']>, event: EngineEvent): void {
     if (gate === 'dropping') {
@@ -341,41 +256,30 @@ export class StepRouter {
     if (event.type === 'text-delta' && event.text !== '' && route.timing !== undefined) route.timing.firstStepAt ??= epochMs();
   }
 
-  /**
-   * The request is about to be handed to another worker (a drain, a Redis outage): nothing more the
-   * engine makes for it is written here — the continuation carries the stream on from its log. (Before
-   * the engine hears of the abort: what it ends with `abort` is not written either.)
-   */
-  handOver(route: Route): void {
-    route.handingOver = true;
-    if (route.sink !== undefined) this.#writer?.({ type: 'stop', requestId: route.requestId });
-  }
-
-  /** The writer gave the request back: the host writes from `nextSeq` on, its end first. */
-  #returned({ requestId, nextSeq, lastFinishReason, firstStepAt, publishedAt }: ReturnedRequest): void {
-    const route = this.#routes.get(requestId);
-    if (route === undefined || route.sink === undefined) return;
-    route.nextSeq = nextSeq;
-    if (lastFinishReason !== undefined) route.lastFinishReason = lastFinishReason;
-    if (route.timing !== undefined) {
-      if (firstStepAt !== undefined) route.timing.firstStepAt ??= firstStepAt;
-      if (publishedAt !== undefined) route.timing.publishedAt ??= publishedAt;
-    }
-    const finishing = this.#takeBack(route);
-    if (finishing !== undefined) route.onFinish(finishing);
-  }
-
-  /**
-   * Numbers an entry and queues it for this step's write (none for a request whose entries were lost);
-   * while the thread writer has the request, it waits for the writer (which numbers what it writes).
-   */
+  /** Numbers an entry and queues it for this step's write (none for a request whose entries were lost). */
   push(route: Route, draft: EntryDraft): void {
     if (route.lost === true) return;
-    if (route.sink !== undefined) {
-      (route.sinkEntries ??= []).push(draft);
-      return;
+    const seq = route.nextSeq++;
+    const entry = { ...draft, requestId: route.requestId, seq, ...(route.attempt > 1 ? { attempt: route.attempt } : {}) };
+    const { logged, live } = encodeEntry(entry);
+    const log = this.#logs.get(route);
+    if (log === undefined) {
+      this.#logs.set(route, {
+        route,
+        pairs: [String(seq), logged],
+        workerId: draft.type === 'accepted' ? draft.workerId : '',
+        final: endsRequest(draft),
+      });
+    } else {
+      log.pairs.push(String(seq), logged);
+      if (draft.type === 'accepted') log.workerId = draft.workerId;
+      if (endsRequest(draft)) log.final = true;
     }
-    this.#batch.add(route, route.channel, route.nextSeq++, draft);
+    if (route.channel !== null) {
+      const entries = this.#channels.get(route.channel);
+      if (entries === undefined) this.#channels.set(route.channel, [live]);
+      else entries.push(live);
+    }
     // Inside a step the step flushes at its end: no turn is set (it would only find nothing to flush).
     if (!this.#routing && !this.#turnFlush) {
       this.#turnFlush = true;
@@ -393,12 +297,7 @@ export class StepRouter {
     route.moved = true;
     clearTimeout(route.graceTimer);
     route.graceTimer = undefined;
-    this.#setChannel(route, channel);
-  }
-
-  #setChannel(route: Route, channel: string | null): void {
     route.channel = channel;
-    if (route.sink !== undefined) this.#writer?.({ type: 'route', requestId: route.requestId, channel });
   }
 
   /**
@@ -410,7 +309,7 @@ export class StepRouter {
     if (route === undefined || route.ended) return;
     if (from !== null && route.channel !== from) return;
     route.moved = true;
-    this.#setChannel(route, null);
+    route.channel = null;
     clearTimeout(route.graceTimer);
     const left = route.graceMs - (Date.now() - detachedAt);
     if (left <= 0) {
@@ -475,55 +374,92 @@ export class StepRouter {
 
   #route(route: Route, event: EngineEvent): void {
     if (route.handingOver === true && event.type !== 'finish') return;
-    if (event.type === 'finish') {
-      route.onFinish(event);
-      return;
-    }
-    for (const draft of eventEntries(route, event)) {
-      if (draft.type === 'text-delta' && draft.text !== '' && route.timing !== undefined) route.timing.firstStepAt ??= epochMs();
-      this.push(route, draft);
+    switch (event.type) {
+      case 'text-delta': {
+        const held = route.held[event.index];
+        const tokens = event.tokenIds.length + (held?.tokens ?? 0);
+        const tokenIds = held === undefined ? event.tokenIds : [...held.ids, ...event.tokenIds];
+        if (event.text === '' && event.logprobs === undefined) {
+          // Text held back (an incomplete UTF-8 sequence): the tokens ride on the choice's next delta.
+          route.held[event.index] = { tokens, ids: tokenIds };
+          return;
+        }
+        route.held[event.index] = undefined;
+        if (route.timing !== undefined && route.timing.firstStepAt === undefined) route.timing.firstStepAt = epochMs();
+        this.push(route, {
+          type: 'text-delta',
+          index: event.index,
+          text: event.text,
+          tokens,
+          tokenIds,
+          ...(event.logprobs === undefined ? {} : { logprobs: event.logprobs.map(toWireLogprob) }),
+        });
+        return;
+      }
+      case 'text-end': {
+        // Tokens whose text never showed (held back to the end): an empty delta carries them.
+        const held = route.held[event.index];
+        if (held !== undefined)
+          this.push(route, { type: 'text-delta', index: event.index, text: '', tokens: held.tokens, tokenIds: held.ids });
+        route.held[event.index] = undefined;
+        if (event.finishReason === 'stop' || event.finishReason === 'length') route.lastFinishReason = event.finishReason;
+        if (event.finishReason !== 'error') this.push(route, { type: 'text-end', index: event.index, finishReason: event.finishReason });
+        return;
+      }
+      case 'scheduled':
+        this.push(route, { type: 'scheduled' });
+        return;
+      case 'finish':
+        route.onFinish(event);
+        return;
     }
   }
 
   #flush(): void {
-    if (this.#batch.empty) return;
+    const logs = this.#logs;
+    const channels = this.#channels;
+    if (logs.size === 0 && channels.size === 0) return;
+    this.#logs = new Map();
+    this.#channels = new Map();
     if (this.#redis.status !== 'ready') {
       // The connection queues nothing while Redis is away: nothing of this step can be written.
       this.logger.error({ status: this.#redis.status }, 'publishing a step failed: Redis unavailable');
-      const routes = [...this.#batch.targets()];
-      this.#batch.clear();
-      for (const route of routes) this.#lost(route);
+      for (const { route } of logs.values()) this.#lost(route);
       return;
     }
     const { retentionMs, maxLogEntries, workerId } = this.options;
     const now = Date.now();
-    const firsts: RouteTiming[] = [];
-    for (const { timing } of this.#batch.targets())
-      if (timing?.firstStepAt !== undefined && timing.publishedAt === undefined) firsts.push(timing);
-    // The whole step in one command (one socket write): its appends, then a publish per gateway.
-    const { targets, channels, written } = this.#batch.write(this.#scripts, {
-      workerId,
-      maxEntries: maxLogEntries,
+    const routes: Route[] = [];
+    const appends: LogAppend[] = [];
+    let firsts: RouteTiming[] | undefined;
+    for (const { route, pairs, workerId: accepting, final } of logs.values()) {
+      if (route.timing?.firstStepAt !== undefined && route.timing.publishedAt === undefined) (firsts ??= []).push(route.timing);
       // The TTL starts when the request ends; until then it only bounds a request nobody finishes.
-      ttlMs: (route, final) => (route.ended || final ? retentionMs : Math.max(0, route.deadlineAt - now) + retentionMs),
-    });
-    this.#flushing = written.then(
+      const ttlMs = route.ended || final ? retentionMs : Math.max(0, route.deadlineAt - now) + retentionMs;
+      routes.push(route);
+      appends.push({ requestId: route.requestId, attempt: route.attempt, maxEntries: maxLogEntries, ttlMs, workerId: accepting, pairs });
+    }
+    const publishes: Publish[] = [];
+    for (const [channel, entries] of channels) publishes.push({ channel, message: liveGatewayMessage(workerId, entries) });
+    // The whole step in one command (one socket write): its appends, then a publish per gateway.
+    this.#flushing = this.#scripts.writeEntries(appends, publishes).then(
       ({ appended, receivers }) => {
-        targets.forEach((route, i) => {
+        routes.forEach((route, i) => {
           const reply = appended[i]!;
           if (reply instanceof Error) this.#appendFailed(route, reply);
           else this.#appended(route, reply);
         });
-        channels.forEach((channel, i) => {
+        publishes.forEach(({ channel }, i) => {
           if (receivers[i] === 0) this.#checkGateway(channel);
         });
+        if (firsts === undefined) return;
         const at = epochMs();
         for (const timing of firsts) timing.publishedAt = at;
       },
       (error: unknown) => {
         // The connection failed under the write (or the script did): which entries reached the logs is unknown.
         this.logger.error({ err: error }, 'writing a step failed');
-        for (const route of targets) this.#lost(route);
+        for (const route of routes) this.#lost(route);
       },
     );
   }
@@ -579,4 +515,15 @@ export class StepRouter {
 
 function epochMs(): number {
   return performance.timeOrigin + performance.now();
+}
+
+function toWireLogprob(lp: TokenLogprob): TokenLogprobWire {
+  const out: TokenLogprobWire = { token: lp.token, logprob: lp.logprob };
+  if (lp.bytes !== undefined) out.bytes = lp.bytes;
+  if (lp.topLogprobs !== undefined) {
+    out.top = lp.topLogprobs.map((t) =>
+      t.bytes === undefined ? { token: t.token, logprob: t.logprob } : { token: t.token, logprob: t.logprob, bytes: t.bytes },
+    );
+  }
+  return out;
 }

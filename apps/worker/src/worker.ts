@@ -5,7 +5,7 @@ import type { Engine, StepStats } from '@sluice/engine';
 import { QUEUE_JOB_STATES, type WorkerMetrics } from '@sluice/metrics';
 import { connectRedis, GENERATE_QUEUE, redactRedisUrl, redisNames, type ModelCard } from '@sluice/protocol';
 import { ControlListener } from './control-listener.js';
-import { RECONNECT_MAX_MS, workerConnectionName, type WorkerConfig } from './config.js';
+import type { WorkerConfig } from './config.js';
 import { HealthServer } from './health-server.js';
 import { RequestHandover } from './handover.js';
 import { HANDOVER_REASON, JobProcessor, type WorkerHooks } from './processor.js';
@@ -26,6 +26,8 @@ export interface RunningWorker {
   drain(): Promise<void>;
 }
 
+/** Longest wait between two reconnect attempts to Redis. */
+const RECONNECT_MAX_MS = 250;
 /** BullMQ's pause after a failed fetch (its default is 15 s): jobs flow again ~1 s after Redis returns. */
 const FETCH_RETRY_MS = 500;
 
@@ -60,8 +62,9 @@ export async function startWorker(
   // memory and replaying to gateways that already failed them. The heartbeat has a connection of its
   // own: behind a backlog of steps (Redis reads a client's backlog a slice per turn after a stall) a
   // beat would land late, and gateways take a worker whose record two of their reads lack for lost.
-  // Named: CLIENT LIST shows whose connection is whose.
-  const named = (role: string) => ({ connectionName: workerConnectionName(config.workerId, role) });
+  // Named (CLIENT LIST shows whose connection is whose): `sluice-worker:<workerId>:<role>` (a name
+  // may not hold spaces).
+  const named = (role: string) => ({ connectionName: `sluice-worker:${config.workerId.replace(/[^\w.:-]/g, '-')}:${role}` });
   /** A connection that queues nothing while Redis is away (a command fails at once). */
   const failFast = (role: string) =>
     new Redis(config.redisUrl, { maxRetriesPerRequest: 1, enableOfflineQueue: false, lazyConnect: true, retryStrategy, ...named(role) });
@@ -82,16 +85,12 @@ export async function startWorker(
     throw new StartupError(`cannot connect to Redis at ${redactRedisUrl(config.redisUrl)}`, cause);
   });
 
-  const sink = engine.sink;
   const router = new StepRouter(
     redis,
     { workerId: config.workerId, names, retentionMs: config.streamRetentionMs, maxLogEntries: config.maxLogEntries },
     logger,
-    // The engine runs the worker's thread writer (`engineOptions`): first attempts' steps are written there.
-    sink === undefined ? undefined : (command) => sink.send(command),
   );
   const stopRouting = engine.onEvents(router.onEvents);
-  const stopReports = sink?.onMessage(router.onWriterReport);
   const controls = new ControlListener(subscriber, names.controlChannel, router, logger, redis, names.cancelMarkerKey);
   await controls.start();
   let lastStep: StepStats | undefined;
@@ -241,7 +240,6 @@ export async function startWorker(
         async () => {
           await router.drained();
           stopRouting();
-          stopReports?.();
         },
       ],
       ['registry', () => heartbeat.stop()],

@@ -47,8 +47,7 @@ describe('worker configuration', () => {
   });
 
   it('hands the engine its settings: the defaults (spinning during a call), and each variable that changes one', () => {
-    const defaults = loadWorkerConfig({ WORKER_ID: 'w-1' });
-    expect(engineOptions(defaults, '/models/m')).toEqual({
+    expect(engineOptions(loadWorkerConfig({}), '/models/m')).toEqual({
       modelDir: '/models/m',
       maxBatchSize: 32,
       maxStepTokens: 512,
@@ -63,22 +62,7 @@ describe('worker configuration', () => {
       weightsInPlace: false,
       maxPrefillBatch: 32,
       earlyFirstTokens: true,
-      // The engine thread writes the steps (STEP_WRITER=engine), on a connection of its own.
-      stepSink: {
-        module: expect.stringMatching(/^file:.*\/thread-writer\.(js|ts)$/),
-        options: {
-          redisUrl: 'redis://127.0.0.1:6379',
-          redisPrefix: 'sluice',
-          workerId: 'w-1',
-          retentionMs: defaults.streamRetentionMs,
-          maxLogEntries: defaults.maxLogEntries,
-          connectionName: 'sluice-worker:w-1:steps',
-          reconnectMaxMs: 250,
-        },
-      },
     });
-    expect(engineOptions(loadWorkerConfig({ STEP_WRITER: 'host' }), '/m').stepSink).toBeUndefined();
-    expect(() => loadWorkerConfig({ STEP_WRITER: 'gpu' })).toThrow(/STEP_WRITER/);
     const env = {
       MAX_CACHED_TOKENS: '4096',
       INTRA_OP_THREADS: '1',

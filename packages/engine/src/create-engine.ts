@@ -3,7 +3,7 @@ import { EngineError } from './engine-error.js';
 import type { EngineThreadData, HostMessage, ThreadMessage, ThreadReady } from './engine-protocol.js';
 import { RequestStream } from './request-stream.js';
 import { resolveRequest, type RequestLimits } from './resolve-request.js';
-import type { Engine, EngineEvent, EngineInfo, EngineOptions, GenerateRequest, SinkLink, StepEvent, StepStats } from './types.js';
+import type { Engine, EngineEvent, EngineInfo, EngineOptions, GenerateRequest, StepEvent, StepStats } from './types.js';
 
 /**
  * Starts an engine: the model loads and runs in its own worker thread, so the calling thread stays
@@ -25,7 +25,7 @@ export async function createEngine(options: EngineOptions): Promise<Engine> {
   worker.on('message', onMessage).on('error', onError).on('exit', onExit);
   try {
     const ready = await new Promise<ThreadReady>((resolve, reject) => (settle = { resolve, reject }));
-    return new ThreadEngine(worker, ready, options.stepSink !== undefined);
+    return new ThreadEngine(worker, ready);
   } catch (error) {
     await worker.terminate();
     throw error;
@@ -113,21 +113,9 @@ class ThreadEngine implements Engine {
   #closed: Promise<void> | undefined;
   #dead = false;
 
-  readonly sink: SinkLink | undefined;
-  readonly #sinkListeners = new Set<(message: unknown) => void>();
-
-  constructor(worker: Worker, ready: ThreadReady, withSink: boolean) {
+  constructor(worker: Worker, ready: ThreadReady) {
     this.#worker = worker;
     this.info = ready.info;
-    this.sink = withSink
-      ? {
-          send: (message) => this.#post({ type: 'sink', message }),
-          onMessage: (listener) => {
-            this.#sinkListeners.add(listener);
-            return () => this.#sinkListeners.delete(listener);
-          },
-        }
-      : undefined;
     this.#limits = {
       vocabSize: ready.vocabSize,
       maxContextLength: ready.info.maxContextLength,
@@ -230,10 +218,6 @@ class ThreadEngine implements Engine {
   }
 
   #onMessage(message: ThreadMessage): void {
-    if (message.type === 'sink') {
-      for (const listener of this.#sinkListeners) listener(message.message);
-      return;
-    }
     if (message.type !== 'step') return;
     for (const [key, event] of message.events) {
       const request = this.#requests.get(key);
@@ -244,10 +228,10 @@ class ThreadEngine implements Engine {
         request.release();
       }
     }
-    for (const stats of message.stats) {
+    if (message.stats !== undefined) {
       for (const listener of this.#stepListeners) {
         try {
-          listener(stats);
+          listener(message.stats);
         } catch {
           // A failing metrics listener must not break the stream path.
         }

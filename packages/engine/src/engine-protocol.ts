@@ -1,6 +1,6 @@
 /**
  * Messages between the host thread ({@link createEngine}) and the engine thread. Plain objects
- * (structured clone); the engine thread sends at most one `step` message per engine step, so the
+ * (structured clone); the engine thread sends exactly one `step` message per engine step, so the
  * host delivers all of a step's events in one macrotask.
  */
 import type { ResolvedRequest } from './resolve-request.js';
@@ -20,8 +20,6 @@ export type HostMessage =
       submittedAt: number;
     }
   | { type: 'abort'; key: number }
-  /** For the step sink, in order with the submits. */
-  | { type: 'sink'; message: unknown }
   | { type: 'close' };
 
 /** The engine's limits, sent once the model is loaded. */
@@ -37,14 +35,9 @@ export type ThreadMessage =
   | { type: 'init-error'; code: EngineErrorCode; message: string }
   | {
       type: 'step';
-      /** Events of this step the sink did not take, each with the key of its request, in emission order. */
+      /** Events of this step, each with the key of its request, in emission order. */
       events: Array<[key: number, event: EngineEvent]>;
-      /**
-       * The numbers of the steps since the last message, in order (a step that ran no model call,
-       * ending only aborted requests, has none).
-       */
-      stats: StepStats[];
+      /** Absent when the step ran no model call (it only ended aborted requests). */
+      stats?: StepStats;
     }
-  /** From the step sink. */
-  | { type: 'sink'; message: unknown }
   | { type: 'closed' };

@@ -9,7 +9,6 @@ import { loadModelDir, type ModelDir } from '@sluice/model';
 import { EngineCore } from './engine-core.js';
 import { EngineError } from './engine-error.js';
 import type { EngineThreadData, HostMessage, ThreadMessage } from './engine-protocol.js';
-import type { CreateStepSink, EngineEvent, StepSink, StepSinkSpec, StepStats } from './types.js';
 import { OnnxSession } from './onnx-session.js';
 import { physicalCores } from './physical-cores.js';
 
@@ -33,21 +32,11 @@ async function estimateLaneCost(model: ModelDir, session: OnnxSession): Promise<
   return Math.max(1, Math.round(weightBytes / (slotBytes * 12)));
 }
 
-/** Steps whose events the sink took send their numbers at most this late (the host's metrics). */
-const STATS_EVERY_MS = 100;
-
-async function loadStepSink(spec: StepSinkSpec, port: MessagePort): Promise<StepSink> {
-  const { createStepSink } = (await import(spec.module)) as { createStepSink: CreateStepSink };
-  return createStepSink(spec.options, (message) => port.postMessage({ type: 'sink', message } satisfies ThreadMessage));
-}
-
 async function main(port: MessagePort, { options }: EngineThreadData): Promise<void> {
   const post = (message: ThreadMessage): void => port.postMessage(message);
   let session: OnnxSession;
   let core: EngineCore;
-  let sink: StepSink | undefined;
   try {
-    if (options.stepSink !== undefined) sink = await loadStepSink(options.stepSink, port);
     const model = await loadModelDir(options.modelDir);
     const intraOpThreads = options.intraOpThreads || physicalCores();
     session = await OnnxSession.create({
@@ -108,35 +97,10 @@ async function main(port: MessagePort, { options }: EngineThreadData): Promise<v
 
   let closing = false;
   let wake: (() => void) | undefined;
-  /** Request ids by key, for the sink (which knows requests by id). */
-  const ids = new Map<number, string>();
   const handle = (message: HostMessage): void => {
-    if (message.type === 'add') {
-      if (sink !== undefined) ids.set(message.key, message.request.id);
-      core.add(message.key, message.request, message.submittedAt);
-    } else if (message.type === 'abort') core.abort(message.key);
-    else if (message.type === 'sink') sink?.onMessage(message.message);
+    if (message.type === 'add') core.add(message.key, message.request, message.submittedAt);
+    else if (message.type === 'abort') core.abort(message.key);
     else closing = true;
-  };
-  let stats: StepStats[] = [];
-  let statsSince = performance.now();
-  /** Posts a step's events the sink did not take, with the steps' numbers when any events go or they are due. */
-  const postStep = (events: Array<[key: number, event: EngineEvent]>, force = false): void => {
-    let left = events;
-    if (sink !== undefined && events.length > 0) {
-      left = [];
-      for (const item of events) {
-        const [key, event] = item;
-        const id = ids.get(key);
-        if (event.type === 'finish') ids.delete(key);
-        if (id === undefined || !sink.take(id, event)) left.push(item);
-      }
-      sink.endStep();
-    }
-    if (left.length === 0 && !force && (stats.length === 0 || performance.now() - statsSince < STATS_EVERY_MS)) return;
-    post({ type: 'step', events: left, stats });
-    stats = [];
-    statsSince = performance.now();
   };
   port.on('message', (message: HostMessage) => {
     handle(message);
@@ -157,7 +121,6 @@ async function main(port: MessagePort, { options }: EngineThreadData): Promise<v
     drain();
     if (closing) break;
     if (core.idle) {
-      if (stats.length > 0) postStep([], true);
       // Its timer would wake an idle thread 100 times a second for nothing to measure.
       loopDelay.disable();
       await new Promise<void>((resolve) => (wake = resolve));
@@ -167,24 +130,23 @@ async function main(port: MessagePort, { options }: EngineThreadData): Promise<v
       continue;
     }
     try {
-      const step = await core.step((early) => postStep(early));
-      if (step.stats !== undefined) {
-        step.stats.eventLoopLagMs = loopDelay.max / 1e6;
+      const { events, stats } = await core.step((early) => post({ type: 'step', events: early }));
+      if (stats !== undefined) {
+        stats.eventLoopLagMs = loopDelay.max / 1e6;
         loopDelay.reset();
-        stats.push(step.stats);
       }
-      postStep(step.events);
+      if (events.length > 0 || stats !== undefined) {
+        post(stats === undefined ? { type: 'step', events } : { type: 'step', events, stats });
+      }
     } catch (cause) {
       const { events } = core.failAll('internal', `Engine step failed: ${cause instanceof Error ? cause.message : String(cause)}`);
-      postStep(events, true);
+      post({ type: 'step', events });
     }
   }
   loopDelay.disable();
   const { events } = core.failAll('engine_closed', 'The engine was closed.');
-  postStep(events, stats.length > 0);
+  if (events.length > 0) post({ type: 'step', events });
   try {
-    // The sink's own failures are its to report: the model is disposed of either way.
-    await sink?.close().catch(() => undefined);
     await session.dispose();
   } finally {
     post({ type: 'closed' });

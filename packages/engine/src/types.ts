@@ -131,44 +131,6 @@ export interface EngineOptions {
    * @defaultValue true
    */
   earlyFirstTokens?: EarlyFirstTokens;
-  /**
-   * A module the engine thread loads to take step events itself ({@link StepSink}): the worker's
-   * token writer, so that its host thread is not woken for every step. Events it takes never reach
-   * {@link Engine.onEvents}; the two sides talk through {@link Engine.sink}.
-   */
-  stepSink?: StepSinkSpec;
-}
-
-/** {@link EngineOptions.stepSink}: a module URL and what its `createStepSink` gets (structured-cloned). */
-export interface StepSinkSpec {
-  /** A URL `import()` takes (file:), of a module whose `createStepSink` is a {@link CreateStepSink}. */
-  module: string;
-  options: unknown;
-}
-
-/**
- * What a {@link StepSinkSpec.module} runs on the engine thread. Between the offers of a step's events
- * and `endStep`, nothing else runs on the thread.
- */
-export interface StepSink {
-  /** Offered every event of a step in order; true when the sink took it (the host does not get it). */
-  take(requestId: string, event: EngineEvent): boolean;
-  /** The step's events were all offered (called before the rest is posted to the host). */
-  endStep(): void;
-  /** A message the host sent with {@link SinkLink.send}, in order with the requests it submitted. */
-  onMessage(message: unknown): void;
-  /** The engine is closing: finish what is under way. */
-  close(): Promise<void>;
-}
-
-/** A {@link StepSinkSpec.module}'s `createStepSink` export; `post` reaches {@link SinkLink.onMessage} listeners. */
-export type CreateStepSink = (options: unknown, post: (message: unknown) => void) => StepSink | Promise<StepSink>;
-
-/** The host's end of the step sink: messages in order with the engine's own (submits, steps). */
-export interface SinkLink {
-  send(message: unknown): void;
-  /** Returns an unsubscribe function. */
-  onMessage(listener: (message: unknown) => void): () => void;
 }
 
 export type ContinuationMode = 'replay' | 'prefill';
@@ -363,13 +325,8 @@ export interface Engine {
    * each with its request's id. Returns an unsubscribe function.
    */
   onEvents(listener: (events: ReadonlyArray<StepEvent>) => void): () => void;
-  /**
-   * Called for every step with its numbers, in order; with a {@link EngineOptions.stepSink}, steps
-   * whose events it all took come in batches, at most ~100 ms late. Returns an unsubscribe function.
-   */
+  /** Called after every step with its numbers. Returns an unsubscribe function. */
   onStep(listener: (stats: StepStats) => void): () => void;
-  /** Present when the engine runs a {@link EngineOptions.stepSink}. */
-  readonly sink?: SinkLink | undefined;
   /**
    * Called once if the engine thread dies (an uncaught error, an exit) while the engine is not being
    * closed, with why; before the open requests end with an `internal` error. Returns an unsubscribe function.

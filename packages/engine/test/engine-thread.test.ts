@@ -1,9 +1,8 @@
 import { readdirSync, readFileSync } from 'node:fs';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { pathToFileURL } from 'node:url';
 import { ensureBuiltinModel } from '@sluice/model';
 import { describe, expect, it } from 'vitest';
-import { createEngine, type EngineEvent, type StepStats } from '../src/index.js';
+import { createEngine, type StepStats } from '../src/index.js';
 import { collect } from './support/collect.js';
 
 describe('the engine thread', () => {
@@ -55,52 +54,4 @@ describe('the engine thread', () => {
       await engine.close();
     }
   });
-
-  it("runs a step sink: it takes the events it wants, the host gets the rest and every step's numbers, and the two talk", async () => {
-    const module = pathToFileURL(new URL('./support/counting-sink.mjs', import.meta.url).pathname).href;
-    const engine = await createEngine({
-      modelDir: await ensureBuiltinModel('tiny'),
-      intraOpThreads: 1,
-      stepSink: { module, options: { label: 'counted' } },
-    });
-    try {
-      const sink = engine.sink!;
-      const said: unknown[] = [];
-      sink.onMessage((message) => said.push(message));
-      const steps: StepStats[] = [];
-      engine.onStep((stats) => steps.push(stats));
-      const events: EngineEvent[] = [];
-      engine.onEvents((step) => events.push(...step.map(([, event]) => event)));
-      // In order with the submit that follows: the sink has it before the request's first event.
-      sink.send({ hello: 1 });
-      engine.submit({ id: 'a', promptTokenIds: [3, 4, 5], sampling: { maxTokens: 12, temperature: 0 } });
-      await waitUntil(() => said.length === 2);
-
-      expect(said[0]).toEqual({ echo: { hello: 1 } });
-      // The sink took every delta: 12 tokens, none of which reached the host.
-      expect(said[1]).toMatchObject({ requestId: 'a', tokens: 12, label: 'counted' });
-      expect(events.map((event) => event.type)).toEqual(['scheduled', 'text-end', 'finish']);
-      // The sink saw each step end (12 tokens: the prompt's step makes two, then one a step), and every
-      // step's numbers still reached the host, the last with the finish.
-      expect((said[1] as { steps: number }).steps).toBeGreaterThanOrEqual(11);
-      expect(steps.length).toBeGreaterThanOrEqual(11);
-      expect(steps.reduce((sum, stats) => sum + stats.generationTokens, 0)).toBe(12);
-    } finally {
-      await engine.close();
-    }
-  });
-
-  it('has no sink link without a step sink', async () => {
-    const engine = await createEngine({ modelDir: await ensureBuiltinModel('tiny'), intraOpThreads: 1 });
-    try {
-      expect(engine.sink).toBeUndefined();
-    } finally {
-      await engine.close();
-    }
-  });
 });
-
-async function waitUntil(done: () => boolean): Promise<void> {
-  for (let i = 0; i < 500 && !done(); i++) await sleep(10);
-  expect(done()).toBe(true);
-}
