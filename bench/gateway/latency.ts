@@ -317,9 +317,14 @@ export async function deploy(workload: LatencyWorkload): Promise<Deployment> {
       jobIds.clear();
     },
     ttftBreakdown: async (clients) => {
-      const logged = (c: ClientTiming) => {
+      /** A request's `request finished` lines from the gateway and the worker (either undefined until it has come). */
+      const linesOf = (c: ClientTiming) => {
         const jobId = jobIds.get(c.requestId);
-        return jobId !== undefined && gatewayLines.has(jobId) && workerLines.has(jobId);
+        return jobId === undefined ? {} : { g: gatewayLines.get(jobId), w: workerLines.get(jobId) };
+      };
+      const logged = (c: ClientTiming) => {
+        const { g, w } = linesOf(c);
+        return g !== undefined && w !== undefined;
       };
       await until("every request's log lines", async () => clients.every(logged), 5_000).catch(() => undefined);
       const skipped = { noLogLines: 0, missingFields: 0 };
@@ -330,9 +335,7 @@ export async function deploy(workload: LatencyWorkload): Promise<Deployment> {
       const checks: number[] = [];
       const heldBack: number[] = [];
       for (const c of clients) {
-        const jobId = jobIds.get(c.requestId);
-        const g = jobId === undefined ? undefined : gatewayLines.get(jobId);
-        const w = jobId === undefined ? undefined : workerLines.get(jobId);
+        const { g, w } = linesOf(c);
         if (g === undefined || w === undefined) {
           skipped.noLogLines++;
           continue;
